@@ -1,0 +1,125 @@
+//! The grant page: one 4 KiB page per function instance, written by the arbiter and mapped
+//! read-only by the shim (a memfd sealed with `F_SEAL_FUTURE_WRITE`, so no client can map it
+//! writable, not even by re-opening `/proc/self/fd/N`). Every field the shim reads is an atomic,
+//! so the launch path reads its share with one relaxed load and the arbiter's changes are seen
+//! within one launch.
+//!
+//! Slot `d` describes the process's CUDA ordinal `d` (what the process calls device `d` after
+//! `CUDA_VISIBLE_DEVICES`); a device the instance was not admitted to has cap 0 (no allocation).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+
+/// Devices per process the page describes (CUDA ordinals 0..16). Reasoning: the largest common
+/// nodes have 8–16 GPUs; ordinals beyond this are passed through unaccounted (documented).
+pub const MAX_DEVICES: usize = 16;
+/// `b"SMORELIM"` — identifies a grant page (checked after mmap).
+pub const PAGE_MAGIC: u64 = 0x4d49_4c45_524f_4d53;
+/// Layout version of [`GrantPage`].
+pub const PAGE_VERSION: u32 = 1;
+/// Bytes the arbiter allocates for a page (one page; the layout uses far less).
+pub const PAGE_BYTES: usize = 4096;
+
+/// One device's grant.
+#[repr(C)]
+#[derive(Debug)]
+pub struct DeviceGrant {
+    /// Memory cap in bytes; `u64::MAX` = uncapped.
+    pub mem_cap_bytes: AtomicU64,
+    /// SM time share in percent, 1..=100 (100 = unthrottled).
+    pub sm_share_pct: AtomicU32,
+    _pad: u32,
+    /// Bumped by the owner on every change of this device's grant.
+    pub generation: AtomicU64,
+}
+
+/// The page: header plus [`MAX_DEVICES`] grants. 8 + 4 + 4 + 16 × 24 = 400 bytes (< 4 KiB).
+#[repr(C)]
+#[derive(Debug)]
+pub struct GrantPage {
+    pub magic: u64,
+    pub version: u32,
+    /// Bit d set ⇔ device d has a share below 100: the launch fast path reads only this word.
+    pub throttled_mask: AtomicU32,
+    pub devices: [DeviceGrant; MAX_DEVICES],
+}
+
+const _: () = assert!(std::mem::size_of::<GrantPage>() <= PAGE_BYTES);
+
+impl GrantPage {
+    /// A page with every device uncapped and unthrottled.
+    pub fn unlimited() -> GrantPage {
+        GrantPage {
+            magic: PAGE_MAGIC,
+            version: PAGE_VERSION,
+            throttled_mask: AtomicU32::new(0),
+            devices: std::array::from_fn(|_| DeviceGrant {
+                mem_cap_bytes: AtomicU64::new(u64::MAX),
+                sm_share_pct: AtomicU32::new(100),
+                _pad: 0,
+                generation: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Whether a mapped page is one of ours, of this layout version.
+    pub fn is_valid(&self) -> bool {
+        self.magic == PAGE_MAGIC && self.version == PAGE_VERSION
+    }
+
+    /// Owner-side update of one device. Only the page's owner (the arbiter, or the shim for its
+    /// process-local standalone page) calls this.
+    pub fn set(&self, dev: usize, cap: u64, share: u32) {
+        let Some(d) = self.devices.get(dev) else {
+            return;
+        };
+        let share = share.clamp(1, 100);
+        d.mem_cap_bytes.store(cap, Relaxed);
+        d.sm_share_pct.store(share, Relaxed);
+        d.generation.fetch_add(1, Relaxed);
+        if share < 100 {
+            self.throttled_mask.fetch_or(1 << dev, Relaxed);
+        } else {
+            self.throttled_mask.fetch_and(!(1 << dev), Relaxed);
+        }
+    }
+
+    pub fn cap(&self, dev: usize) -> u64 {
+        self.devices
+            .get(dev)
+            .map_or(u64::MAX, |d| d.mem_cap_bytes.load(Relaxed))
+    }
+
+    pub fn share(&self, dev: usize) -> u32 {
+        self.devices
+            .get(dev)
+            .map_or(100, |d| d.sm_share_pct.load(Relaxed))
+    }
+
+    pub fn generation(&self, dev: usize) -> u64 {
+        self.devices
+            .get(dev)
+            .map_or(0, |d| d.generation.load(Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_updates_cap_share_generation_and_mask() {
+        let p = GrantPage::unlimited();
+        assert!(p.is_valid());
+        p.set(2, 1 << 30, 25);
+        assert_eq!(p.cap(2), 1 << 30);
+        assert_eq!(p.share(2), 25);
+        assert_eq!(p.generation(2), 1);
+        assert_eq!(p.throttled_mask.load(Relaxed), 1 << 2);
+        p.set(2, 1 << 30, 100);
+        assert_eq!(p.throttled_mask.load(Relaxed), 0);
+        p.set(99, 1, 1); // out of range: ignored
+        assert_eq!(p.cap(99), u64::MAX);
+        p.set(0, 0, 0); // share clamps to 1
+        assert_eq!(p.share(0), 1);
+    }
+}

@@ -1,0 +1,17 @@
+//! # smore-protocol
+//!
+//! Owns the contracts that cross a process boundary between the shim (inside function processes),
+//! the `smore` CLI, runtimes using the C ABI, and the arbiter (the node daemon):
+//!
+//! - [`wire`]: the Unix-socket messages and their framing (length-prefixed JSON, versioned);
+//! - [`grant`]: the layout of the grant page the arbiter writes and the shim maps read-only;
+//! - [`size`]: human-readable byte sizes used by the environment contract and the config.
+//!
+//! Must never: depend on anything heavy (the shim links it into other people's processes), allocate
+//! or lock on the read side of the grant page, or change a layout or message without bumping its
+//! version.
+#![forbid(unsafe_code)]
+
+pub mod grant;
+pub mod size;
+pub mod wire;

@@ -1,0 +1,421 @@
+//! The arbiter's Unix-socket protocol: messages and framing.
+//!
+//! Framing: each message is a 4-byte little-endian length followed by that many bytes of JSON.
+//! JSON keeps the protocol debuggable (`socat` + `jq`) and easy for runtimes in any language; the
+//! length prefix makes a malformed or truncated message detectable without a streaming parser.
+//! Frames larger than [`MAX_FRAME`] are refused before anything is allocated for them.
+//!
+//! Identity never comes from a message: the arbiter reads the peer's pid and uid from
+//! `SO_PEERCRED`. A `Register` therefore carries no pid. With a `Granted` reply the arbiter passes
+//! the grant page (a sealed memfd) as `SCM_RIGHTS` ancillary data on the same `sendmsg`.
+//!
+//! Versioning: every request is sent inside an [`Envelope`] carrying [`PROTOCOL_VERSION`]; the
+//! arbiter answers a different version with [`ErrorCode::Version`] and closes.
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use std::fmt;
+use std::io::{self, Read, Write};
+
+/// Version of the messages below. Bump on any incompatible change.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Largest frame either side accepts, in bytes. Reasoning: the largest message is a status
+/// snapshot of a full node (16 GPUs × a few hundred instances × ~200 B ≈ 1 MiB); requests are
+/// far smaller. Status replies may use up to this; requests are checked against
+/// [`MAX_REQUEST_FRAME`].
+pub const MAX_FRAME: usize = 4 << 20;
+/// Largest request frame the arbiter accepts, in bytes (a request is a few hundred bytes; a
+/// latency report of 1 000 samples is ~10 KiB).
+pub const MAX_REQUEST_FRAME: usize = 64 << 10;
+/// Default socket path of the arbiter (`SMORE_ARBITER_SOCKET` and the config override it).
+pub const DEFAULT_SOCKET: &str = "/run/smore/arbiter.sock";
+/// Environment variable naming the arbiter socket.
+pub const ENV_SOCKET: &str = "SMORE_ARBITER_SOCKET";
+/// Environment variable through which `smore run` hands an already-registered connection to the
+/// exec'd command (a file descriptor number, inherited across `exec`).
+pub const ENV_CONN_FD: &str = "SMORE_ARBITER_FD";
+/// Environment variable through which `smore run` hands the grant page fd to the exec'd command.
+pub const ENV_GRANT_FD: &str = "SMORE_GRANT_FD";
+
+/// A request with the sender's protocol version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub v: u32,
+    #[serde(flatten)]
+    pub req: Request,
+}
+
+impl Envelope {
+    pub fn new(req: Request) -> Envelope {
+        Envelope { v: PROTOCOL_VERSION, req }
+    }
+}
+
+/// What a client may ask. Identity (pid, uid) comes from `SO_PEERCRED`, never from here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Register the peer process as a function instance and ask for a grant.
+    Register {
+        /// Function name (what `status` shows; several instances may share it).
+        function: String,
+        /// Model id in the predictor's catalog (`unknown` when the runtime does not know).
+        #[serde(default)]
+        model: Option<String>,
+        /// Latency SLO of one request, milliseconds.
+        #[serde(default)]
+        slo_ms: Option<f64>,
+        /// Declared device memory need in bytes (the cap asked for).
+        #[serde(default)]
+        memory: Option<u64>,
+        /// Instance id of an earlier grant this process held (re-registration after an arbiter
+        /// restart): the arbiter keeps the same id, GPU and cap if they still fit.
+        #[serde(default)]
+        resume: Option<u64>,
+        /// GPU index the instance already runs on (re-registration), so it is not moved.
+        #[serde(default)]
+        gpu: Option<u32>,
+    },
+    /// Request latencies observed by the runtime since the last report (milliseconds), and the
+    /// shim's view of the device memory it holds (a hint: NVML is the authority).
+    Report {
+        #[serde(default)]
+        latencies_ms: Vec<f64>,
+        #[serde(default)]
+        used_bytes: Option<u64>,
+        #[serde(default)]
+        throttled_ns: Option<u64>,
+        #[serde(default)]
+        refusals: Option<u64>,
+    },
+    /// Request-level admission (SMORE style): may one more request run now?
+    Admit {
+        #[serde(default)]
+        request: Option<u64>,
+    },
+    /// Pre-warm hints for the functions of this node.
+    Hints,
+    /// Snapshot of the node: GPUs, training processes, functions, events.
+    Status,
+    /// Operator: change an instance's SM share (percent, 1..=100). Allowed for root or the
+    /// arbiter's own uid.
+    SetShare { instance: u64, share: u32 },
+    /// Operator: change an instance's memory cap (bytes). Allowed for root or the arbiter's uid.
+    SetMemory { instance: u64, bytes: u64 },
+    /// Give the grant back (a closed connection does the same).
+    Release,
+}
+
+/// Why a registration was refused (also the exit code `smore run` uses, see `docs/cli.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefuseCode {
+    /// No GPU has the memory (after σ, training use and other grants).
+    NoMemory,
+    /// Every GPU with memory would slow training beyond θ_train.
+    TrainingBound,
+    /// The function's SLO cannot be met on any GPU.
+    Slo,
+    /// The node has no GPU the arbiter manages.
+    NoGpu,
+    /// The request itself is invalid (e.g. memory 0 or larger than any GPU).
+    Invalid,
+}
+
+impl RefuseCode {
+    /// Exit code of `smore run` for this refusal (distinct from the command's own codes, which
+    /// are conventionally < 64, and from 126/127 of the shell).
+    pub fn exit_code(self) -> i32 {
+        match self {
+            RefuseCode::NoMemory => 75,
+            RefuseCode::TrainingBound => 76,
+            RefuseCode::Slo => 77,
+            RefuseCode::NoGpu => 78,
+            RefuseCode::Invalid => 79,
+        }
+    }
+}
+
+/// Error classes the arbiter answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The frame was not valid JSON for any request.
+    Malformed,
+    /// The frame exceeded the size limit.
+    TooLarge,
+    /// Different protocol version.
+    Version,
+    /// The request needs a registration first (or the instance is unknown).
+    NotRegistered,
+    /// The peer may not do this (operator requests from other uids).
+    Forbidden,
+    /// A registered process asked to register again.
+    AlreadyRegistered,
+    /// The value is out of range.
+    Invalid,
+    /// The arbiter failed internally; the message says how.
+    Internal,
+}
+
+/// One grant, as the arbiter answers a registration. The page passed with it is the live copy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Grant {
+    pub instance: u64,
+    /// NVML index of the GPU (what `CUDA_VISIBLE_DEVICES` must name).
+    pub gpu_index: u32,
+    pub gpu_uuid: String,
+    pub memory_cap: u64,
+    pub sm_share: u32,
+    pub generation: u64,
+    /// Predicted slowdown of the GPU's training job with this instance (fraction), if predicted.
+    #[serde(default)]
+    pub predicted_train: Option<f64>,
+    /// Predicted latency degradation of the function (fraction), if predicted.
+    #[serde(default)]
+    pub predicted_fn: Option<f64>,
+    /// The rule that admitted the instance (shown by `status`).
+    #[serde(default)]
+    pub rule: String,
+}
+
+/// A pre-warm hint for one function.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hint {
+    pub function: String,
+    /// `load`, `keep` or `unload`.
+    pub action: String,
+    /// Requests per minute the forecaster expects next minute.
+    pub forecast_rpm: f64,
+}
+
+/// What the arbiter answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    /// Registration accepted; the grant page fd travels as ancillary data.
+    Granted(Grant),
+    /// Registration refused.
+    Refused { code: RefuseCode, reason: String },
+    /// Request-level admission decision.
+    Admission {
+        admitted: bool,
+        #[serde(default)]
+        predicted_train: Option<f64>,
+        #[serde(default)]
+        predicted_fn: Option<f64>,
+        reason: String,
+    },
+    Hints {
+        hints: Vec<Hint>,
+    },
+    /// A node snapshot (the schema is the arbiter's `status` JSON, documented in docs/cli.md).
+    Status {
+        snapshot: serde_json::Value,
+    },
+    Ok,
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+/// Errors of reading or writing a frame.
+#[derive(Debug)]
+pub enum WireError {
+    /// The peer closed the connection at a frame boundary.
+    Closed,
+    /// The frame announced more bytes than allowed.
+    TooLarge { len: usize, max: usize },
+    /// The bytes were not a valid message.
+    Malformed(String),
+    Io(io::Error),
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::Closed => write!(f, "connection closed by peer"),
+            WireError::TooLarge { len, max } => {
+                write!(f, "frame of {len} bytes exceeds the limit of {max} bytes")
+            }
+            WireError::Malformed(m) => write!(f, "malformed message: {m}"),
+            WireError::Io(e) => write!(f, "i/o error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+impl From<io::Error> for WireError {
+    fn from(e: io::Error) -> Self {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            WireError::Closed
+        } else {
+            WireError::Io(e)
+        }
+    }
+}
+
+/// Encodes `msg` as one frame (length prefix + JSON).
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    // Serialising these plain data types cannot fail (no maps with non-string keys).
+    let body = serde_json::to_vec(msg).unwrap_or_default();
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Writes one frame.
+pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> io::Result<()> {
+    w.write_all(&encode(msg))?;
+    w.flush()
+}
+
+/// Reads the 4-byte length prefix; `Closed` on a clean EOF before it.
+pub fn read_len<R: Read>(r: &mut R, max: usize) -> Result<usize, WireError> {
+    let mut len = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        match r.read(&mut len[got..]) {
+            Ok(0) if got == 0 => return Err(WireError::Closed),
+            Ok(0) => return Err(WireError::Malformed("truncated length prefix".into())),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > max {
+        return Err(WireError::TooLarge { len, max });
+    }
+    Ok(len)
+}
+
+/// Decodes a frame body.
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
+    serde_json::from_slice(body).map_err(|e| WireError::Malformed(e.to_string()))
+}
+
+/// Reads one frame of at most `max` bytes and decodes it.
+pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R, max: usize) -> Result<T, WireError> {
+    let len = read_len(r, max)?;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            WireError::Malformed(format!("truncated frame: expected {len} bytes"))
+        } else {
+            WireError::Io(e)
+        }
+    })?;
+    decode(&body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip<T: Serialize + DeserializeOwned + PartialEq + fmt::Debug>(m: T) {
+        let bytes = encode(&m);
+        let back: T = read_frame(&mut &bytes[..], MAX_FRAME).unwrap();
+        assert_eq!(back, m);
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        roundtrip(Envelope::new(Request::Register {
+            function: "resnet".into(),
+            model: Some("resnet50".into()),
+            slo_ms: Some(50.0),
+            memory: Some(2 << 30),
+            resume: None,
+            gpu: None,
+        }));
+        roundtrip(Envelope::new(Request::Report {
+            latencies_ms: vec![1.5, 2.0],
+            used_bytes: Some(10),
+            throttled_ns: None,
+            refusals: Some(1),
+        }));
+        for r in [
+            Request::Admit { request: Some(3) },
+            Request::Hints,
+            Request::Status,
+            Request::SetShare { instance: 1, share: 30 },
+            Request::SetMemory { instance: 1, bytes: 5 },
+            Request::Release,
+        ] {
+            roundtrip(Envelope::new(r));
+        }
+        roundtrip(Reply::Granted(Grant {
+            instance: 7,
+            gpu_index: 1,
+            gpu_uuid: "GPU-x".into(),
+            memory_cap: 1 << 30,
+            sm_share: 40,
+            generation: 2,
+            predicted_train: Some(0.05),
+            predicted_fn: None,
+            rule: "fit".into(),
+        }));
+        roundtrip(Reply::Refused { code: RefuseCode::NoMemory, reason: "full".into() });
+        roundtrip(Reply::Error { code: ErrorCode::Malformed, message: "x".into() });
+        roundtrip(Reply::Ok);
+    }
+
+    #[test]
+    fn the_wire_form_is_plain_json_with_a_version() {
+        let bytes = encode(&Envelope::new(Request::Status));
+        assert_eq!(&bytes[4..], br#"{"v":1,"op":"status"}"#);
+        assert_eq!(u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize, bytes.len() - 4);
+    }
+
+    #[test]
+    fn malformed_and_oversized_frames_are_errors_not_panics() {
+        let mut junk = 5u32.to_le_bytes().to_vec();
+        junk.extend_from_slice(b"{nope");
+        assert!(matches!(
+            read_frame::<_, Envelope>(&mut &junk[..], MAX_FRAME),
+            Err(WireError::Malformed(_))
+        ));
+        let unknown_op = encode(&serde_json::json!({"v":1,"op":"launch_missiles"}));
+        assert!(matches!(
+            read_frame::<_, Envelope>(&mut &unknown_op[..], MAX_FRAME),
+            Err(WireError::Malformed(_))
+        ));
+        let huge = (1u32 << 30).to_le_bytes();
+        assert!(matches!(
+            read_frame::<_, Envelope>(&mut &huge[..], MAX_REQUEST_FRAME),
+            Err(WireError::TooLarge { .. })
+        ));
+        let truncated = {
+            let mut b = encode(&Envelope::new(Request::Status));
+            b.truncate(b.len() - 3);
+            b
+        };
+        assert!(matches!(
+            read_frame::<_, Envelope>(&mut &truncated[..], MAX_FRAME),
+            Err(WireError::Malformed(_))
+        ));
+        assert!(matches!(
+            read_frame::<_, Envelope>(&mut &[][..], MAX_FRAME),
+            Err(WireError::Closed)
+        ));
+    }
+
+    #[test]
+    fn refusal_exit_codes_are_distinct() {
+        let codes = [
+            RefuseCode::NoMemory,
+            RefuseCode::TrainingBound,
+            RefuseCode::Slo,
+            RefuseCode::NoGpu,
+            RefuseCode::Invalid,
+        ]
+        .map(RefuseCode::exit_code);
+        let mut s = codes.to_vec();
+        s.sort();
+        s.dedup();
+        assert_eq!(s.len(), codes.len());
+    }
+}

@@ -1,0 +1,279 @@
+//! The real driver: `dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)` (and `libnvidia-ml.so.1` for
+//! NVML), every hooked export and helper resolved by its exact name with the real `dlsym` on that
+//! handle — so a hook always forwards to the real export of exactly its own name.
+//!
+//! Owns the resolved address tables and safe wrappers for the helper calls the shim makes itself
+//! (current device/context, capture status, events, NVML per-process memory). Must never: resolve
+//! through `RTLD_DEFAULT`/`RTLD_NEXT` (that would find our own exports), or block in
+//! [`real_addr_nowait`] (called from inside `dlsym`).
+
+use super::dlsym::real_dlsym;
+use crate::variants::{Helper, Hook, Lib};
+use std::ffi::{c_int, c_uint, c_void, CString};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::*};
+
+const UNINIT: u8 = 0;
+const OPENING: u8 = 1;
+const READY: u8 = 2;
+const FAILED: u8 = 3;
+
+struct LibState {
+    state: AtomicU8,
+    handle: AtomicUsize,
+}
+
+static CUDA: LibState = LibState {
+    state: AtomicU8::new(UNINIT),
+    handle: AtomicUsize::new(0),
+};
+static NVML: LibState = LibState {
+    state: AtomicU8::new(UNINIT),
+    handle: AtomicUsize::new(0),
+};
+static HOOK_REAL: [AtomicUsize; Hook::COUNT] = [const { AtomicUsize::new(0) }; Hook::COUNT];
+static HELPER_REAL: [AtomicUsize; Helper::COUNT] = [const { AtomicUsize::new(0) }; Helper::COUNT];
+
+fn lib_state(lib: Lib) -> &'static LibState {
+    match lib {
+        Lib::Cuda => &CUDA,
+        Lib::Nvml => &NVML,
+    }
+}
+
+fn open(lib: Lib) -> bool {
+    let soname = match lib {
+        Lib::Cuda => c"libcuda.so.1",
+        Lib::Nvml => c"libnvidia-ml.so.1",
+    };
+    // SAFETY: NUL-terminated literal; RTLD_LOCAL so our reference adds nothing to the global scope.
+    let h = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if h.is_null() {
+        return false;
+    }
+    lib_state(lib).handle.store(h as usize, Release);
+    let resolve = |name: &str| -> usize {
+        let Ok(c) = CString::new(name) else { return 0 };
+        // SAFETY: `h` is a live dlopen handle (never closed); `c` is NUL-terminated.
+        unsafe { real_dlsym(h, c.as_ptr()) as usize }
+    };
+    for h in Hook::ALL.iter().filter(|h| h.lib() == lib) {
+        HOOK_REAL[*h as usize].store(resolve(h.name()), Release);
+    }
+    for h in Helper::ALL.iter().filter(|h| h.lib() == lib) {
+        HELPER_REAL[*h as usize].store(resolve(h.name()), Release);
+    }
+    true
+}
+
+/// Opens `lib` once. With `wait`, a thread arriving while another opens it yields until done;
+/// without, it gets `false` at once.
+fn ensure(lib: Lib, wait: bool) -> bool {
+    let st = lib_state(lib);
+    loop {
+        match st.state.load(Acquire) {
+            READY => return true,
+            FAILED => return false,
+            UNINIT => {
+                if st
+                    .state
+                    .compare_exchange(UNINIT, OPENING, AcqRel, Acquire)
+                    .is_ok()
+                {
+                    let ok = open(lib);
+                    st.state.store(if ok { READY } else { FAILED }, Release);
+                    return ok;
+                }
+            }
+            _ if !wait => return false,
+            _ => std::thread::yield_now(),
+        }
+    }
+}
+
+/// The real address of a hooked export (0 if the driver lacks it or cannot be opened).
+#[inline]
+pub fn real_addr(h: Hook) -> usize {
+    if !ensure(h.lib(), true) {
+        return 0;
+    }
+    HOOK_REAL[h as usize].load(Relaxed)
+}
+
+/// As [`real_addr`], but never waits for another thread's `dlopen`.
+pub fn real_addr_nowait(h: Hook) -> Option<usize> {
+    if !ensure(h.lib(), false) {
+        return None;
+    }
+    Some(HOOK_REAL[h as usize].load(Relaxed)).filter(|&a| a != 0)
+}
+
+/// Snapshot of every hooked export's real address, indexed by [`Hook`].
+pub fn real_addrs() -> [usize; Hook::COUNT] {
+    ensure(Lib::Cuda, true);
+    std::array::from_fn(|i| HOOK_REAL[i].load(Relaxed))
+}
+
+fn helper(h: Helper) -> usize {
+    if !ensure(h.lib(), true) {
+        return 0;
+    }
+    HELPER_REAL[h as usize].load(Relaxed)
+}
+
+/// Transmutes a helper's address to its C signature, or returns `$none` if it is missing.
+macro_rules! helper_fn {
+    ($h:ident : fn($($t:ty),*) -> $r:ty, else $none:expr) => {{
+        let a = helper(Helper::$h);
+        if a == 0 {
+            return $none;
+        }
+        // SAFETY: `a` is the real export named exactly like the helper, whose C prototype is
+        // the one spelled here (cuda.h / nvml.h).
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> $r>(a) }
+    }};
+}
+
+/// Device ordinal of the calling thread's current context.
+pub fn ctx_device() -> Option<usize> {
+    let f = helper_fn!(cuCtxGetDevice: fn(*mut c_int) -> u32, else None);
+    let mut d: c_int = -1;
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { f(&mut d) };
+    (rc == 0 && d >= 0).then_some(d as usize)
+}
+
+/// The calling thread's current context (0 if none).
+pub fn ctx_current() -> Option<usize> {
+    let f = helper_fn!(cuCtxGetCurrent: fn(*mut *mut c_void) -> u32, else None);
+    let mut c: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { f(&mut c) };
+    (rc == 0 && !c.is_null()).then_some(c as usize)
+}
+
+/// Whether `stream` is capturing (`Some(false)` = definitely not).
+pub fn stream_capturing(stream: usize, ptsz: bool) -> Option<bool> {
+    let f = if ptsz {
+        helper_fn!(cuStreamIsCapturing_ptsz: fn(*mut c_void, *mut c_uint) -> u32, else None)
+    } else {
+        helper_fn!(cuStreamIsCapturing: fn(*mut c_void, *mut c_uint) -> u32, else None)
+    };
+    let mut st: c_uint = 0;
+    // SAFETY: `stream` is the caller's stream handle, passed through unchanged; valid out-pointer.
+    let rc = unsafe { f(stream as *mut c_void, &mut st) };
+    (rc == 0).then_some(st != 0)
+}
+
+/// A new timing event in the current context.
+pub fn event_create() -> Option<usize> {
+    let f = helper_fn!(cuEventCreate: fn(*mut *mut c_void, c_uint) -> u32, else None);
+    let mut e: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; flags 0 = CU_EVENT_DEFAULT (timing enabled).
+    let rc = unsafe { f(&mut e, 0) };
+    (rc == 0 && !e.is_null()).then_some(e as usize)
+}
+
+/// Records `ev` on `stream` (per-thread default stream semantics when `ptsz`).
+pub fn event_record(ev: usize, stream: usize, ptsz: bool) -> bool {
+    let f = if ptsz {
+        helper_fn!(cuEventRecord_ptsz: fn(*mut c_void, *mut c_void) -> u32, else false)
+    } else {
+        helper_fn!(cuEventRecord: fn(*mut c_void, *mut c_void) -> u32, else false)
+    };
+    // SAFETY: `ev` is an event we created; `stream` is the caller's stream handle.
+    unsafe { f(ev as *mut c_void, stream as *mut c_void) == 0 }
+}
+
+/// `cuEventQuery`: 0 = done, 600 = not ready, anything else an error.
+pub fn event_query(ev: usize) -> u32 {
+    let f = helper_fn!(cuEventQuery: fn(*mut c_void) -> u32, else 999);
+    // SAFETY: `ev` is an event we created.
+    unsafe { f(ev as *mut c_void) }
+}
+
+/// Milliseconds between two completed events.
+pub fn event_elapsed_ms(a: usize, b: usize) -> Option<f32> {
+    let f = helper_fn!(cuEventElapsedTime: fn(*mut f32, *mut c_void, *mut c_void) -> u32, else None);
+    let mut ms: f32 = 0.0;
+    // SAFETY: events we created; valid out-pointer.
+    let rc = unsafe { f(&mut ms, a as *mut c_void, b as *mut c_void) };
+    (rc == 0 && ms.is_finite() && ms >= 0.0).then_some(ms)
+}
+
+static NVML_INIT: AtomicU8 = AtomicU8::new(UNINIT);
+
+fn nvml_ready() -> bool {
+    match NVML_INIT.load(Acquire) {
+        READY => true,
+        FAILED => false,
+        _ => {
+            let f = helper_fn!(nvmlInit_v2: fn() -> u32, else {
+                NVML_INIT.store(FAILED, Release);
+                false
+            });
+            // SAFETY: no arguments; NVML reference-counts init.
+            let ok = unsafe { f() } == 0;
+            NVML_INIT.store(if ok { READY } else { FAILED }, Release);
+            ok
+        }
+    }
+}
+
+/// NVML `nvmlProcessInfo_t` (v2/v3 layout).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct ProcInfo {
+    pid: c_uint,
+    used: u64,
+    gi: c_uint,
+    ci: c_uint,
+}
+
+/// Device memory NVML attributes to process `pid` on device index `dev`.
+pub fn nvml_process_mem(dev: usize, pid: u32) -> Option<u64> {
+    if !nvml_ready() {
+        return None;
+    }
+    let by_index = helper_fn!(nvmlDeviceGetHandleByIndex_v2: fn(c_uint, *mut *mut c_void) -> u32, else None);
+    let mut h: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    if unsafe { by_index(dev as c_uint, &mut h) } != 0 {
+        return None;
+    }
+    let procs = {
+        let a = helper(Helper::nvmlDeviceGetComputeRunningProcesses_v3);
+        let a = if a != 0 {
+            a
+        } else {
+            helper(Helper::nvmlDeviceGetComputeRunningProcesses_v2)
+        };
+        if a == 0 {
+            return None;
+        }
+        // SAFETY: both versions share this prototype and the v2/v3 nvmlProcessInfo_t layout.
+        unsafe {
+            std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut ProcInfo) -> u32>(a)
+        }
+    };
+    // 64 entries on the stack: more compute processes than that on one GPU is not a case we
+    // need to measure a context footprint in (we then skip the measurement).
+    let mut buf = [ProcInfo::default(); 64];
+    let mut n: c_uint = buf.len() as c_uint;
+    // SAFETY: `buf` has room for `n` entries; `h` is a valid NVML handle.
+    if unsafe { procs(h, &mut n, buf.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    buf[..(n as usize).min(buf.len())]
+        .iter()
+        .find(|p| p.pid == pid)
+        .map(|p| p.used)
+}
+
+/// NVML index of a device handle.
+pub fn nvml_index(handle: usize) -> Option<usize> {
+    let f = helper_fn!(nvmlDeviceGetIndex: fn(*mut c_void, *mut c_uint) -> u32, else None);
+    let mut i: c_uint = 0;
+    // SAFETY: `handle` is the caller's NVML device handle, passed through; valid out-pointer.
+    let rc = unsafe { f(handle as *mut c_void, &mut i) };
+    (rc == 0).then_some(i as usize)
+}

@@ -1,0 +1,300 @@
+//! Launch gating: hold a process's GPU time to `share` of every window by pacing the launches it
+//! submits, each charged its estimated GPU time.
+//!
+//! Owns three lock-free pieces, all pure (the clock is a parameter, so tests inject it):
+//! - [`Gate`]: a token bucket of GPU time kept as one atomic "theoretical arrival time" (GCRA).
+//!   Refill is `share` GPU-ns per wall-ns; capacity is `share × window`. A launch of estimated cost
+//!   `c` moves the TAT by `c / share`; if the TAT then lies more than one window ahead of now the
+//!   caller sleeps until it does not. Work submitted by time t is therefore at most
+//!   `share × (t + window)`: the queued-but-unrun work a burst can build is bounded by the bucket.
+//! - [`CostTable`]: fixed-size open-addressed table CUfunction / CUgraphExec → estimated GPU ns,
+//!   learned from sampled event pairs (no allocation, no lock; a full table falls back to the
+//!   process-wide estimate).
+//! - [`SampleClock`]: claims at most one sample per period per process.
+//!
+//! Must never: allocate, lock or make a syscall (the caller does the sleep, with an absolute
+//! deadline), or sleep a launch of a share-100 device.
+
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+/// Estimated cost of a launch never sampled yet and of the process-wide fallback before any
+/// sample: 50 µs of GPU time. Reasoning: typical DL inference kernels run 5–200 µs (ANCHORS.md:
+/// a null launch is ~2 µs, frameworks add 5–20 µs per op); the first sample replaces it within
+/// one sampling period.
+pub const DEFAULT_COST_NS: u64 = 50_000;
+/// At most one sampled (event-pair) launch per 1 ms per process. Source: Olympian's 1–2 ms
+/// GPU-time quanta; ANCHORS.md: one event per launch costs 4–5 µs, so sampling at ≤ 1 kHz costs
+/// ≤ 0.5 % of a core even for 10 µs-kernel workloads.
+pub const SAMPLE_PERIOD_NS: u64 = 1_000_000;
+/// Slots in the cost table (power of two). 4096 × 16 B = 64 KiB; PyTorch models launch a few
+/// hundred distinct kernels (reasoning), so the load factor stays low.
+pub const COST_SLOTS: usize = 4096;
+/// Linear-probe limit before giving up on a key (then the global estimate is used).
+const MAX_PROBE: usize = 16;
+
+/// The GCRA token bucket of one device.
+#[derive(Debug, Default)]
+pub struct Gate {
+    /// Theoretical arrival time (ns, CLOCK_MONOTONIC): when the work admitted so far would have
+    /// been paid for at the share rate.
+    tat: AtomicU64,
+}
+
+impl Gate {
+    pub fn new() -> Gate {
+        Gate::default()
+    }
+
+    /// Admits a launch of `cost_ns` GPU time at wall time `now` under `share_pct` of `window_ns`.
+    /// Returns `None` to launch now, or `Some(deadline)`: sleep until that CLOCK_MONOTONIC instant,
+    /// then launch. The charge is taken either way (the launch will happen).
+    #[inline]
+    pub fn admit(&self, now: u64, cost_ns: u64, share_pct: u32, window_ns: u64) -> Option<u64> {
+        if share_pct >= 100 {
+            return None;
+        }
+        let share = share_pct.max(1) as u64;
+        // Wall time this much GPU time pays for at the share rate (rounded up).
+        let wall = (cost_ns.saturating_mul(100)).div_ceil(share);
+        let mut old = self.tat.load(Acquire);
+        loop {
+            // An idle bucket refills to full capacity, never beyond: debt never goes negative.
+            let base = old.max(now);
+            let new = base.saturating_add(wall);
+            match self.tat.compare_exchange_weak(old, new, AcqRel, Acquire) {
+                Ok(_) => {
+                    // Allowed while the TAT is no more than one window ahead of now.
+                    let ready = new.saturating_sub(window_ns);
+                    return (ready > now).then_some(ready);
+                }
+                Err(cur) => old = cur,
+            }
+        }
+    }
+
+    /// Forgets all debt (fork child, share change to 100).
+    pub fn reset(&self) {
+        self.tat.store(0, Release);
+    }
+}
+
+/// CUfunction / CUgraphExec → estimated GPU ns. Keys are handle addresses (never 0).
+pub struct CostTable {
+    keys: Box<[AtomicU64]>,
+    costs: Box<[AtomicU64]>,
+    /// Process-wide estimate (EWMA over all samples), for keys never sampled.
+    global: AtomicU64,
+}
+
+impl Default for CostTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn slot_of(key: u64) -> usize {
+    // Fibonacci hashing; handles are 8/16-byte aligned.
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize & (COST_SLOTS - 1)
+}
+
+/// EWMA step with weight 1/4 for the new sample (reasoning: settles within ~10 samples, i.e.
+/// ~10 ms at the sampling period, while riding out single outliers).
+fn ewma(old: u64, sample: u64) -> u64 {
+    if old == 0 {
+        sample
+    } else {
+        (old * 3 + sample) / 4
+    }
+}
+
+impl CostTable {
+    pub fn new() -> CostTable {
+        CostTable {
+            keys: (0..COST_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            costs: (0..COST_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            global: AtomicU64::new(0),
+        }
+    }
+
+    /// Estimated GPU ns of `key`: its own learned cost, else the process-wide estimate, else
+    /// [`DEFAULT_COST_NS`].
+    #[inline]
+    pub fn estimate(&self, key: u64) -> u64 {
+        let mut i = slot_of(key);
+        for _ in 0..MAX_PROBE {
+            let k = self.keys[i].load(Acquire);
+            if k == key {
+                let c = self.costs[i].load(Relaxed);
+                if c != 0 {
+                    return c;
+                }
+                break;
+            }
+            if k == 0 {
+                break;
+            }
+            i = (i + 1) & (COST_SLOTS - 1);
+        }
+        self.global_estimate()
+    }
+
+    pub fn global_estimate(&self) -> u64 {
+        match self.global.load(Relaxed) {
+            0 => DEFAULT_COST_NS,
+            g => g,
+        }
+    }
+
+    /// Folds a measured GPU time into `key`'s estimate and the global one.
+    pub fn record(&self, key: u64, sample_ns: u64) {
+        let sample = sample_ns.max(1);
+        let g = self.global.load(Relaxed);
+        self.global.store(ewma(g, sample), Relaxed);
+        if key == 0 {
+            return;
+        }
+        let mut i = slot_of(key);
+        for _ in 0..MAX_PROBE {
+            let k = self.keys[i].load(Acquire);
+            let mine = k == key
+                || (k == 0
+                    && match self.keys[i].compare_exchange(0, key, AcqRel, Acquire) {
+                        Ok(_) => true,
+                        Err(now) => now == key,
+                    });
+            if mine {
+                let old = self.costs[i].load(Relaxed);
+                // Racy read-modify-write is fine: a lost update only delays convergence.
+                self.costs[i].store(ewma(old, sample), Relaxed);
+                return;
+            }
+            i = (i + 1) & (COST_SLOTS - 1);
+        }
+    }
+}
+
+/// Grants the right to take a sample at most once per period.
+#[derive(Debug, Default)]
+pub struct SampleClock {
+    next: AtomicU64,
+}
+
+impl SampleClock {
+    /// True for exactly one caller per `period_ns`.
+    #[inline]
+    pub fn try_claim(&self, now: u64, period_ns: u64) -> bool {
+        let next = self.next.load(Relaxed);
+        now >= next
+            && self
+                .next
+                .compare_exchange(next, now + period_ns, AcqRel, Relaxed)
+                .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// Simulates a process that always has work: each launch costs `cost`, the caller sleeps
+    /// exactly until the returned deadline. Returns GPU time admitted over `dur`.
+    fn run(share: u32, cost: u64, window: u64, dur: u64) -> u64 {
+        let g = Gate::new();
+        let start = 1_000 * MS;
+        let mut now = start;
+        let mut admitted = 0;
+        while now < start + dur {
+            if let Some(t) = g.admit(now, cost, share, window) {
+                assert!(t > now);
+                now = t;
+            }
+            admitted += cost;
+        }
+        admitted
+    }
+
+    #[test]
+    fn share_100_never_waits() {
+        let g = Gate::new();
+        for i in 0..1000 {
+            assert_eq!(g.admit(i, 10 * MS, 100, 100 * MS), None);
+        }
+    }
+
+    #[test]
+    fn long_run_rate_is_the_share() {
+        for share in [10u32, 25, 50, 75, 90] {
+            for cost in [20_000u64, 1 * MS, 7 * MS] {
+                let dur = 10_000 * MS;
+                let got = run(share, cost, 100 * MS, dur) as f64 / dur as f64;
+                let want = share as f64 / 100.0;
+                // Bounded by one window's burst plus one launch over 10 s.
+                let slack = (share as f64 / 100.0 * 100.0 * MS as f64 + cost as f64) / dur as f64;
+                assert!(
+                    got >= want - 1e-3 && got <= want + slack + 1e-3,
+                    "share {share} cost {cost}: got {got}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn burst_is_bounded_by_the_bucket() {
+        // After a long idle period, a burst of launches at the same instant is admitted only up
+        // to share × window of GPU time; the next one must wait.
+        let g = Gate::new();
+        let now = 5_000 * MS;
+        let (share, window, cost) = (25u32, 100 * MS, 1 * MS);
+        let mut free = 0;
+        while g.admit(now, cost, share, window).is_none() {
+            free += 1;
+            assert!(free < 1000);
+        }
+        assert_eq!(free, 25, "25 % of 100 ms = 25 launches of 1 ms");
+    }
+
+    #[test]
+    fn deadline_is_exact() {
+        let g = Gate::new();
+        let now = 1_000 * MS;
+        // Empty the bucket: 50 % of 10 ms = 5 ms of GPU time.
+        for _ in 0..5 {
+            assert_eq!(g.admit(now, MS, 50, 10 * MS), None);
+        }
+        // The next 1 ms launch is paid for 2 ms later.
+        assert_eq!(g.admit(now, MS, 50, 10 * MS), Some(now + 2 * MS));
+        g.reset();
+        assert_eq!(g.admit(now, MS, 50, 10 * MS), None);
+    }
+
+    #[test]
+    fn cost_table_learns_and_falls_back() {
+        let t = CostTable::new();
+        assert_eq!(t.estimate(0x7000), DEFAULT_COST_NS);
+        t.record(0x7000, 400_000);
+        assert_eq!(t.estimate(0x7000), 400_000);
+        t.record(0x7000, 800_000);
+        assert_eq!(t.estimate(0x7000), 500_000);
+        // Unknown keys now get the global estimate.
+        assert_eq!(t.estimate(0x9000), t.global_estimate());
+        assert_ne!(t.global_estimate(), DEFAULT_COST_NS);
+        // Colliding keys coexist.
+        for k in 1..2000u64 {
+            t.record(k * 16, k * 10);
+        }
+        for k in (1..2000u64).step_by(97) {
+            assert_eq!(t.estimate(k * 16), k * 10);
+        }
+    }
+
+    #[test]
+    fn sample_clock_once_per_period() {
+        let c = SampleClock::default();
+        assert!(c.try_claim(10 * MS, MS));
+        assert!(!c.try_claim(10 * MS + 1, MS));
+        assert!(!c.try_claim(11 * MS - 1, MS));
+        assert!(c.try_claim(11 * MS, MS));
+    }
+}

@@ -1,0 +1,283 @@
+//! Per-device memory ledger: what this process holds, reserved atomically before the driver is
+//! asked, committed on success, rolled back on failure.
+//!
+//! Owns the `used` counters and the handle → (device, bytes) map that makes every free credit
+//! exactly what its allocation charged. The reservation is one compare-and-swap loop against the
+//! cap, so no interleaving of threads can make `used` pass the cap (HAMi's check-then-add could).
+//! Must never: block on the launch path (it is not used there), lose a credit for a handle it
+//! charged, or refuse a free (the FFI layer always forwards frees to the driver first).
+
+use crate::limits::MAX_DEVICES;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::Mutex;
+
+/// Lock shards of the handle map. 64: with 8 allocating threads the chance two of them hit the
+/// same shard at once is ~12 % per pair-collision check, and each critical section is one
+/// HashMap insert/remove (reasoning; see the bench figures in docs/shim.md).
+const SHARDS: usize = 64;
+
+/// What kind of handle a ledger entry is keyed by (they live in different namespaces).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A device pointer (cuMemAlloc*, cuMemAllocManaged, cuMemAllocAsync, cuMemAllocFromPoolAsync).
+    Ptr,
+    /// A `CUmemGenericAllocationHandle` from cuMemCreate.
+    Vmm,
+    /// A `CUarray`.
+    Array,
+}
+
+/// Over-cap refusal, with what the log line needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverCap {
+    pub dev: usize,
+    pub cap: u64,
+    pub used: u64,
+    pub request: u64,
+}
+
+/// Bytes held on each device plus the handle map.
+pub struct Ledger {
+    used: [AtomicU64; MAX_DEVICES],
+    shards: Vec<Mutex<HashMap<(Kind, u64), (u32, u64)>>>,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A reservation of `bytes` on `dev`: [`Reservation::commit`] keeps it, dropping it gives the
+/// bytes back (so an early return or a panic unwinding through the hook rolls back).
+#[must_use]
+pub struct Reservation<'a> {
+    ledger: &'a Ledger,
+    dev: usize,
+    bytes: u64,
+}
+
+impl Reservation<'_> {
+    /// Keeps the bytes charged and records `key` so its free credits them.
+    pub fn commit(self, kind: Kind, key: u64) {
+        let (l, dev, bytes) = (self.ledger, self.dev, self.bytes);
+        std::mem::forget(self);
+        if let Some((odev, obytes)) = l.shard(kind, key).insert((kind, key), (dev as u32, bytes)) {
+            // The driver handed out a handle we still had on record: its free never reached us
+            // (e.g. freed through a path we do not hook). Credit the stale entry.
+            l.credit(odev as usize, obytes);
+        }
+    }
+
+    /// Changes the reserved amount to `bytes` (pitched allocations learn their size after the
+    /// call). Growth is forced: the driver already allocated it.
+    pub fn resize(&mut self, bytes: u64) {
+        if let Some(u) = self.ledger.used.get(self.dev) {
+            if bytes >= self.bytes {
+                u.fetch_add(bytes - self.bytes, AcqRel);
+            } else {
+                u.fetch_sub(self.bytes - bytes, AcqRel);
+            }
+        }
+        self.bytes = bytes;
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.ledger.credit(self.dev, self.bytes);
+    }
+}
+
+fn mix(k: u64) -> u64 {
+    // splitmix64 finaliser: device pointers share low bits (alignment), so spread them.
+    let mut z = k.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Ledger {
+    pub fn new() -> Ledger {
+        Ledger {
+            used: std::array::from_fn(|_| AtomicU64::new(0)),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+
+    fn shard(
+        &self,
+        kind: Kind,
+        key: u64,
+    ) -> std::sync::MutexGuard<'_, HashMap<(Kind, u64), (u32, u64)>> {
+        let i = (mix(key ^ kind as u64) as usize) % SHARDS;
+        // A poisoned shard only means a panic happened while it was held; the map is still
+        // consistent (single insert/remove), so keep using it.
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes this process holds on `dev`.
+    pub fn used(&self, dev: usize) -> u64 {
+        self.used.get(dev).map_or(0, |u| u.load(Acquire))
+    }
+
+    /// Reserves `bytes` on `dev` unless that would pass `cap`. One CAS loop: threads racing for
+    /// the last bytes are serialised by the counter itself, never by a check made earlier.
+    pub fn reserve(&self, dev: usize, bytes: u64, cap: u64) -> Result<Reservation<'_>, OverCap> {
+        let Some(u) = self.used.get(dev) else {
+            // Untracked ordinal: nothing to charge against (documented limit).
+            return Ok(Reservation {
+                ledger: self,
+                dev,
+                bytes: 0,
+            });
+        };
+        let mut cur = u.load(Acquire);
+        loop {
+            let next = match cur.checked_add(bytes) {
+                Some(n) if n <= cap => n,
+                _ => {
+                    return Err(OverCap {
+                        dev,
+                        cap,
+                        used: cur,
+                        request: bytes,
+                    })
+                }
+            };
+            match u.compare_exchange_weak(cur, next, AcqRel, Acquire) {
+                Ok(_) => {
+                    return Ok(Reservation {
+                        ledger: self,
+                        dev,
+                        bytes,
+                    })
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Charges without a cap check (the context footprint: the context exists already).
+    pub fn force_charge(&self, dev: usize, bytes: u64) {
+        if let Some(u) = self.used.get(dev) {
+            u.fetch_add(bytes, AcqRel);
+        }
+    }
+
+    fn credit(&self, dev: usize, bytes: u64) {
+        if let Some(u) = self.used.get(dev) {
+            // Saturating: a credit can never wrap the counter.
+            let _ = u.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(bytes)));
+        }
+    }
+
+    /// Forgets `key` after the driver freed it and credits what it was charged. Unknown keys
+    /// (allocated before the shim loaded, by an unhooked path, or twice freed) credit nothing.
+    pub fn release(&self, kind: Kind, key: u64) -> Option<(usize, u64)> {
+        let entry = self.shard(kind, key).remove(&(kind, key));
+        entry.map(|(dev, bytes)| {
+            self.credit(dev as usize, bytes);
+            (dev as usize, bytes)
+        })
+    }
+
+    /// Number of live entries (tests, status).
+    pub fn entries(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Arc, Barrier};
+
+    #[test]
+    fn reserve_commit_release() {
+        let l = Ledger::new();
+        let r = l.reserve(0, 100, 250).unwrap();
+        r.commit(Kind::Ptr, 0x1000);
+        l.reserve(0, 150, 250).unwrap().commit(Kind::Vmm, 0x1000);
+        assert_eq!(l.used(0), 250);
+        let e = l.reserve(0, 1, 250).unwrap_err();
+        assert_eq!((e.cap, e.used, e.request), (250, 250, 1));
+        assert_eq!(l.release(Kind::Ptr, 0x1000), Some((0, 100)));
+        assert_eq!(l.release(Kind::Ptr, 0x1000), None, "double free credits nothing");
+        assert_eq!(l.release(Kind::Array, 0x1000), None, "namespaces are separate");
+        assert_eq!(l.used(0), 150);
+        assert_eq!(l.used(1), 0);
+    }
+
+    #[test]
+    fn dropped_reservation_rolls_back() {
+        let l = Ledger::new();
+        {
+            let _r = l.reserve(2, 4096, u64::MAX).unwrap();
+            assert_eq!(l.used(2), 4096);
+        }
+        assert_eq!(l.used(2), 0);
+        let mut r = l.reserve(2, 1000, 5000).unwrap();
+        r.resize(1536);
+        r.commit(Kind::Ptr, 7);
+        assert_eq!(l.used(2), 1536);
+        assert_eq!(l.release(Kind::Ptr, 7), Some((2, 1536)));
+        assert_eq!(l.used(2), 0);
+    }
+
+    #[test]
+    fn overflow_is_refused_not_wrapped() {
+        let l = Ledger::new();
+        l.force_charge(0, u64::MAX - 5);
+        assert!(l.reserve(0, 10, u64::MAX).is_err());
+    }
+
+    /// Threads race for a cap that is not a multiple of the request: the sum of successful
+    /// reservations never exceeds the cap and the cap is used up to the last whole request.
+    #[test]
+    fn racing_threads_never_pass_the_cap() {
+        for round in 0..20 {
+            let l = Arc::new(Ledger::new());
+            let cap: u64 = 1000 + round * 7;
+            let ok = Arc::new(AtomicUsize::new(0));
+            let barrier = Arc::new(Barrier::new(8));
+            let hs: Vec<_> = (0..8u64)
+                .map(|t| {
+                    let (l, ok, barrier) = (l.clone(), ok.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        for i in 0..200u64 {
+                            if let Ok(r) = l.reserve(0, 10, cap) {
+                                // Half of the attempts "fail in the driver" and roll back.
+                                if i % 2 == 0 {
+                                    r.commit(Kind::Ptr, t << 32 | i);
+                                    ok.fetch_add(1, SeqCst);
+                                } else {
+                                    drop(r);
+                                }
+                            }
+                            assert!(l.used(0) <= cap);
+                        }
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().unwrap();
+            }
+            let n = ok.load(SeqCst) as u64;
+            assert_eq!(l.used(0), n * 10);
+            assert!(l.used(0) <= cap);
+            assert_eq!(n, (cap / 10).min(800), "the cap is used up");
+            assert_eq!(l.entries() as u64, n);
+        }
+    }
+}

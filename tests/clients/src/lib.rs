@@ -1,0 +1,18 @@
+//! # smore-sim-clients
+//!
+//! Small programs that drive a CUDA driver — the simulated one in CI, a real one on a GPU node —
+//! the three ways real programs reach it (see [`driver`]), used by smore's end-to-end tests,
+//! benchmarks and demo:
+//!
+//! - `sim-trainer`: iterations of long kernels + a sync each, printing iteration times (the
+//!   serverful training job smore protects; it runs without the shim).
+//! - `sim-function`: requests of a few short kernels, printing request latencies (a serverless
+//!   inference function).
+//! - `sim-probe` / `sim-probe-linked`: a scriptable client whose operations (allocation paths,
+//!   frees, memory info, launches, graphs) print one parseable line each.
+//!
+//! Must never: assume it talks to the simulator — every call goes through the driver ABI.
+
+#[allow(non_snake_case)]
+pub mod driver;
+pub mod probe;

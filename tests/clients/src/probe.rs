@@ -1,0 +1,534 @@
+//! The scriptable probe behind `sim-probe` and `sim-probe-linked`.
+//!
+//! Operations run in order; each prints one line of `key=value` fields starting with `op=`, so
+//! tests can assert on them. A failing driver call prints `rc=<code>` and the script goes on (a
+//! refused allocation must not end the process — that is what the shim promises).
+//!
+//! | op | effect |
+//! |---|---|
+//! | `alloc:<kind>:<size>` | kind = v2, pitch, managed, async, pool, vmm, array, array3d |
+//! | `free` / `free-all` | frees the newest / every live allocation through the matching path |
+//! | `meminfo` / `totalmem` | cuMemGetInfo / cuDeviceTotalMem |
+//! | `nvml-meminfo` | nvmlDeviceGetMemoryInfo of the same device via dlopen(libnvidia-ml.so.1) |
+//! | `launch:<us>[:<count>[:<via>]]` | enqueue kernels, via = kernel, ex, coop, graph |
+//! | `run:<us>:<count>[:<via>]` | launch then sync; prints wall time |
+//! | `stream` | create a stream and use it from now on |
+//! | `sync` / `sleep:<ms>` / `ready` | stream sync / sleep / print a marker line |
+//! | `pool-info` | default pool reserved and used bytes |
+
+use crate::driver::{DirectTable, Ptr, Session};
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use cudarc::driver::sys::CUlaunchConfig;
+use smore_protocol::size::parse_size;
+use std::ffi::{c_int, c_void};
+use std::io::Write;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(about = "Scriptable CUDA driver client for smore's tests (see the module docs for ops)")]
+pub struct Args {
+    #[command(flatten)]
+    pub resolve: crate::driver::ResolveArgs,
+    /// Operations, in order.
+    pub ops: Vec<String>,
+}
+
+enum Live {
+    Device(u64),
+    Async(u64),
+    Vmm { va: u64, size: usize, handle: u64 },
+    Array(Ptr),
+}
+
+/// CUmemAllocationProp for a pinned device allocation on `dev` (layout of cuda.h, 32 bytes).
+#[repr(C)]
+struct AllocProp {
+    kind: u32,
+    handle_types: u32,
+    loc_type: u32,
+    loc_id: c_int,
+    win32: *mut c_void,
+    flags: [u8; 8],
+}
+
+/// CUmemAccessDesc: location + CU_MEM_ACCESS_FLAGS_PROT_READWRITE.
+#[repr(C)]
+struct AccessDesc {
+    loc_type: u32,
+    loc_id: c_int,
+    flags: u32,
+}
+
+#[repr(C)]
+struct ArrayDesc {
+    width: usize,
+    height: usize,
+    format: u32,
+    channels: u32,
+}
+
+#[repr(C)]
+struct Array3DDesc {
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: u32,
+    channels: u32,
+    flags: u32,
+}
+
+struct Probe {
+    s: Session,
+    stream: Ptr,
+    live: Vec<Live>,
+    spin: Ptr,
+}
+
+fn emit(line: String) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+impl Probe {
+    fn alloc(&mut self, kind: &str, size: u64) -> Result<String> {
+        let d = &self.s.drv;
+        let size_us = size as usize;
+        let mut ptr = 0u64;
+        // SAFETY: every call passes out-pointers to locals and handles of this driver.
+        let rc = unsafe {
+            match kind {
+                "v2" => (d.cuMemAlloc)(&mut ptr, size_us),
+                "pitch" => {
+                    let mut pitch = 0usize;
+                    let width = 4096usize;
+                    let height = size_us.div_ceil(width).max(1);
+                    (d.cuMemAllocPitch)(&mut ptr, &mut pitch, width, height, 4)
+                }
+                "managed" => (d.cuMemAllocManaged)(&mut ptr, size_us, 1),
+                "async" => (d.cuMemAllocAsync)(&mut ptr, size_us, self.stream),
+                "pool" => {
+                    let mut pool = std::ptr::null_mut();
+                    let rc = (d.cuDeviceGetDefaultMemPool)(&mut pool, self.s.device);
+                    if rc != 0 {
+                        rc
+                    } else {
+                        (d.cuMemAllocFromPoolAsync)(&mut ptr, size_us, pool, self.stream)
+                    }
+                }
+                "vmm" => return self.alloc_vmm(size_us),
+                "array" | "array3d" => {
+                    let mut arr = std::ptr::null_mut();
+                    let floats = size_us.div_ceil(4).max(1);
+                    let rc = if kind == "array" {
+                        let desc = ArrayDesc {
+                            width: 1024,
+                            height: floats.div_ceil(1024),
+                            format: 0x20,
+                            channels: 1,
+                        };
+                        (d.cuArrayCreate)(&mut arr, &desc as *const ArrayDesc as *const c_void)
+                    } else {
+                        let desc = Array3DDesc {
+                            width: 256,
+                            height: 256,
+                            depth: floats.div_ceil(65536),
+                            format: 0x20,
+                            channels: 1,
+                            flags: 0,
+                        };
+                        (d.cuArray3DCreate)(&mut arr, &desc as *const Array3DDesc as *const c_void)
+                    };
+                    if rc == 0 {
+                        self.live.push(Live::Array(arr));
+                    }
+                    return Ok(format!("rc={rc}"));
+                }
+                other => bail!("unknown alloc kind {other:?}"),
+            }
+        };
+        if rc == 0 {
+            self.live.push(if matches!(kind, "async" | "pool") {
+                Live::Async(ptr)
+            } else {
+                Live::Device(ptr)
+            });
+        }
+        Ok(format!("rc={rc} ptr={ptr:#x}"))
+    }
+
+    fn alloc_vmm(&mut self, size: usize) -> Result<String> {
+        let d = &self.s.drv;
+        let gran = 2usize << 20;
+        let size = size.div_ceil(gran) * gran;
+        let prop = AllocProp {
+            kind: 1,
+            handle_types: 0,
+            loc_type: 1,
+            loc_id: self.s.device,
+            win32: std::ptr::null_mut(),
+            flags: [0; 8],
+        };
+        let mut handle = 0u64;
+        let mut va = 0u64;
+        // SAFETY: prop/desc are valid cuda.h layouts; out-pointers to locals.
+        unsafe {
+            let rc = (d.cuMemCreate)(
+                &mut handle,
+                size,
+                &prop as *const AllocProp as *const c_void,
+                0,
+            );
+            if rc != 0 {
+                return Ok(format!("rc={rc} step=create"));
+            }
+            let rc = (d.cuMemAddressReserve)(&mut va, size, 0, 0, 0);
+            if rc != 0 {
+                (d.cuMemRelease)(handle);
+                return Ok(format!("rc={rc} step=reserve"));
+            }
+            let rc = (d.cuMemMap)(va, size, 0, handle, 0);
+            if rc != 0 {
+                (d.cuMemAddressFree)(va, size);
+                (d.cuMemRelease)(handle);
+                return Ok(format!("rc={rc} step=map"));
+            }
+            let desc = AccessDesc {
+                loc_type: 1,
+                loc_id: self.s.device,
+                flags: 3,
+            };
+            let rc = (d.cuMemSetAccess)(va, size, &desc as *const AccessDesc as *const c_void, 1);
+            self.live.push(Live::Vmm { va, size, handle });
+            Ok(format!("rc={rc} ptr={va:#x}"))
+        }
+    }
+
+    fn free_one(&mut self, l: Live) -> u32 {
+        let d = &self.s.drv;
+        // SAFETY: each allocation is freed through the path that made it.
+        unsafe {
+            match l {
+                Live::Device(p) => (d.cuMemFree)(p),
+                Live::Async(p) => {
+                    let rc = (d.cuMemFreeAsync)(p, self.stream);
+                    (d.cuStreamSynchronize)(self.stream);
+                    rc
+                }
+                Live::Vmm { va, size, handle } => {
+                    let a = (d.cuMemUnmap)(va, size);
+                    let b = (d.cuMemAddressFree)(va, size);
+                    let c = (d.cuMemRelease)(handle);
+                    a.max(b).max(c)
+                }
+                Live::Array(a) => (d.cuArrayDestroy)(a),
+            }
+        }
+    }
+
+    fn launch(&mut self, us: f64, count: u32, via: &str) -> Result<u32> {
+        let d = &self.s.drv;
+        let mut dur_ns: u64 = (us * 1000.0).round() as u64;
+        let mut param: Ptr = &mut dur_ns as *mut u64 as Ptr;
+        let params: *mut Ptr = &mut param;
+        // SAFETY: spin kernel launches with one u64 parameter; handles belong to this driver.
+        unsafe {
+            match via {
+                "kernel" => {
+                    for _ in 0..count {
+                        let rc = (d.cuLaunchKernel)(
+                            self.spin,
+                            1,
+                            1,
+                            1,
+                            128,
+                            1,
+                            1,
+                            0,
+                            self.stream,
+                            params,
+                            std::ptr::null_mut(),
+                        );
+                        if rc != 0 {
+                            return Ok(rc);
+                        }
+                    }
+                }
+                "coop" => {
+                    for _ in 0..count {
+                        let rc = (d.cuLaunchCooperativeKernel)(
+                            self.spin,
+                            1,
+                            1,
+                            1,
+                            128,
+                            1,
+                            1,
+                            0,
+                            self.stream,
+                            params,
+                        );
+                        if rc != 0 {
+                            return Ok(rc);
+                        }
+                    }
+                }
+                "ex" => {
+                    let cfg = CUlaunchConfig {
+                        gridDimX: 1,
+                        gridDimY: 1,
+                        gridDimZ: 1,
+                        blockDimX: 128,
+                        blockDimY: 1,
+                        blockDimZ: 1,
+                        sharedMemBytes: 0,
+                        hStream: self.stream as _,
+                        attrs: std::ptr::null_mut(),
+                        numAttrs: 0,
+                    };
+                    for _ in 0..count {
+                        let rc =
+                            (d.cuLaunchKernelEx)(&cfg, self.spin, params, std::ptr::null_mut());
+                        if rc != 0 {
+                            return Ok(rc);
+                        }
+                    }
+                }
+                "graph" => {
+                    if self.stream.is_null() {
+                        self.stream = self.s.new_stream()?;
+                    }
+                    let rc = (d.cuStreamBeginCapture)(self.stream, 0);
+                    if rc != 0 {
+                        return Ok(rc);
+                    }
+                    for _ in 0..count {
+                        (d.cuLaunchKernel)(
+                            self.spin,
+                            1,
+                            1,
+                            1,
+                            128,
+                            1,
+                            1,
+                            0,
+                            self.stream,
+                            params,
+                            std::ptr::null_mut(),
+                        );
+                    }
+                    let mut g = std::ptr::null_mut();
+                    let rc = (d.cuStreamEndCapture)(self.stream, &mut g);
+                    if rc != 0 {
+                        return Ok(rc);
+                    }
+                    let mut exec = std::ptr::null_mut();
+                    let rc = (d.cuGraphInstantiate)(&mut exec, g, 0);
+                    if rc != 0 {
+                        return Ok(rc);
+                    }
+                    let rc = (d.cuGraphLaunch)(exec, self.stream);
+                    (d.cuGraphDestroy)(g);
+                    return Ok(rc);
+                }
+                other => bail!("unknown launch path {other:?}: expected kernel, ex, coop or graph"),
+            }
+        }
+        Ok(0)
+    }
+
+    fn op(&mut self, op: &str) -> Result<String> {
+        let parts: Vec<&str> = op.split(':').collect();
+        let d = &self.s.drv;
+        Ok(match parts.as_slice() {
+            ["alloc", kind, size] => {
+                let bytes = parse_size(size)?;
+                format!(
+                    "op=alloc kind={kind} size={bytes} {}",
+                    self.alloc(kind, bytes)?
+                )
+            }
+            ["free"] => match self.live.pop() {
+                Some(l) => format!("op=free rc={}", self.free_one(l)),
+                None => "op=free rc=none".to_string(),
+            },
+            ["free-all"] => {
+                let mut worst = 0;
+                while let Some(l) = self.live.pop() {
+                    worst = worst.max(self.free_one(l));
+                }
+                format!("op=free-all rc={worst}")
+            }
+            ["meminfo"] => {
+                let (mut free, mut total) = (0usize, 0usize);
+                // SAFETY: out-pointers to locals.
+                let rc = unsafe { (d.cuMemGetInfo)(&mut free, &mut total) };
+                format!("op=meminfo rc={rc} free={free} total={total}")
+            }
+            ["totalmem"] => {
+                let mut total = 0usize;
+                // SAFETY: out-pointer to a local.
+                let rc = unsafe { (d.cuDeviceTotalMem)(&mut total, self.s.device) };
+                format!("op=totalmem rc={rc} total={total}")
+            }
+            ["nvml-meminfo"] => nvml_meminfo(self.s.device as u32)?,
+            ["pool-info"] => {
+                let mut pool = std::ptr::null_mut();
+                let (mut reserved, mut used) = (0u64, 0u64);
+                // SAFETY: out-pointers to locals; attributes 5 and 7 are u64.
+                let rc = unsafe {
+                    (d.cuDeviceGetDefaultMemPool)(&mut pool, self.s.device)
+                        .max((d.cuMemPoolGetAttribute)(
+                            pool,
+                            5,
+                            &mut reserved as *mut u64 as *mut c_void,
+                        ))
+                        .max((d.cuMemPoolGetAttribute)(
+                            pool,
+                            7,
+                            &mut used as *mut u64 as *mut c_void,
+                        ))
+                };
+                format!("op=pool-info rc={rc} reserved={reserved} used={used}")
+            }
+            ["launch", us, rest @ ..] => {
+                let count = rest.first().map(|c| c.parse()).transpose()?.unwrap_or(1);
+                let via = rest.get(1).copied().unwrap_or("kernel");
+                let t = Instant::now();
+                let rc = self.launch(us.parse()?, count, via)?;
+                format!(
+                    "op=launch via={via} count={count} rc={rc} enqueue_us={:.1}",
+                    t.elapsed().as_secs_f64() * 1e6
+                )
+            }
+            ["run", us, count, rest @ ..] => {
+                let via = rest.first().copied().unwrap_or("kernel");
+                let t = Instant::now();
+                let rc = self.launch(us.parse()?, count.parse()?, via)?;
+                self.s.sync(self.stream)?;
+                format!(
+                    "op=run via={via} count={count} rc={rc} wall_ms={:.3}",
+                    t.elapsed().as_secs_f64() * 1e3
+                )
+            }
+            ["stream"] => {
+                self.stream = self.s.new_stream()?;
+                "op=stream rc=0".to_string()
+            }
+            ["sync"] => {
+                // SAFETY: stream handle of this driver (or the default stream).
+                let rc = unsafe { (d.cuStreamSynchronize)(self.stream) };
+                format!("op=sync rc={rc}")
+            }
+            ["sleep", ms] => {
+                std::thread::sleep(std::time::Duration::from_millis(ms.parse()?));
+                format!("op=sleep ms={ms}")
+            }
+            ["ready"] => "op=ready".to_string(),
+            ["procaddr", name, version, flags, expect] => {
+                procaddr_matches(name, version.parse()?, flags.parse()?, expect)?
+            }
+            _ => bail!("unknown op {op:?} (see `sim-probe --help` and the probe module docs)"),
+        })
+    }
+}
+
+/// Resolves `name` through cuGetProcAddress_v2 and reports whether the pointer is the export
+/// `expect` (found with dlsym on the same handle).
+fn procaddr_matches(name: &str, version: c_int, flags: u64, expect: &str) -> Result<String> {
+    type V2 =
+        unsafe extern "C" fn(*const std::ffi::c_char, *mut Ptr, c_int, u64, *mut c_int) -> u32;
+    let h = crate::driver::libcuda_handle()?;
+    // SAFETY: dlsym on a valid handle; the export has the cuGetProcAddress_v2 signature.
+    unsafe {
+        let f = libc::dlsym(h, c"cuGetProcAddress_v2".as_ptr());
+        if f.is_null() {
+            bail!("no cuGetProcAddress_v2");
+        }
+        let f: V2 = std::mem::transmute(f);
+        let cname = std::ffi::CString::new(name)?;
+        let mut p: Ptr = std::ptr::null_mut();
+        let mut status: c_int = -1;
+        let rc = f(cname.as_ptr(), &mut p, version, flags, &mut status);
+        let cexp = std::ffi::CString::new(expect)?;
+        let want = libc::dlsym(h, cexp.as_ptr());
+        Ok(format!(
+            "op=procaddr name={name} version={version} flags={flags} rc={rc} status={status} match={}",
+            !p.is_null() && p == want
+        ))
+    }
+}
+
+type NvmlInit = unsafe extern "C" fn() -> u32;
+type NvmlHandle = unsafe extern "C" fn(u32, *mut Ptr) -> u32;
+type NvmlMem = unsafe extern "C" fn(Ptr, *mut [u64; 3]) -> u32;
+
+fn nvml_meminfo(index: u32) -> Result<String> {
+    // SAFETY: dlopen/dlsym with valid names; the NVML entry points have these signatures.
+    unsafe {
+        let h = libc::dlopen(
+            c"libnvidia-ml.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL,
+        );
+        if h.is_null() {
+            bail!("dlopen(libnvidia-ml.so.1) failed");
+        }
+        let sym = |n: &std::ffi::CStr| {
+            let p = libc::dlsym(h, n.as_ptr());
+            if p.is_null() {
+                bail!("dlsym({n:?}) failed")
+            }
+            Ok(p)
+        };
+        let init: NvmlInit = std::mem::transmute(sym(c"nvmlInit_v2")?);
+        let handle: NvmlHandle = std::mem::transmute(sym(c"nvmlDeviceGetHandleByIndex_v2")?);
+        let mem: NvmlMem = std::mem::transmute(sym(c"nvmlDeviceGetMemoryInfo")?);
+        let rc = init();
+        if rc != 0 {
+            return Ok(format!("op=nvml-meminfo rc={rc} step=init"));
+        }
+        let mut dev = std::ptr::null_mut();
+        let rc = handle(index, &mut dev);
+        if rc != 0 {
+            return Ok(format!("op=nvml-meminfo rc={rc} step=handle"));
+        }
+        let mut m = [0u64; 3];
+        let rc = mem(dev, &mut m);
+        Ok(format!(
+            "op=nvml-meminfo rc={rc} total={} free={} used={}",
+            m[0], m[1], m[2]
+        ))
+    }
+}
+
+/// Runs the probe; `direct` is the driver-linked table of `sim-probe-linked`.
+pub fn main_with(direct: Option<&dyn Fn(bool) -> DirectTable>) -> Result<()> {
+    let args = Args::parse();
+    let drv = args.resolve.load(direct)?;
+    let resolved: Vec<String> = drv
+        .names
+        .iter()
+        .filter(|(b, _)| matches!(*b, "cuMemAlloc" | "cuLaunchKernel" | "cuMemGetInfo"))
+        .map(|(b, n)| format!("{b}={n}"))
+        .collect();
+    let s =
+        Session::open(drv, args.resolve.device, &[("tick", 10.0)]).context("opening the device")?;
+    let spin = s.function("smore_sim_spin")?;
+    emit(format!(
+        "op=init resolve={} {}",
+        args.resolve.resolve,
+        resolved.join(" ")
+    ));
+    let mut p = Probe {
+        s,
+        stream: std::ptr::null_mut(),
+        live: Vec::new(),
+        spin,
+    };
+    for op in &args.ops {
+        let line = p.op(op)?;
+        emit(line);
+    }
+    Ok(())
+}

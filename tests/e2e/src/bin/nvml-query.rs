@@ -1,0 +1,42 @@
+//! Prints what NVML says about every device, through `nvml-wrapper` — the crate the arbiter
+//! uses — so tests can check the simulated NVML works under it. One `key=value` line per fact.
+use nvml_wrapper::Nvml;
+use std::ffi::OsStr;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let nvml = Nvml::builder()
+        .lib_path(OsStr::new("libnvidia-ml.so.1"))
+        .init()?;
+    let n = nvml.device_count()?;
+    println!("op=count devices={n} driver={}", nvml.sys_driver_version()?);
+    for i in 0..n {
+        let d = nvml.device_by_index(i)?;
+        let m = d.memory_info()?;
+        println!(
+            "op=device index={i} name={:?} uuid={} total={} used={} free={} util={}",
+            d.name()?.replace(' ', "_"),
+            d.uuid()?,
+            m.total,
+            m.used,
+            m.free,
+            d.utilization_rates()?.gpu
+        );
+        for p in d.running_compute_processes()? {
+            let used = match p.used_gpu_memory {
+                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
+                nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
+            };
+            println!("op=process index={i} pid={} used={used}", p.pid);
+        }
+        match d.process_utilization_stats(0) {
+            Ok(samples) => {
+                for s in samples {
+                    println!("op=putil index={i} pid={} sm={}", s.pid, s.sm_util);
+                }
+            }
+            Err(nvml_wrapper::error::NvmlError::NotFound) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}

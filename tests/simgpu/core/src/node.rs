@@ -1,0 +1,605 @@
+//! The mapped node: opening or creating the state file, the process table, device memory and the
+//! queries NVML answers from.
+
+use crate::config::{SimConfig, DRIVER_VERSION, SAMPLE_PERIOD_NS};
+use crate::layout::*;
+use crate::lock::SharedMutex;
+use std::ffi::CString;
+use std::fmt;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+
+/// Errors the simulated node reports; the fake libraries map them to CUDA / NVML codes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SimError {
+    /// The state file could not be opened, created or mapped.
+    Io(String),
+    /// The state file exists but was written by another layout version or is corrupt.
+    BadState(String),
+    /// The process table is full.
+    TooManyProcesses,
+    InvalidDevice,
+    /// A fixed-size table (streams, events, queued ops) is full.
+    OutOfResources,
+    InvalidHandle,
+}
+
+impl fmt::Display for SimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SimError::Io(s) | SimError::BadState(s) => f.write_str(s),
+            SimError::TooManyProcesses => write!(f, "more than {MAX_PROCS} processes on the node"),
+            SimError::InvalidDevice => f.write_str("invalid device ordinal"),
+            SimError::OutOfResources => f.write_str("simulated driver table full"),
+            SimError::InvalidHandle => f.write_str("invalid handle"),
+        }
+    }
+}
+
+/// Allocation refused: the device does not have `requested` bytes free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemError {
+    pub requested: u64,
+    pub free: u64,
+}
+
+/// Static description of a device.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub index: u32,
+    pub name: String,
+    pub uuid: [u8; 16],
+    pub total_mem: u64,
+    pub sm_count: u32,
+}
+
+impl DeviceInfo {
+    /// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as NVML and nvidia-smi print it.
+    pub fn uuid_string(&self) -> String {
+        let h: Vec<String> = self.uuid.iter().map(|b| format!("{b:02x}")).collect();
+        format!(
+            "GPU-{}-{}-{}-{}-{}",
+            h[0..4].concat(),
+            h[4..6].concat(),
+            h[6..8].concat(),
+            h[8..10].concat(),
+            h[10..16].concat()
+        )
+    }
+}
+
+/// One process's footprint on a device (NVML's running-process list).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcUsage {
+    pub pid: u32,
+    pub used_mem: u64,
+}
+
+/// Per-process SM utilization over a window (NVML's process utilization samples).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UtilSample {
+    pub pid: u32,
+    /// End of the window, µs since an arbitrary epoch (CLOCK_MONOTONIC), as NVML reports it.
+    pub timestamp_us: u64,
+    /// Percent of the window this process's kernels ran, 0..=100.
+    pub sm_util: u32,
+}
+
+/// A process's view of the mapped node.
+pub struct Node {
+    pub(crate) state: &'static NodeState,
+    pub(crate) slot: u32,
+    pub(crate) pid: u32,
+}
+
+fn proc_start_time(pid: u32) -> Option<(u64, char)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces: parse after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Field 22 overall is starttime; after the comm we are at field 3, so skip 18 more.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((start, state))
+}
+
+/// Whether the process that claimed a slot is still alive (not exited, not a zombie, not a
+/// different process that reused the pid).
+pub(crate) fn slot_alive(pid: u32, start_time: u64) -> bool {
+    match proc_start_time(pid) {
+        Some((start, state)) => start == start_time && state != 'Z' && state != 'X',
+        None => false,
+    }
+}
+
+impl Node {
+    /// Opens the node named by `SMORE_SIM_STATE` (default `/tmp/smore-sim-<uid>/node.state`),
+    /// creating it from `SMORE_SIM_*` if it does not exist, and claims a process slot.
+    pub fn open_from_env() -> Result<Node, SimError> {
+        let path = match std::env::var("SMORE_SIM_STATE") {
+            Ok(p) if !p.is_empty() => p,
+            _ => {
+                // SAFETY: getuid has no preconditions.
+                let uid = unsafe { libc::getuid() };
+                let dir = format!("/tmp/smore-sim-{uid}");
+                let _ = std::fs::create_dir_all(&dir);
+                format!("{dir}/node.state")
+            }
+        };
+        let cfg = SimConfig::from_env().map_err(SimError::BadState)?;
+        Node::open(&path, &cfg)
+    }
+
+    /// Opens or creates the node state at `path` and claims a process slot for this process.
+    pub fn open(path: &str, cfg: &SimConfig) -> Result<Node, SimError> {
+        let state = map_state(path, cfg)?;
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        let slot = claim_slot(state, pid)?;
+        Ok(Node { state, slot, pid })
+    }
+
+    /// Opens the node without claiming a process slot (NVML readers, test assertions), creating
+    /// it from `SMORE_SIM_*` if it does not exist yet.
+    pub fn observe(path: &str) -> Result<Node, SimError> {
+        let cfg = SimConfig::from_env().map_err(SimError::BadState)?;
+        let state = map_state(path, &cfg)?;
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        Ok(Node {
+            state,
+            slot: NONE,
+            pid,
+        })
+    }
+
+    /// Maps the node at `path`, creating it from `cfg` if it does not exist, without claiming a
+    /// process slot (test harnesses).
+    pub fn create(path: &str, cfg: &SimConfig) -> Result<Node, SimError> {
+        let state = map_state(path, cfg)?;
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        Ok(Node {
+            state,
+            slot: NONE,
+            pid,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub fn device_count(&self) -> u32 {
+        self.state.header.device_count
+    }
+
+    pub fn driver_version(&self) -> u32 {
+        self.state.header.driver_version
+    }
+
+    pub fn context_bytes(&self) -> u64 {
+        self.state.header.context_bytes
+    }
+
+    pub fn default_kernel_ns(&self) -> u64 {
+        self.state.header.default_kernel_ns
+    }
+
+    pub(crate) fn dev(&self, d: u32) -> Result<&'static Device, SimError> {
+        if d < self.device_count() {
+            Ok(&self.state.devices[d as usize])
+        } else {
+            Err(SimError::InvalidDevice)
+        }
+    }
+
+    pub fn device_info(&self, d: u32) -> Result<DeviceInfo, SimError> {
+        let dev = self.dev(d)?;
+        let end = dev
+            .name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(dev.name.len());
+        Ok(DeviceInfo {
+            index: d,
+            name: String::from_utf8_lossy(&dev.name[..end]).into_owned(),
+            uuid: dev.uuid,
+            total_mem: dev.total_mem,
+            sm_count: dev.sm_count,
+        })
+    }
+
+    /// Bytes in use on device `d` by all processes (after reaping dead ones).
+    pub fn used_mem(&self, d: u32) -> Result<u64, SimError> {
+        Ok(self.dev(d)?.used_mem.load(Acquire))
+    }
+
+    /// Bytes this process holds on device `d`.
+    pub fn my_mem(&self, d: u32) -> u64 {
+        if self.slot == NONE || d as usize >= MAX_DEVICES {
+            return 0;
+        }
+        self.state.procs[self.slot as usize].mem_used[d as usize].load(Acquire)
+    }
+
+    /// Charges `bytes` to device `d` and this process, atomically against capacity: concurrent
+    /// allocations from any processes can never together pass the device's memory.
+    pub fn charge(&self, d: u32, bytes: u64) -> Result<(), MemError> {
+        let dev = self.dev(d).map_err(|_| MemError {
+            requested: bytes,
+            free: 0,
+        })?;
+        for attempt in 0..2 {
+            let mut cur = dev.used_mem.load(Acquire);
+            loop {
+                let next = cur.saturating_add(bytes);
+                if next > dev.total_mem {
+                    break;
+                }
+                match dev
+                    .used_mem
+                    .compare_exchange_weak(cur, next, AcqRel, Acquire)
+                {
+                    Ok(_) => {
+                        if self.slot != NONE {
+                            self.state.procs[self.slot as usize].mem_used[d as usize]
+                                .fetch_add(bytes, AcqRel);
+                        }
+                        return Ok(());
+                    }
+                    Err(now) => cur = now,
+                }
+            }
+            if attempt == 0 {
+                // Out of memory: memory of processes that died may still be counted; the real
+                // driver frees it when the process exits, so reap before refusing.
+                self.reap_dead();
+            }
+        }
+        Err(MemError {
+            requested: bytes,
+            free: dev.total_mem.saturating_sub(dev.used_mem.load(Acquire)),
+        })
+    }
+
+    /// Returns `bytes` to device `d` and this process.
+    pub fn credit(&self, d: u32, bytes: u64) {
+        let Ok(dev) = self.dev(d) else { return };
+        if self.slot != NONE {
+            let slot = &self.state.procs[self.slot as usize].mem_used[d as usize];
+            let _ = slot.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(bytes)));
+        }
+        let _ = dev
+            .used_mem
+            .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(bytes)));
+    }
+
+    /// Marks whether this process has a context on device `d` (NVML lists such processes).
+    pub fn set_has_context(&self, d: u32, has: bool) {
+        if self.slot == NONE || d as usize >= MAX_DEVICES {
+            return;
+        }
+        let mask = &self.state.procs[self.slot as usize].ctx_mask;
+        if has {
+            mask.fetch_or(1 << d, AcqRel);
+        } else {
+            mask.fetch_and(!(1 << d), AcqRel);
+        }
+    }
+
+    /// Processes with a context on device `d` and the memory each holds (NVML's
+    /// `nvmlDeviceGetComputeRunningProcesses`).
+    pub fn running_processes(&self, d: u32) -> Result<Vec<ProcUsage>, SimError> {
+        self.dev(d)?;
+        self.reap_dead();
+        let mut out = Vec::new();
+        for p in self.state.procs.iter() {
+            let pid = p.pid.load(Acquire);
+            if pid != 0 && p.ctx_mask.load(Acquire) & (1 << d) != 0 {
+                out.push(ProcUsage {
+                    pid,
+                    used_mem: p.mem_used[d as usize].load(Acquire),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Releases everything held by processes that died: memory, queued work, streams, events.
+    /// The real driver does this when a process's file descriptors close; here any process of the
+    /// node does it on its behalf when it next needs an accurate picture.
+    pub fn reap_dead(&self) {
+        for (i, p) in self.state.procs.iter().enumerate() {
+            let pid = p.pid.load(Acquire);
+            // u32::MAX: being reaped by someone else; start time 0: being claimed right now.
+            if pid == 0 || pid == u32::MAX || pid == self.pid {
+                continue;
+            }
+            let start = p.start_time.load(Acquire);
+            if start == 0 || slot_alive(pid, start) {
+                continue;
+            }
+            // Claim the right to clean this slot exactly once.
+            if p.pid
+                .compare_exchange(pid, u32::MAX, AcqRel, Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            for d in 0..self.device_count() {
+                let bytes = p.mem_used[d as usize].swap(0, AcqRel);
+                let dev = &self.state.devices[d as usize];
+                let _ = dev
+                    .used_mem
+                    .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(bytes)));
+                self.with_device_raw(d, |s| crate::timeline::drop_process(s, i as u32));
+                p.gpu_time_ns[d as usize].store(0, Relaxed);
+            }
+            p.ctx_mask.store(0, Release);
+            p.start_time.store(0, Release);
+            p.pid.store(0, Release);
+        }
+    }
+
+    /// Gives back everything this process holds (its memory, queued work, streams, events) and
+    /// frees its slot: what the real driver does when a process exits. Called at exit.
+    pub fn release_self(&self) {
+        if self.slot == NONE {
+            return;
+        }
+        let p = &self.state.procs[self.slot as usize];
+        if p.pid.load(Acquire) != self.pid {
+            return;
+        }
+        for d in 0..self.device_count() {
+            let bytes = p.mem_used[d as usize].swap(0, AcqRel);
+            let dev = &self.state.devices[d as usize];
+            let _ = dev
+                .used_mem
+                .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(bytes)));
+            self.with_device_raw(d, |s| crate::timeline::drop_process(s, self.slot));
+        }
+        p.ctx_mask.store(0, Release);
+        p.start_time.store(0, Release);
+        p.pid.store(0, Release);
+    }
+
+    /// Runs `f` on device `d`'s scheduler with its lock held, without advancing time.
+    pub(crate) fn with_device_raw<R>(&self, d: u32, f: impl FnOnce(&mut Sched) -> R) -> R {
+        let dev = &self.state.devices[d as usize];
+        let _g = dev.lock.lock();
+        // SAFETY: the device mutex is held for the lifetime of this borrow, and every access to
+        // `sched` goes through this function, so the mutable borrow is unique node-wide.
+        let s = unsafe { &mut *dev.sched.get() };
+        if s.initialized == 0 {
+            crate::timeline::init_sched(s);
+        }
+        f(s)
+    }
+
+    /// SM utilization of device `d` over the last sample period, percent (NVML
+    /// `nvmlDeviceGetUtilizationRates().gpu`).
+    pub fn device_utilization(&self, d: u32) -> Result<u32, SimError> {
+        self.dev(d)?;
+        let now = crate::now_ns();
+        Ok(self.with_device(d, now, |s, _| {
+            let latest = crate::timeline::latest_snapshots(s, 2);
+            match latest.as_slice() {
+                [a, b] if b.time_ns > a.time_ns => {
+                    ((b.busy_ns - a.busy_ns) * 100 / (b.time_ns - a.time_ns)).min(100) as u32
+                }
+                _ => 0,
+            }
+        }))
+    }
+
+    /// Per-process SM utilization on device `d` since `since_us` (NVML
+    /// `nvmlDeviceGetProcessUtilization`): one sample per process that ran in the window.
+    pub fn process_utilization(&self, d: u32, since_us: u64) -> Result<Vec<UtilSample>, SimError> {
+        self.dev(d)?;
+        let now = crate::now_ns();
+        Ok(self.with_device(d, now, |s, _| {
+            let snaps = crate::timeline::latest_snapshots(s, SNAPSHOTS);
+            let Some(last) = snaps.last() else {
+                return Vec::new();
+            };
+            // The oldest snapshot at or after `since` bounds the window; NVML returns samples
+            // newer than lastSeenTimeStamp.
+            let since_ns = since_us.saturating_mul(1000);
+            let first = snaps
+                .iter()
+                .rev()
+                .find(|sn| sn.time_ns <= since_ns)
+                .or_else(|| snaps.first())
+                .copied();
+            let Some(first) = first else {
+                return Vec::new();
+            };
+            if last.time_ns <= first.time_ns {
+                return Vec::new();
+            }
+            let window = last.time_ns - first.time_ns;
+            let mut out = Vec::new();
+            for i in 0..MAX_PROCS {
+                let pid = last.pids[i];
+                if pid == 0 || pid == u32::MAX {
+                    continue;
+                }
+                let before = if first.pids[i] == pid {
+                    first.proc_gpu_ns[i]
+                } else {
+                    0
+                };
+                let ran = last.proc_gpu_ns[i].saturating_sub(before);
+                if ran == 0 {
+                    continue;
+                }
+                out.push(UtilSample {
+                    pid,
+                    timestamp_us: last.time_ns / 1000,
+                    sm_util: ((ran * 100 + window / 2) / window).min(100) as u32,
+                });
+            }
+            out
+        }))
+    }
+
+    /// Cumulative GPU time of the process in slot of `pid` on device `d`, ns (test assertions).
+    pub fn gpu_time_of(&self, d: u32, pid: u32) -> u64 {
+        let now = crate::now_ns();
+        self.with_device(d, now, |_, _| ());
+        self.state
+            .procs
+            .iter()
+            .find(|p| p.pid.load(Acquire) == pid)
+            .map(|p| p.gpu_time_ns[d as usize].load(Acquire))
+            .unwrap_or(0)
+    }
+
+    /// Total time device `d` has been busy, ns (test assertions).
+    pub fn busy_ns(&self, d: u32) -> u64 {
+        let now = crate::now_ns();
+        self.with_device(d, now, |s, _| s.busy_ns)
+    }
+}
+
+fn map_state(path: &str, cfg: &SimConfig) -> Result<&'static NodeState, SimError> {
+    let size = std::mem::size_of::<NodeState>();
+    let cpath = CString::new(path).map_err(|_| SimError::Io(format!("bad path {path:?}")))?;
+    // SAFETY: cpath is a valid NUL-terminated string.
+    let fd = unsafe {
+        libc::open(
+            cpath.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    if fd < 0 {
+        return Err(SimError::Io(format!(
+            "cannot open simulated node state {path}: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: fd is open; flock blocks until the creator (if any) finishes initialising.
+    unsafe { libc::flock(fd, libc::LOCK_EX) };
+    let result = (|| {
+        // SAFETY: fstat on an open fd into a zeroed stat buffer.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return Err(SimError::Io(format!("fstat {path} failed")));
+        }
+        let fresh = st.st_size == 0;
+        if fresh {
+            // SAFETY: fd is open for writing.
+            if unsafe { libc::ftruncate(fd, size as libc::off_t) } != 0 {
+                return Err(SimError::Io(format!("cannot size {path}")));
+            }
+        } else if st.st_size as usize != size {
+            return Err(SimError::BadState(format!(
+                "{path} is not a smore simulated-node state of this version ({} bytes, expected {size}); remove it",
+                st.st_size
+            )));
+        }
+        // SAFETY: mapping `size` bytes of a file we just sized; MAP_SHARED so all processes see
+        // the same memory. The mapping is never unmapped, which makes the 'static borrow sound.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(SimError::Io(format!("cannot map {path}")));
+        }
+        let state = p as *mut NodeState;
+        if fresh {
+            // SAFETY: we hold the exclusive file lock, so nobody else reads the state yet.
+            unsafe { init_state(state, cfg) };
+        }
+        // SAFETY: the mapping is valid for the process lifetime and NodeState is Sync.
+        let state: &'static NodeState = unsafe { &*state };
+        if state.header.magic.load(Acquire) != MAGIC || state.header.version != LAYOUT_VERSION {
+            return Err(SimError::BadState(format!(
+                "{path} holds no valid smore simulated-node state (layout {}); remove it",
+                LAYOUT_VERSION
+            )));
+        }
+        Ok(state)
+    })();
+    // SAFETY: fd is open; closing does not affect the mapping.
+    unsafe {
+        libc::flock(fd, libc::LOCK_UN);
+        libc::close(fd);
+    }
+    result
+}
+
+/// # Safety
+/// `state` points to a zero-filled mapping of `size_of::<NodeState>()` bytes that no other process
+/// uses yet.
+unsafe fn init_state(state: *mut NodeState, cfg: &SimConfig) {
+    let h = &mut (*state).header;
+    h.version = LAYOUT_VERSION;
+    h.device_count = cfg.devices.clamp(1, MAX_DEVICES as u32);
+    h.timeslice_ns = cfg.timeslice_ns;
+    h.default_kernel_ns = cfg.default_kernel_ns;
+    h.context_bytes = cfg.context_memory;
+    h.sample_period_ns = SAMPLE_PERIOD_NS;
+    h.driver_version = DRIVER_VERSION;
+    let seed = crate::now_ns() ^ (libc::getpid() as u64) << 32;
+    for d in 0..MAX_DEVICES {
+        let dev = &mut (*state).devices[d];
+        dev.total_mem = cfg.memory;
+        dev.sm_count = cfg.sms;
+        let name = cfg.name.as_bytes();
+        let n = name.len().min(dev.name.len() - 1);
+        dev.name[..n].copy_from_slice(&name[..n]);
+        let mut x = seed
+            .wrapping_add(d as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        for b in dev.uuid.iter_mut() {
+            x ^= x >> 31;
+            x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            *b = (x >> 56) as u8;
+        }
+        dev.uuid[6] = (dev.uuid[6] & 0x0f) | 0x40; // version 4
+        SharedMutex::init(&dev.lock);
+    }
+    (*state).header.magic.store(MAGIC, Release);
+}
+
+fn claim_slot(state: &'static NodeState, pid: u32) -> Result<u32, SimError> {
+    let start = proc_start_time(pid).map(|(s, _)| s).unwrap_or(0);
+    for round in 0..2 {
+        for (i, p) in state.procs.iter().enumerate() {
+            if p.pid.load(Acquire) == pid && p.start_time.load(Acquire) == start {
+                return Ok(i as u32);
+            }
+        }
+        for (i, p) in state.procs.iter().enumerate() {
+            if p.pid.compare_exchange(0, pid, AcqRel, Acquire).is_ok() {
+                p.start_time.store(start, Release);
+                p.ctx_mask.store(0, Release);
+                for d in 0..MAX_DEVICES {
+                    p.mem_used[d].store(0, Release);
+                    p.gpu_time_ns[d].store(0, Release);
+                }
+                return Ok(i as u32);
+            }
+        }
+        if round == 0 {
+            let observer = Node {
+                state,
+                slot: NONE,
+                pid,
+            };
+            observer.reap_dead();
+        }
+    }
+    Err(SimError::TooManyProcesses)
+}

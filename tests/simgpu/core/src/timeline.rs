@@ -1,0 +1,634 @@
+//! The per-device timeline: queued operations of every process, the time-sliced scheduler that
+//! advances them to "now", and the blocking waits (stream, event, context synchronize) that return
+//! at the simulated completion instants in real wall-clock time.
+
+use crate::layout::*;
+use crate::node::{Node, SimError};
+use std::sync::atomic::Ordering::{AcqRel, Acquire};
+
+/// What an event looks like to `cuEventQuery`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventStatus {
+    /// Never recorded: CUDA treats it as complete.
+    NeverRecorded,
+    Pending,
+    /// Completed at this CLOCK_MONOTONIC instant (ns).
+    Done(u64),
+}
+
+pub(crate) fn init_sched(s: &mut Sched) {
+    for (i, op) in s.ops.iter_mut().enumerate() {
+        op.kind = OP_FREE;
+        op.next = if i + 1 < OPS_PER_DEVICE {
+            i as u32 + 1
+        } else {
+            NONE
+        };
+    }
+    s.free_head = 0;
+    s.running = NONE;
+    s.rr_last = 0;
+    s.sim_time_ns = crate::now_ns();
+    s.next_sample_ns = s.sim_time_ns;
+    s.initialized = 1;
+}
+
+fn alloc_op(s: &mut Sched) -> Option<u32> {
+    let i = s.free_head;
+    if i == NONE {
+        return None;
+    }
+    s.free_head = s.ops[i as usize].next;
+    Some(i)
+}
+
+fn free_op(s: &mut Sched, i: u32) {
+    s.ops[i as usize].kind = OP_FREE;
+    s.ops[i as usize].next = s.free_head;
+    s.free_head = i;
+}
+
+fn dec_pending(s: &mut Sched, p: u32) {
+    let c = &mut s.pending[p as usize];
+    if *c > 0 {
+        *c -= 1;
+        if *c == 0 {
+            s.procs_pending = s.procs_pending.saturating_sub(1);
+        }
+    }
+}
+
+fn inc_pending(s: &mut Sched, p: u32) {
+    let c = &mut s.pending[p as usize];
+    *c += 1;
+    if *c == 1 {
+        s.procs_pending += 1;
+    }
+}
+
+/// Removes the head op of a stream and accounts it complete.
+fn pop(s: &mut Sched, p: u32, local: u32) {
+    let st = &mut s.streams[p as usize][local as usize];
+    let i = st.head;
+    if i == NONE {
+        return;
+    }
+    st.head = s.ops[i as usize].next;
+    if st.head == NONE {
+        st.tail = NONE;
+    }
+    st.completed += 1;
+    free_op(s, i);
+    dec_pending(s, p);
+}
+
+/// Forgets everything a dead process had queued or owned on this device.
+pub(crate) fn drop_process(s: &mut Sched, p: u32) {
+    for local in 0..STREAMS_PER_PROC as u32 {
+        let st = s.streams[p as usize][local as usize];
+        if st.in_use == 0 {
+            continue;
+        }
+        let mut i = st.head;
+        while i != NONE {
+            let next = s.ops[i as usize].next;
+            free_op(s, i);
+            i = next;
+        }
+        s.streams[p as usize][local as usize] = Stream {
+            in_use: 0,
+            priority: 0,
+            head: NONE,
+            tail: NONE,
+            submitted: 0,
+            completed: 0,
+        };
+    }
+    if s.pending[p as usize] > 0 {
+        s.pending[p as usize] = 0;
+        s.procs_pending = s.procs_pending.saturating_sub(1);
+    }
+    for ev in s.events.iter_mut() {
+        if ev.owner == p + 1 {
+            ev.owner = 0;
+            ev.state = EV_NEVER;
+        }
+    }
+    if s.running == p {
+        s.running = NONE;
+    }
+}
+
+fn wait_resolved(s: &Sched, op: &Op) -> bool {
+    let ev = &s.events[op.event as usize];
+    ev.gen != op.gen || ev.state != EV_PENDING
+}
+
+/// The op the context of process `p` would run next: the head of its highest-priority runnable
+/// stream (lower value = higher priority, as in CUDA), ties by submission order.
+fn pick_op(s: &Sched, p: u32) -> Option<(u32, u32)> {
+    if s.pending[p as usize] == 0 {
+        return None;
+    }
+    let mut best: Option<(i32, u64, u32, u32)> = None;
+    for (local, st) in s.streams[p as usize].iter().enumerate() {
+        if st.in_use == 0 || st.head == NONE {
+            continue;
+        }
+        let op = &s.ops[st.head as usize];
+        if op.kind == OP_WAIT && !wait_resolved(s, op) {
+            continue;
+        }
+        let key = (st.priority, op.seq);
+        if best.is_none_or(|b| key < (b.0, b.1)) {
+            best = Some((st.priority, op.seq, local as u32, st.head));
+        }
+    }
+    best.map(|b| (b.2, b.3))
+}
+
+fn next_runnable(s: &Sched, after: u32) -> u32 {
+    let n = MAX_PROCS as u32;
+    for k in 1..=n {
+        let p = (after.wrapping_add(k)) % n;
+        if s.pending[p as usize] > 0 && pick_op(s, p).is_some() {
+            return p;
+        }
+    }
+    NONE
+}
+
+fn take_snapshot(s: &mut Sched, procs: &[ProcSlot], d: usize, time_ns: u64) {
+    let i = s.snap_next as usize;
+    let busy = s.busy_ns;
+    let snap = &mut s.snaps[i];
+    snap.time_ns = time_ns;
+    snap.busy_ns = busy;
+    for (k, p) in procs.iter().enumerate() {
+        snap.pids[k] = p.pid.load(Acquire);
+        snap.proc_gpu_ns[k] = p.gpu_time_ns[d].load(Acquire);
+    }
+    s.snap_next = ((i + 1) % SNAPSHOTS) as u32;
+    s.snap_count = (s.snap_count + 1).min(SNAPSHOTS as u32);
+}
+
+/// The last `n` snapshots, oldest first.
+pub(crate) fn latest_snapshots(s: &Sched, n: usize) -> Vec<Snapshot> {
+    let count = (s.snap_count as usize).min(n);
+    (0..count)
+        .map(|k| {
+            let idx = (s.snap_next as usize + SNAPSHOTS - count + k) % SNAPSHOTS;
+            s.snaps[idx]
+        })
+        .collect()
+}
+
+/// Advances device `d`'s timeline to `now`: runs queued kernels context by context, one timeslice
+/// at a time, completes markers, records utilization snapshots at sample boundaries.
+fn advance(s: &mut Sched, procs: &[ProcSlot], d: usize, h: &Header, now: u64) {
+    if now <= s.sim_time_ns {
+        return;
+    }
+    let period = h.sample_period_ns.max(1);
+    let mut t = s.sim_time_ns;
+    // After a long idle gap only the last SNAPSHOTS boundaries matter.
+    let horizon_floor = now.saturating_sub(period * SNAPSHOTS as u64);
+    if s.next_sample_ns < horizon_floor {
+        s.next_sample_ns = horizon_floor;
+    }
+    loop {
+        while s.next_sample_ns <= t {
+            let at = s.next_sample_ns;
+            take_snapshot(s, procs, d, at);
+            s.next_sample_ns = at + period;
+        }
+        let horizon = now.min(s.next_sample_ns);
+        let mut cur = s.running;
+        if cur != NONE {
+            let mine = (s.pending[cur as usize] > 0) as u32;
+            let others = s.procs_pending - mine;
+            let expired = t >= s.slice_end_ns && others > 0;
+            if expired || pick_op(s, cur).is_none() {
+                cur = NONE;
+            }
+        }
+        if cur == NONE {
+            let from = if s.running != NONE {
+                s.running
+            } else {
+                s.rr_last
+            };
+            cur = next_runnable(s, from);
+            if cur == NONE {
+                s.running = NONE;
+                t = horizon;
+                if t >= now {
+                    break;
+                }
+                continue;
+            }
+            s.running = cur;
+            s.rr_last = cur;
+            s.slice_end_ns = t + h.timeslice_ns;
+        }
+        let Some((local, opi)) = pick_op(s, cur) else {
+            continue;
+        };
+        let op = s.ops[opi as usize];
+        match op.kind {
+            OP_MARKER => {
+                let ev = &mut s.events[op.event as usize];
+                if ev.gen == op.gen && ev.state == EV_PENDING {
+                    ev.state = EV_DONE;
+                    ev.time_ns = t;
+                }
+                pop(s, cur, local);
+            }
+            OP_WAIT => pop(s, cur, local),
+            _ => {
+                let others = s.procs_pending - 1;
+                let limit = if others > 0 {
+                    s.slice_end_ns.max(t)
+                } else {
+                    u64::MAX
+                };
+                let run_until = horizon.min(t + op.remaining_ns).min(limit);
+                let dt = run_until - t;
+                s.ops[opi as usize].remaining_ns -= dt;
+                s.busy_ns += dt;
+                procs[cur as usize].gpu_time_ns[d].fetch_add(dt, AcqRel);
+                t = run_until;
+                if s.ops[opi as usize].remaining_ns == 0 {
+                    pop(s, cur, local);
+                }
+                if t >= now {
+                    break;
+                }
+            }
+        }
+    }
+    s.sim_time_ns = now;
+}
+
+/// Sum of the kernel time still queued in a stream up to and including op `until` (or all).
+fn queued_ns(s: &Sched, p: u32, local: u32, until: Option<u32>) -> u64 {
+    let mut i = s.streams[p as usize][local as usize].head;
+    let mut sum = 0u64;
+    while i != NONE {
+        let op = &s.ops[i as usize];
+        if op.kind == OP_KERNEL {
+            sum += op.remaining_ns;
+        }
+        if Some(i) == until {
+            break;
+        }
+        i = op.next;
+    }
+    sum
+}
+
+thread_local! {
+    static PRECISE_TIMERS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Shortest sleep between re-checks while waiting, ns (avoids spinning on 2-core CI machines).
+const MIN_WAIT_NS: u64 = 20_000;
+/// How often a waiter looks for dead processes whose queued work could stall it, ns.
+const REAP_EVERY_NS: u64 = 100_000_000;
+
+impl Node {
+    fn local_slot(&self) -> Result<u32, SimError> {
+        if self.slot == NONE {
+            Err(SimError::InvalidHandle)
+        } else {
+            Ok(self.slot)
+        }
+    }
+
+    /// Locks device `d`, advances its timeline to `now`, and runs `f`.
+    pub(crate) fn with_device<R>(
+        &self,
+        d: u32,
+        now: u64,
+        f: impl FnOnce(&mut Sched, &Header) -> R,
+    ) -> R {
+        let procs = &self.state.procs;
+        let h = &self.state.header;
+        self.with_device_raw(d, |s| {
+            advance(s, procs, d as usize, h, now);
+            f(s, h)
+        })
+    }
+
+    /// Blocks until `check` (run with the device advanced to now) returns `Ok`. `Err(lb)` gives a
+    /// lower bound on how long from now completion can take; the waiter sleeps that long (at
+    /// least [`MIN_WAIT_NS`]) and checks again.
+    fn wait_on<R>(&self, d: u32, mut check: impl FnMut(&Sched) -> Result<R, u64>) -> R {
+        PRECISE_TIMERS.with(|c| {
+            if !c.get() {
+                // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack (1 ns), so
+                // the simulated completion instants are observed within a few µs.
+                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0, 0, 0) };
+                c.set(true);
+            }
+        });
+        let mut last_reap = crate::now_ns();
+        loop {
+            let now = crate::now_ns();
+            match self.with_device(d, now, |s, _| check(s)) {
+                Ok(r) => return r,
+                Err(lb) => {
+                    if now - last_reap > REAP_EVERY_NS {
+                        self.reap_dead();
+                        last_reap = now;
+                    }
+                    crate::sleep_until(now + lb.max(MIN_WAIT_NS));
+                }
+            }
+        }
+    }
+
+    /// Creates a stream on device `d` with a CUDA priority (lower = more urgent); returns its
+    /// local index.
+    pub fn stream_create(&self, d: u32, priority: i32) -> Result<u32, SimError> {
+        let p = self.local_slot()?;
+        self.dev(d)?;
+        self.with_device(d, crate::now_ns(), |s, _| {
+            for (local, st) in s.streams[p as usize].iter_mut().enumerate() {
+                if st.in_use == 0 {
+                    *st = Stream {
+                        in_use: 1,
+                        priority,
+                        head: NONE,
+                        tail: NONE,
+                        submitted: 0,
+                        completed: 0,
+                    };
+                    return Ok(local as u32);
+                }
+            }
+            Err(SimError::OutOfResources)
+        })
+    }
+
+    /// Destroys a stream once its queued work has run (CUDA lets destroy return at once and
+    /// finishes the work; we wait, which is observably the same for the caller's later syncs).
+    pub fn stream_destroy(&self, d: u32, local: u32) -> Result<(), SimError> {
+        self.stream_sync(d, local)?;
+        let p = self.local_slot()?;
+        self.with_device(d, crate::now_ns(), |s, _| {
+            s.streams[p as usize][local as usize].in_use = 0;
+        });
+        Ok(())
+    }
+
+    fn enqueue(
+        &self,
+        d: u32,
+        local: u32,
+        kind: u32,
+        event: u32,
+        gen: u64,
+        dur_ns: u64,
+    ) -> Result<(), SimError> {
+        let p = self.local_slot()?;
+        self.dev(d)?;
+        if local as usize >= STREAMS_PER_PROC {
+            return Err(SimError::InvalidHandle);
+        }
+        // Blocks while this process has a full push buffer or the device's op table is full.
+        self.wait_on(d, |s| {
+            let st = &s.streams[p as usize][local as usize];
+            if st.in_use == 0 {
+                return Ok(Err(SimError::InvalidHandle));
+            }
+            if s.pending[p as usize] >= MAX_INFLIGHT_PER_PROC || s.free_head == NONE {
+                return Err(queued_ns(s, p, local, None).min(1_000_000));
+            }
+            Ok(Ok(()))
+        })?;
+        self.with_device(d, crate::now_ns(), |s, _| {
+            if s.streams[p as usize][local as usize].in_use == 0 {
+                return Err(SimError::InvalidHandle);
+            }
+            let Some(i) = alloc_op(s) else {
+                return Err(SimError::OutOfResources);
+            };
+            let seq = s.seq;
+            s.seq += 1;
+            s.ops[i as usize] = Op {
+                kind,
+                next: NONE,
+                proc_: p,
+                stream: local,
+                event,
+                _pad: 0,
+                gen,
+                remaining_ns: dur_ns,
+                seq,
+            };
+            let st = &mut s.streams[p as usize][local as usize];
+            if st.tail == NONE {
+                st.head = i;
+            } else {
+                let tail = st.tail;
+                s.ops[tail as usize].next = i;
+            }
+            let st = &mut s.streams[p as usize][local as usize];
+            st.tail = i;
+            st.submitted += 1;
+            inc_pending(s, p);
+            Ok(())
+        })
+    }
+
+    /// Queues a kernel of `dur_ns` on a stream.
+    pub fn launch(&self, d: u32, local: u32, dur_ns: u64) -> Result<(), SimError> {
+        self.enqueue(d, local, OP_KERNEL, 0, 0, dur_ns)
+    }
+
+    /// Blocks until everything queued on the stream so far has run.
+    pub fn stream_sync(&self, d: u32, local: u32) -> Result<(), SimError> {
+        let p = self.local_slot()?;
+        self.dev(d)?;
+        let target = self.with_device(d, crate::now_ns(), |s, _| {
+            s.streams[p as usize][local as usize].submitted
+        });
+        self.wait_on(d, |s| {
+            let st = &s.streams[p as usize][local as usize];
+            if st.in_use == 0 || st.completed >= target {
+                Ok(())
+            } else {
+                Err(queued_ns(s, p, local, None))
+            }
+        });
+        Ok(())
+    }
+
+    /// Whether the stream has no queued work left (`cuStreamQuery`).
+    pub fn stream_idle(&self, d: u32, local: u32) -> Result<bool, SimError> {
+        let p = self.local_slot()?;
+        self.dev(d)?;
+        Ok(self.with_device(d, crate::now_ns(), |s, _| {
+            s.streams[p as usize][local as usize].head == NONE
+        }))
+    }
+
+    /// Blocks until everything this process queued on device `d` has run (`cuCtxSynchronize`).
+    pub fn device_sync(&self, d: u32) -> Result<(), SimError> {
+        let p = self.local_slot()?;
+        self.dev(d)?;
+        let targets: Vec<u64> = self.with_device(d, crate::now_ns(), |s, _| {
+            s.streams[p as usize]
+                .iter()
+                .map(|st| st.submitted)
+                .collect()
+        });
+        self.wait_on(d, |s| {
+            let mut lb = 0;
+            let mut done = true;
+            for (local, st) in s.streams[p as usize].iter().enumerate() {
+                if st.in_use != 0 && st.completed < targets[local] {
+                    done = false;
+                    lb += queued_ns(s, p, local as u32, None);
+                }
+            }
+            if done {
+                Ok(())
+            } else {
+                Err(lb)
+            }
+        });
+        Ok(())
+    }
+
+    /// Allocates an event slot on device `d`.
+    pub fn event_create(&self, d: u32) -> Result<u32, SimError> {
+        let p = self.local_slot()?;
+        self.dev(d)?;
+        self.with_device(d, crate::now_ns(), |s, _| {
+            for (i, ev) in s.events.iter_mut().enumerate() {
+                if ev.owner == 0 {
+                    *ev = Event {
+                        owner: p + 1,
+                        state: EV_NEVER,
+                        gen: ev.gen,
+                        time_ns: 0,
+                        stream: NONE,
+                        _pad: 0,
+                    };
+                    return Ok(i as u32);
+                }
+            }
+            Err(SimError::OutOfResources)
+        })
+    }
+
+    pub fn event_destroy(&self, d: u32, ev: u32) -> Result<(), SimError> {
+        let p = self.local_slot()?;
+        self.dev(d)?;
+        self.with_device(d, crate::now_ns(), |s, _| {
+            let e = s
+                .events
+                .get_mut(ev as usize)
+                .ok_or(SimError::InvalidHandle)?;
+            if e.owner != p + 1 {
+                return Err(SimError::InvalidHandle);
+            }
+            // Bump the generation so a queued marker of this event completes nothing.
+            e.gen += 1;
+            e.owner = 0;
+            e.state = EV_NEVER;
+            Ok(())
+        })
+    }
+
+    /// Records an event on a stream: it completes when the context reaches it.
+    pub fn event_record(&self, d: u32, ev: u32, local: u32) -> Result<(), SimError> {
+        let p = self.local_slot()?;
+        self.dev(d)?;
+        let gen = self.with_device(d, crate::now_ns(), |s, _| {
+            let e = s
+                .events
+                .get_mut(ev as usize)
+                .ok_or(SimError::InvalidHandle)?;
+            if e.owner != p + 1 {
+                return Err(SimError::InvalidHandle);
+            }
+            e.gen += 1;
+            e.state = EV_PENDING;
+            e.stream = p * STREAMS_PER_PROC as u32 + local;
+            Ok(e.gen)
+        })?;
+        self.enqueue(d, local, OP_MARKER, ev, gen, 0)
+    }
+
+    pub fn event_status(&self, d: u32, ev: u32) -> Result<EventStatus, SimError> {
+        self.dev(d)?;
+        self.with_device(d, crate::now_ns(), |s, _| {
+            let e = s.events.get(ev as usize).ok_or(SimError::InvalidHandle)?;
+            Ok(match e.state {
+                EV_NEVER => EventStatus::NeverRecorded,
+                EV_PENDING => EventStatus::Pending,
+                _ => EventStatus::Done(e.time_ns),
+            })
+        })
+    }
+
+    /// Blocks until the event completes; returns its status afterwards.
+    pub fn event_sync(&self, d: u32, ev: u32) -> Result<EventStatus, SimError> {
+        self.dev(d)?;
+        if ev as usize >= EVENTS_PER_DEVICE {
+            return Err(SimError::InvalidHandle);
+        }
+        let st = self.wait_on(d, |s| {
+            let e = &s.events[ev as usize];
+            match e.state {
+                EV_NEVER => Ok(EventStatus::NeverRecorded),
+                EV_DONE => Ok(EventStatus::Done(e.time_ns)),
+                _ => {
+                    let (p, local) = (
+                        e.stream / STREAMS_PER_PROC as u32,
+                        e.stream % STREAMS_PER_PROC as u32,
+                    );
+                    // Find the marker to bound the wait by the kernels queued ahead of it.
+                    let mut i = s.streams[p as usize][local as usize].head;
+                    let mut marker = None;
+                    while i != NONE {
+                        let op = &s.ops[i as usize];
+                        if op.kind == OP_MARKER && op.event == ev && op.gen == e.gen {
+                            marker = Some(i);
+                            break;
+                        }
+                        i = op.next;
+                    }
+                    Err(queued_ns(s, p, local, marker))
+                }
+            }
+        });
+        Ok(st)
+    }
+
+    /// Makes future work on a stream wait for an event of the same device (`cuStreamWaitEvent`).
+    pub fn stream_wait_event(&self, d: u32, local: u32, ev: u32) -> Result<(), SimError> {
+        self.dev(d)?;
+        let pending = self.with_device(d, crate::now_ns(), |s, _| {
+            s.events
+                .get(ev as usize)
+                .map(|e| (e.state == EV_PENDING).then_some(e.gen))
+                .ok_or(SimError::InvalidHandle)
+        })?;
+        match pending {
+            Some(gen) => self.enqueue(d, local, OP_WAIT, ev, gen, 0),
+            None => Ok(()),
+        }
+    }
+
+    /// Ops this process has queued on device `d` (tests and the in-flight bound).
+    pub fn queued_ops(&self, d: u32) -> u32 {
+        if self.slot == NONE {
+            return 0;
+        }
+        self.with_device(d, crate::now_ns(), |s, _| s.pending[self.slot as usize])
+    }
+}
