@@ -15,6 +15,8 @@ pub fn search_dirs() -> Vec<PathBuf> {
         if let Some(dir) = exe.parent() {
             dirs.push(dir.to_path_buf());
             dirs.push(dir.join("../lib"));
+            // A development build: cdylibs built only as dependencies stay in deps/.
+            dirs.push(dir.join("deps"));
         }
     }
     dirs

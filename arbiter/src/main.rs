@@ -1,12 +1,17 @@
-//! The `smore` command: the node daemon, the operator CLI and the demo.
+//! The `smore` command: the node daemon, the operator CLI and the tools.
 use clap::{Parser, Subcommand};
+use smore_arbiter::cli::{run, status};
+use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(
     name = "smore",
     version,
     about = "Harvest idle GPU time of training jobs for serverless inference, within a bound on training slowdown",
-    long_about = None
+    long_about = "smore lets serverless inference functions use the GPU capacity training jobs leave \
+idle. `smore arbiter` runs on each GPU node and owns every function's memory cap and SM share; \
+functions start under `smore run`, which asks for admission and runs them with the smore shim.\n\n\
+Quick start without a GPU: `smore demo`. Documentation: docs/ in the repository."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -15,14 +20,71 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Run the node daemon (foreground; logs to stderr, level from RUST_LOG, default info).
+    Arbiter {
+        /// Node config file (see docs/node.example.toml); built-in defaults when omitted.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Override the config's socket path.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Override the config's state directory.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// Ask the arbiter for admission, then run COMMAND under the shim with its grant.
+    Run(run::RunArgs),
+    /// Show GPUs, training processes, functions, caps, shares, usage and recent events.
+    Status(status::StatusArgs),
+    /// Live view of `smore status`.
+    Top(status::TopArgs),
+    /// Change a function instance's SM share live (operator).
+    Share(status::ShareArgs),
     /// Run a trainer and a shimmed function on the simulated GPU (or a real one) and summarize
     /// what co-location bought and cost.
     Demo(smore_arbiter::demo::DemoArgs),
 }
 
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn arbiter(
+    config: Option<PathBuf>,
+    socket: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    init_logging();
+    let mut cfg = match &config {
+        Some(p) => smore_arbiter::config::Config::load(p)?,
+        None => smore_arbiter::config::Config::default(),
+    };
+    if let Some(s) = socket {
+        cfg.socket = s;
+    }
+    if let Some(d) = state_dir {
+        cfg.state_dir = d;
+    }
+    smore_arbiter::server::Daemon::start(cfg)?.run()
+}
+
 fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
+        Cmd::Arbiter {
+            config,
+            socket,
+            state_dir,
+        } => arbiter(config, socket, state_dir),
+        Cmd::Run(a) => std::process::exit(run::run(a)),
+        Cmd::Status(a) => status::status(a),
+        Cmd::Top(a) => status::top(a),
+        Cmd::Share(a) => status::share(a),
         Cmd::Demo(a) => smore_arbiter::demo::run(a),
     };
     if let Err(e) = r {

@@ -5,6 +5,7 @@
 //!
 //! - [`wire`]: the Unix-socket messages and their framing (length-prefixed JSON, versioned);
 //! - [`grant`]: the layout of the grant page the arbiter writes and the shim maps read-only;
+//! - [`conn`]: one connection: framed messages, the grant page fd as `SCM_RIGHTS`, `SO_PEERCRED`;
 //! - [`size`]: human-readable byte sizes used by the environment contract and the config.
 //!
 //! Must never: depend on anything heavy (the shim links it into other people's processes), allocate
@@ -12,6 +13,7 @@
 //! version.
 #![forbid(unsafe_code)]
 
+pub mod conn;
 pub mod grant;
 pub mod size;
 pub mod wire;

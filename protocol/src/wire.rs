@@ -46,7 +46,10 @@ pub struct Envelope {
 
 impl Envelope {
     pub fn new(req: Request) -> Envelope {
-        Envelope { v: PROTOCOL_VERSION, req }
+        Envelope {
+            v: PROTOCOL_VERSION,
+            req,
+        }
     }
 }
 
@@ -74,6 +77,11 @@ pub enum Request {
         /// GPU index the instance already runs on (re-registration), so it is not moved.
         #[serde(default)]
         gpu: Option<u32>,
+        /// Set by `smore run`: the command will be exec'd with `CUDA_VISIBLE_DEVICES` naming only
+        /// the granted GPU, so the grant is written to page slot 0. Otherwise the slot is the
+        /// GPU's NVML index (the process must then order devices by PCI bus id).
+        #[serde(default)]
+        exec: bool,
     },
     /// Request latencies observed by the runtime since the last report (milliseconds), and the
     /// shim's view of the device memory it holds (a hint: NVML is the authority).
@@ -195,7 +203,10 @@ pub enum Reply {
     /// Registration accepted; the grant page fd travels as ancillary data.
     Granted(Grant),
     /// Registration refused.
-    Refused { code: RefuseCode, reason: String },
+    Refused {
+        code: RefuseCode,
+        reason: String,
+    },
     /// Request-level admission decision.
     Admission {
         admitted: bool,
@@ -225,7 +236,10 @@ pub enum WireError {
     /// The peer closed the connection at a frame boundary.
     Closed,
     /// The frame announced more bytes than allowed.
-    TooLarge { len: usize, max: usize },
+    TooLarge {
+        len: usize,
+        max: usize,
+    },
     /// The bytes were not a valid message.
     Malformed(String),
     Io(io::Error),
@@ -330,6 +344,7 @@ mod tests {
             memory: Some(2 << 30),
             resume: None,
             gpu: None,
+            exec: false,
         }));
         roundtrip(Envelope::new(Request::Report {
             latencies_ms: vec![1.5, 2.0],
@@ -341,8 +356,14 @@ mod tests {
             Request::Admit { request: Some(3) },
             Request::Hints,
             Request::Status,
-            Request::SetShare { instance: 1, share: 30 },
-            Request::SetMemory { instance: 1, bytes: 5 },
+            Request::SetShare {
+                instance: 1,
+                share: 30,
+            },
+            Request::SetMemory {
+                instance: 1,
+                bytes: 5,
+            },
             Request::Release,
         ] {
             roundtrip(Envelope::new(r));
@@ -358,8 +379,14 @@ mod tests {
             predicted_fn: None,
             rule: "fit".into(),
         }));
-        roundtrip(Reply::Refused { code: RefuseCode::NoMemory, reason: "full".into() });
-        roundtrip(Reply::Error { code: ErrorCode::Malformed, message: "x".into() });
+        roundtrip(Reply::Refused {
+            code: RefuseCode::NoMemory,
+            reason: "full".into(),
+        });
+        roundtrip(Reply::Error {
+            code: ErrorCode::Malformed,
+            message: "x".into(),
+        });
         roundtrip(Reply::Ok);
     }
 
@@ -367,7 +394,10 @@ mod tests {
     fn the_wire_form_is_plain_json_with_a_version() {
         let bytes = encode(&Envelope::new(Request::Status));
         assert_eq!(&bytes[4..], br#"{"v":1,"op":"status"}"#);
-        assert_eq!(u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize, bytes.len() - 4);
+        assert_eq!(
+            u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize,
+            bytes.len() - 4
+        );
     }
 
     #[test]

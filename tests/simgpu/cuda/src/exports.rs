@@ -48,12 +48,20 @@ fn out<T>(p: *mut T, v: T) -> Res {
     Ok(())
 }
 
+/// CUDA ordinal (what `CUdevice` holds, as in the real driver) → node device index.
 fn dev_ok(d: &Driver, dev: CUdevice) -> Result<u32, R> {
-    if dev >= 0 && (dev as u32) < d.node.device_count() {
-        Ok(dev as u32)
-    } else {
-        Err(E::CUDA_ERROR_INVALID_DEVICE)
-    }
+    usize::try_from(dev)
+        .ok()
+        .and_then(|i| d.visible.get(i).copied())
+        .ok_or(E::CUDA_ERROR_INVALID_DEVICE)
+}
+
+/// Node device index → this process's CUDA ordinal.
+fn ordinal_of(d: &Driver, node_dev: u32) -> CUdevice {
+    d.visible
+        .iter()
+        .position(|&v| v == node_dev)
+        .map_or(-1, |o| o as CUdevice)
 }
 
 fn ctx_ok() -> Result<&'static Ctx, R> {
@@ -702,12 +710,13 @@ api! {
     }
 
     fn cuDeviceGetCount(n: *mut c_int) {
-        out(n, driver()?.node.device_count() as c_int)
+        out(n, driver()?.visible.len() as c_int)
     }
 
     fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) {
         let d = driver()?;
-        out(dev, dev_ok(d, ordinal)? as CUdevice)
+        dev_ok(d, ordinal)?;
+        out(dev, ordinal as CUdevice)
     }
 
     fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) {
@@ -886,7 +895,8 @@ api! {
     }
 
     fn cuCtxGetDevice(dev: *mut CUdevice) {
-        out(dev, ctx_ok()?.dev as CUdevice)
+        let d = driver()?;
+        out(dev, ordinal_of(d, ctx_ok()?.dev))
     }
 
     fn cuCtxGetFlags(flags: *mut c_uint) {

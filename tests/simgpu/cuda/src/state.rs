@@ -128,6 +128,35 @@ pub struct Tables {
 pub struct Driver {
     pub node: Node,
     pub tables: Mutex<Tables>,
+    /// CUDA ordinal → node device index, from `CUDA_VISIBLE_DEVICES` (all devices when unset).
+    pub visible: Vec<u32>,
+}
+
+/// Parses `CUDA_VISIBLE_DEVICES` the way the real driver does: a comma-separated list of indices
+/// or (prefixes of) `GPU-<uuid>` strings; the list ends at the first entry that names no device
+/// (or repeats one), so `"1,x,0"` makes only device 1 visible and `""` hides every device.
+pub fn parse_visible(spec: Option<&str>, uuids: &[String]) -> Vec<u32> {
+    let Some(spec) = spec else {
+        return (0..uuids.len() as u32).collect();
+    };
+    let mut out: Vec<u32> = Vec::new();
+    for entry in spec.split(',').map(str::trim) {
+        let found = if let Ok(i) = entry.parse::<u32>() {
+            ((i as usize) < uuids.len()).then_some(i)
+        } else if entry.starts_with("GPU-") && entry.len() > 4 {
+            let hits: Vec<u32> = (0..uuids.len() as u32)
+                .filter(|&i| uuids[i as usize].starts_with(entry))
+                .collect();
+            (hits.len() == 1).then(|| hits[0])
+        } else {
+            None
+        };
+        match found {
+            Some(i) if !out.contains(&i) => out.push(i),
+            _ => break,
+        }
+    }
+    out
 }
 
 struct Global {
@@ -160,9 +189,17 @@ pub fn init() -> Result<&'static Driver, R> {
             _ => E::CUDA_ERROR_NO_DEVICE,
         }
     })?;
+    let uuids: Vec<String> = (0..node.device_count())
+        .filter_map(|i| node.device_info(i).ok().map(|d| d.uuid_string()))
+        .collect();
+    let visible = parse_visible(
+        std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+        &uuids,
+    );
     let driver: &'static Driver = Box::leak(Box::new(Driver {
         node,
         tables: Mutex::new(Tables::default()),
+        visible,
     }));
     // Processes that died without exiting cleanly still hold memory until someone reaps them.
     driver.node.reap_dead();
@@ -269,4 +306,25 @@ pub fn new_va32(size: u64) -> Option<u32> {
     let span = size.div_ceil(512).max(1) * 512;
     let a = NEXT.fetch_add(span, Relaxed);
     (a + span <= 0xffff_0000).then_some(a as u32)
+}
+
+#[cfg(test)]
+mod visible_tests {
+    use super::parse_visible;
+
+    #[test]
+    fn cuda_visible_devices_follows_the_driver_rules() {
+        let u: Vec<String> = ["GPU-aaaa-1", "GPU-bbbb-2", "GPU-abcd-3"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(parse_visible(None, &u), vec![0, 1, 2]);
+        assert_eq!(parse_visible(Some(""), &u), Vec::<u32>::new());
+        assert_eq!(parse_visible(Some("2,0"), &u), vec![2, 0]);
+        assert_eq!(parse_visible(Some("1,x,0"), &u), vec![1]);
+        assert_eq!(parse_visible(Some("1,1"), &u), vec![1]);
+        assert_eq!(parse_visible(Some("5"), &u), Vec::<u32>::new());
+        assert_eq!(parse_visible(Some("GPU-b"), &u), vec![1]);
+        // Ambiguous prefix names no device.
+        assert_eq!(parse_visible(Some("GPU-a"), &u), Vec::<u32>::new());
+    }
 }

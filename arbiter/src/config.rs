@@ -1,0 +1,447 @@
+//! The per-node configuration file (`/etc/smore/node.toml`; example: `docs/node.example.toml`).
+//!
+//! Owns: the schema, its defaults and its validation. Every error names the file, the line and
+//! the key, and says what a valid value looks like: a daemon that starts with a typo in its
+//! safety factor is worse than one that refuses to start. Must never: accept an unknown key
+//! (a misspelt `theta_train` silently falling back to the default is exactly the failure to avoid).
+
+use serde::Deserialize;
+use smore_protocol::size::parse_size;
+use std::path::{Path, PathBuf};
+use toml::Spanned;
+
+/// What the shim does while the arbiter cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailurePolicy {
+    /// Keep the last grant (or the environment contract) and go on.
+    FailOpen,
+    /// Refuse new device memory until the arbiter is back.
+    FailClosed,
+}
+
+/// What the watchdog does to a function that exceeds its cap or bypasses the shim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WatchdogAction {
+    Log,
+    Sigterm,
+    Sigkill,
+}
+
+/// Which placement policy sits behind the policy seam.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyKind {
+    /// Memory fit, least-loaded GPU, time share split under θ_train (`policy::FitPolicy`).
+    Fit,
+    /// SMORE's degradation-aware policy (predictor crate).
+    Smore,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    arbiter: RawArbiter,
+    #[serde(default)]
+    gpus: RawGpus,
+    #[serde(default)]
+    policy: RawPolicy,
+    #[serde(default)]
+    functions: RawFunctions,
+    #[serde(default)]
+    watchdog: RawWatchdog,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawArbiter {
+    socket: Option<Spanned<String>>,
+    socket_mode: Option<Spanned<String>>,
+    state_dir: Option<Spanned<String>>,
+    metrics_addr: Option<Spanned<String>>,
+    failure_policy: Option<FailurePolicy>,
+    reconcile_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawGpus {
+    discover: Option<bool>,
+    indices: Option<Spanned<Vec<u32>>>,
+    nvml_library: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    name: Option<PolicyKind>,
+    memory_safety: Option<Spanned<f64>>,
+    theta_train: Option<Spanned<f64>>,
+    min_share: Option<Spanned<u32>>,
+    power_of_d: Option<Spanned<u32>>,
+    lambda: Option<Spanned<f64>>,
+    first_fit_queue: Option<Spanned<u32>>,
+    catalog: Option<String>,
+    model: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawFunctions {
+    default_slo_ms: Option<Spanned<f64>>,
+    default_memory: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawWatchdog {
+    action: Option<WatchdogAction>,
+    memory_slack: Option<Spanned<String>>,
+    check_shim: Option<bool>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    /// Where the config came from (for messages); `None` = built-in defaults.
+    pub source: Option<PathBuf>,
+    pub socket: PathBuf,
+    /// Permission bits of the socket (octal in the file, e.g. `"0660"`).
+    pub socket_mode: u32,
+    /// Where grants are persisted across arbiter restarts.
+    pub state_dir: PathBuf,
+    pub metrics_addr: Option<String>,
+    pub failure_policy: FailurePolicy,
+    /// Period of the NVML reconcile / watchdog loop, milliseconds.
+    pub reconcile_ms: u64,
+    pub discover: bool,
+    pub gpu_indices: Option<Vec<u32>>,
+    pub nvml_library: String,
+    pub policy: PolicyKind,
+    /// σ: fraction of each GPU's memory smore may hand out (training included).
+    pub memory_safety: f64,
+    /// θ_train: largest tolerated slowdown of a training job (fraction, 0.1 = 10 %).
+    pub theta_train: f64,
+    /// Smallest SM share granted, percent.
+    pub min_share: u32,
+    pub power_of_d: u32,
+    pub lambda: f64,
+    pub first_fit_queue: u32,
+    pub catalog: Option<PathBuf>,
+    pub model: Option<PathBuf>,
+    pub default_slo_ms: f64,
+    pub default_memory: u64,
+    pub watchdog_action: WatchdogAction,
+    /// Bytes a function may exceed its cap by in NVML before the watchdog acts (the context and
+    /// allocator rounding NVML counts but the shim's ledger does not).
+    pub memory_slack: u64,
+    /// Whether the watchdog checks that a registered process actually loaded the shim.
+    pub check_shim: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            source: None,
+            socket: PathBuf::from(smore_protocol::wire::DEFAULT_SOCKET),
+            socket_mode: 0o660,
+            state_dir: PathBuf::from("/var/lib/smore"),
+            metrics_addr: None,
+            failure_policy: FailurePolicy::FailOpen,
+            // 250 ms: NVML's process samples refresh about every 1/6 s; faster polling only
+            // re-reads the same sample.
+            reconcile_ms: 250,
+            discover: true,
+            gpu_indices: None,
+            nvml_library: "libnvidia-ml.so.1".into(),
+            policy: PolicyKind::Fit,
+            // σ = 0.95 and θ_train = 0.10: SMORE's defaults (paper §V; DESIGN.md).
+            memory_safety: 0.95,
+            theta_train: 0.10,
+            // 5 %: below this a function's kernels wait whole windows; reasoning, not measured.
+            min_share: 5,
+            power_of_d: 2,
+            lambda: 0.5,
+            first_fit_queue: 64,
+            catalog: None,
+            model: None,
+            default_slo_ms: 100.0,
+            default_memory: 2 << 30,
+            watchdog_action: WatchdogAction::Sigterm,
+            // 64 MiB: covers allocator rounding (2 MiB pages) and small context growth.
+            memory_slack: 64 << 20,
+            check_shim: true,
+        }
+    }
+}
+
+/// A configuration error with its location.
+#[derive(Debug)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for ConfigError {}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError(format!(
+                "{}: cannot read the config file: {e}",
+                path.display()
+            ))
+        })?;
+        let mut c = Config::parse(&text, &path.display().to_string())?;
+        c.source = Some(path.to_path_buf());
+        Ok(c)
+    }
+
+    /// Parses config text; `name` is used in messages.
+    pub fn parse(text: &str, name: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| line_of(text, s.start));
+            let msg = e.message().trim().to_string();
+            match line {
+                Some(l) => ConfigError(format!("{name}:{l}: {msg}")),
+                None => ConfigError(format!("{name}: {msg}")),
+            }
+        })?;
+        let err = |span: std::ops::Range<usize>, key: &str, what: String| {
+            ConfigError(format!(
+                "{name}:{}: key `{key}`: {what}",
+                line_of(text, span.start)
+            ))
+        };
+        let mut c = Config::default();
+        let a = raw.arbiter;
+        if let Some(s) = a.socket {
+            c.socket = PathBuf::from(s.into_inner());
+        }
+        if let Some(m) = a.socket_mode {
+            let span = m.span();
+            c.socket_mode = u32::from_str_radix(m.get_ref().trim_start_matches("0o"), 8)
+                .ok()
+                .filter(|m| *m <= 0o777)
+                .ok_or_else(|| {
+                    err(
+                        span,
+                        "arbiter.socket_mode",
+                        format!("{:?} is not an octal mode like \"0660\"", m.get_ref()),
+                    )
+                })?;
+        }
+        if let Some(s) = a.state_dir {
+            c.state_dir = PathBuf::from(s.into_inner());
+        }
+        if let Some(m) = a.metrics_addr {
+            let span = m.span();
+            let v = m.into_inner();
+            if v.parse::<std::net::SocketAddr>().is_err() {
+                return Err(err(
+                    span,
+                    "arbiter.metrics_addr",
+                    format!("{v:?} is not an address like \"127.0.0.1:9464\""),
+                ));
+            }
+            c.metrics_addr = Some(v);
+        }
+        if let Some(f) = a.failure_policy {
+            c.failure_policy = f;
+        }
+        if let Some(r) = a.reconcile_ms {
+            if !(10..=10_000).contains(r.get_ref()) {
+                return Err(err(
+                    r.span(),
+                    "arbiter.reconcile_ms",
+                    format!("{} is outside 10..=10000 ms", r.get_ref()),
+                ));
+            }
+            c.reconcile_ms = r.into_inner();
+        }
+        if let Some(d) = raw.gpus.discover {
+            c.discover = d;
+        }
+        if let Some(i) = raw.gpus.indices {
+            if i.get_ref().is_empty() {
+                return Err(err(
+                    i.span(),
+                    "gpus.indices",
+                    "is empty: list GPU indices or remove the key to manage every GPU".into(),
+                ));
+            }
+            c.gpu_indices = Some(i.into_inner());
+        }
+        if let Some(l) = raw.gpus.nvml_library {
+            c.nvml_library = l;
+        }
+        if !c.discover && c.gpu_indices.is_none() {
+            return Err(ConfigError(format!(
+                "{name}: [gpus] discover = false needs `indices = [...]` naming the GPUs to manage"
+            )));
+        }
+        let p = raw.policy;
+        if let Some(n) = p.name {
+            c.policy = n;
+        }
+        let frac = |v: Spanned<f64>, key: &str, lo: f64, hi: f64| -> Result<f64, ConfigError> {
+            let x = *v.get_ref();
+            if x.is_finite() && x > lo && x <= hi {
+                Ok(x)
+            } else {
+                Err(err(v.span(), key, format!("{x} is outside ({lo}, {hi}]")))
+            }
+        };
+        if let Some(v) = p.memory_safety {
+            c.memory_safety = frac(v, "policy.memory_safety", 0.0, 1.0)?;
+        }
+        if let Some(v) = p.theta_train {
+            c.theta_train = frac(v, "policy.theta_train", 0.0, 10.0)?;
+        }
+        if let Some(v) = p.lambda {
+            let x = *v.get_ref();
+            if !(0.0..=1.0).contains(&x) {
+                return Err(err(
+                    v.span(),
+                    "policy.lambda",
+                    format!("{x} is outside [0, 1]"),
+                ));
+            }
+            c.lambda = x;
+        }
+        if let Some(v) = p.min_share {
+            if !(1..=100).contains(v.get_ref()) {
+                return Err(err(
+                    v.span(),
+                    "policy.min_share",
+                    format!("{} is outside 1..=100 %", v.get_ref()),
+                ));
+            }
+            c.min_share = v.into_inner();
+        }
+        if let Some(v) = p.power_of_d {
+            if *v.get_ref() == 0 {
+                return Err(err(
+                    v.span(),
+                    "policy.power_of_d",
+                    "must be at least 1".into(),
+                ));
+            }
+            c.power_of_d = v.into_inner();
+        }
+        if let Some(v) = p.first_fit_queue {
+            c.first_fit_queue = v.into_inner();
+        }
+        c.catalog = p.catalog.map(PathBuf::from);
+        c.model = p.model.map(PathBuf::from);
+        if let Some(v) = raw.functions.default_slo_ms {
+            let x = *v.get_ref();
+            if !(x.is_finite() && x > 0.0) {
+                return Err(err(
+                    v.span(),
+                    "functions.default_slo_ms",
+                    format!("{x} must be a positive number of milliseconds"),
+                ));
+            }
+            c.default_slo_ms = x;
+        }
+        if let Some(v) = raw.functions.default_memory {
+            let span = v.span();
+            c.default_memory =
+                parse_size(v.get_ref())
+                    .ok()
+                    .filter(|b| *b > 0)
+                    .ok_or_else(|| {
+                        err(
+                            span,
+                            "functions.default_memory",
+                            format!("{:?} is not a size like \"2GiB\"", v.get_ref()),
+                        )
+                    })?;
+        }
+        if let Some(a) = raw.watchdog.action {
+            c.watchdog_action = a;
+        }
+        if let Some(v) = raw.watchdog.memory_slack {
+            let span = v.span();
+            c.memory_slack = parse_size(v.get_ref()).map_err(|_| {
+                err(
+                    span,
+                    "watchdog.memory_slack",
+                    format!("{:?} is not a size like \"64MiB\"", v.get_ref()),
+                )
+            })?;
+        }
+        if let Some(b) = raw.watchdog.check_shim {
+            c.check_shim = b;
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_example_parses() {
+        let text = include_str!("../../docs/node.example.toml");
+        let c = Config::parse(text, "node.example.toml").unwrap();
+        assert_eq!(c.memory_safety, 0.95);
+        assert_eq!(c.theta_train, 0.10);
+        assert_eq!(c.socket_mode, 0o660);
+    }
+
+    #[test]
+    fn defaults_need_no_file() {
+        let c = Config::parse("", "empty").unwrap();
+        assert_eq!(c.memory_safety, 0.95);
+        assert_eq!(c.failure_policy, FailurePolicy::FailOpen);
+    }
+
+    fn error_of(text: &str) -> String {
+        Config::parse(text, "node.toml").unwrap_err().0
+    }
+
+    #[test]
+    fn errors_name_file_line_and_key() {
+        let e = error_of("[arbiter]\nsocket = \"/x\"\n\n[policy]\nthetatrain = 0.1\n");
+        assert!(e.starts_with("node.toml:5:"), "{e}");
+        assert!(e.contains("thetatrain"), "{e}");
+        let e = error_of("[policy]\nmemory_safety = 1.5\n");
+        assert!(
+            e.starts_with("node.toml:2:") && e.contains("policy.memory_safety"),
+            "{e}"
+        );
+        let e = error_of("[functions]\ndefault_memory = \"lots\"\n");
+        assert!(
+            e.starts_with("node.toml:2:") && e.contains("default_memory"),
+            "{e}"
+        );
+        let e = error_of("[arbiter]\nsocket_mode = \"rw\"\n");
+        assert!(
+            e.contains("node.toml:2:") && e.contains("socket_mode"),
+            "{e}"
+        );
+        let e = error_of("[watchdog]\naction = \"nuke\"\n");
+        assert!(e.starts_with("node.toml:2:") && e.contains("nuke"), "{e}");
+        let e = error_of("[policy]\ntheta_train = \"ten\"\n");
+        assert!(e.starts_with("node.toml:2:"), "{e}");
+        let e = error_of("[mystery]\n");
+        assert!(
+            e.starts_with("node.toml:1:") && e.contains("mystery"),
+            "{e}"
+        );
+        let e = error_of("[gpus]\ndiscover = false\n");
+        assert!(e.contains("indices"), "{e}");
+    }
+}

@@ -1,0 +1,130 @@
+//! What the arbiter knows about the GPUs: discovery and periodic samples, through NVML.
+//!
+//! NVML is the authority on memory and on which processes use a GPU; what shims report is only
+//! a hint. [`GpuSource`] is the seam that lets unit tests drive the arbiter's state without a
+//! driver; the daemon always uses [`NvmlSource`] (on the simulated GPU, NVML is the fake
+//! `libnvidia-ml.so.1`, reached through the same `nvml-wrapper` calls as a real one).
+
+use anyhow::{Context, Result};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+
+/// A GPU as discovered.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct GpuInfo {
+    /// NVML index (what `CUDA_VISIBLE_DEVICES` names, absent remapping).
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    /// Total memory, bytes.
+    pub total: u64,
+}
+
+/// One NVML reading of a GPU.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuSample {
+    /// Memory in use on the device (all processes + driver), bytes.
+    pub used: u64,
+    /// Device utilization, percent of time a kernel ran over NVML's last sample period.
+    pub util: Option<u32>,
+    /// Running compute processes: pid → used memory in bytes.
+    pub procs: HashMap<u32, u64>,
+    /// Per-process SM utilization samples: pid → percent.
+    pub proc_util: HashMap<u32, u32>,
+}
+
+/// Where GPU facts come from.
+pub trait GpuSource: Send {
+    fn discover(&self) -> Result<Vec<GpuInfo>>;
+    fn sample(&mut self, index: u32) -> Result<GpuSample>;
+}
+
+/// The NVML-backed source.
+pub struct NvmlSource {
+    nvml: Nvml,
+    /// Last process-utilization timestamp seen per GPU (NVML returns samples newer than it).
+    last_ts: HashMap<u32, u64>,
+}
+
+impl NvmlSource {
+    pub fn open(library: &str) -> Result<NvmlSource> {
+        let nvml = Nvml::builder()
+            .lib_path(OsStr::new(library))
+            .init()
+            .with_context(|| {
+                format!(
+                    "cannot initialise NVML from {library:?}: is the NVIDIA driver installed (or, \
+                     for the simulated GPU, LD_LIBRARY_PATH set to its lib dir)? Set \
+                     [gpus] nvml_library to the library's path if it lives elsewhere"
+                )
+            })?;
+        Ok(NvmlSource {
+            nvml,
+            last_ts: HashMap::new(),
+        })
+    }
+}
+
+impl GpuSource for NvmlSource {
+    fn discover(&self) -> Result<Vec<GpuInfo>> {
+        let n = self.nvml.device_count().context("NVML device count")?;
+        let mut out = Vec::new();
+        for i in 0..n {
+            let d = self
+                .nvml
+                .device_by_index(i)
+                .with_context(|| format!("NVML device {i}"))?;
+            out.push(GpuInfo {
+                index: i,
+                uuid: d.uuid().with_context(|| format!("UUID of GPU {i}"))?,
+                name: d.name().unwrap_or_else(|_| "unknown".into()),
+                total: d
+                    .memory_info()
+                    .with_context(|| format!("memory of GPU {i}"))?
+                    .total,
+            });
+        }
+        Ok(out)
+    }
+
+    fn sample(&mut self, index: u32) -> Result<GpuSample> {
+        let d = self.nvml.device_by_index(index)?;
+        let mem = d.memory_info()?;
+        let util = d.utilization_rates().ok().map(|u| u.gpu);
+        let procs = d
+            .running_compute_processes()?
+            .into_iter()
+            .map(|p| {
+                let used = match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => b,
+                    UsedGpuMemory::Unavailable => 0,
+                };
+                (p.pid, used)
+            })
+            .collect();
+        let since = self.last_ts.get(&index).copied().unwrap_or(0);
+        let mut proc_util = HashMap::new();
+        match d.process_utilization_stats(since) {
+            Ok(samples) => {
+                let mut newest = since;
+                for s in samples {
+                    newest = newest.max(s.timestamp);
+                    proc_util.insert(s.pid, s.sm_util);
+                }
+                self.last_ts.insert(index, newest);
+            }
+            // No sample newer than `since` (idle GPU) or not supported: no per-process figure.
+            Err(NvmlError::NotFound) | Err(NvmlError::NotSupported) => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(GpuSample {
+            used: mem.used,
+            util,
+            procs,
+            proc_util,
+        })
+    }
+}

@@ -1,0 +1,139 @@
+//! The grant page the arbiter owns: a 4 KiB sealed memfd holding a [`GrantPage`].
+//!
+//! The arbiter maps the page read-write *before* sealing it with `F_SEAL_FUTURE_WRITE`, so its own
+//! mapping stays writable while every later mapping — the shim's, or one made by re-opening
+//! `/proc/<pid>/fd/N` — can only be read-only; `F_SEAL_SHRINK|GROW` keep the size fixed and
+//! `F_SEAL_SEAL` freezes the seals. A function process therefore cannot raise its own cap or
+//! share. This is the only module of the arbiter with `unsafe` (one mmap, one munmap, one
+//! reference to the mapping).
+
+use smore_protocol::grant::{GrantPage, PAGE_BYTES};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+
+/// An owned, sealed, writable-by-us grant page.
+pub struct PageHandle {
+    fd: OwnedFd,
+    ptr: NonNull<GrantPage>,
+}
+
+// SAFETY: the mapping is shared memory whose every mutable field is an atomic; the pointer is
+// valid for the life of the handle and accessed only through `&GrantPage`.
+unsafe impl Send for PageHandle {}
+// SAFETY: as above — concurrent access goes through atomics only.
+unsafe impl Sync for PageHandle {}
+
+impl PageHandle {
+    /// Creates a page with every device uncapped and unthrottled.
+    pub fn new(name: &str) -> std::io::Result<PageHandle> {
+        use rustix::fs::{MemfdFlags, SealFlags};
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        rustix::fs::ftruncate(&fd, PAGE_BYTES as u64)?;
+        // SAFETY: a fresh shared mapping of a file we just sized to PAGE_BYTES; no other mapping
+        // of it exists yet, the kernel picks the address.
+        let p = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                PAGE_BYTES,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                &fd,
+                0,
+            )?
+        };
+        let ptr = NonNull::new(p.cast::<GrantPage>()).ok_or(std::io::ErrorKind::Other)?;
+        // SAFETY: the mapping is PAGE_BYTES ≥ size_of::<GrantPage>() long, page-aligned (more
+        // than GrantPage's alignment) and not yet shared with anyone.
+        unsafe { ptr.as_ptr().write(GrantPage::unlimited()) };
+        rustix::fs::fcntl_add_seals(
+            &fd,
+            SealFlags::FUTURE_WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+        )?;
+        Ok(PageHandle { fd, ptr })
+    }
+
+    /// The live page (writes go through its atomics).
+    pub fn page(&self) -> &GrantPage {
+        // SAFETY: `ptr` points at an initialised GrantPage in a mapping that lives as long as
+        // `self`; all mutation is through atomics, so shared references are sound.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// The fd to pass to the function process.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl std::fmt::Debug for PageHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PageHandle")
+            .field("fd", &self.fd)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for PageHandle {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `new`; no reference to it outlives
+        // `self` (page() borrows self).
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), PAGE_BYTES) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_cannot_be_mapped_writable_by_a_receiver() {
+        let h = PageHandle::new("smore-test").unwrap();
+        h.page().set(0, 1 << 30, 40);
+        assert_eq!(h.page().cap(0), 1 << 30);
+        // A receiver of the fd: a writable shared mapping is refused by the seal.
+        // SAFETY: test-only mapping attempt of a valid fd; the result is unmapped below if it
+        // (wrongly) succeeded.
+        let w = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                PAGE_BYTES,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                h.fd(),
+                0,
+            )
+        };
+        assert!(w.is_err(), "writable mapping must be refused");
+        // Writing through a re-opened /proc path is refused too.
+        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&h.fd()));
+        let reopened = std::fs::OpenOptions::new().write(true).open(&path);
+        if let Ok(mut f) = reopened {
+            use std::io::Write;
+            assert!(
+                f.write_all(&[0xff; 16]).is_err(),
+                "write(2) must be refused by the seal"
+            );
+        }
+        // A read-only mapping sees our writes live.
+        // SAFETY: read-only shared mapping of the page; only read through atomics, unmapped below.
+        let r = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                PAGE_BYTES,
+                rustix::mm::ProtFlags::READ,
+                rustix::mm::MapFlags::SHARED,
+                h.fd(),
+                0,
+            )
+        }
+        .unwrap();
+        // SAFETY: `r` maps the initialised page read-only; fields are atomics.
+        let view = unsafe { &*(r.cast::<GrantPage>()) };
+        assert!(view.is_valid());
+        assert_eq!(view.share(0), 40);
+        h.page().set(0, 1 << 30, 70);
+        assert_eq!(view.share(0), 70);
+        // SAFETY: unmapping the test mapping made above; `view` is not used afterwards.
+        unsafe { rustix::mm::munmap(r, PAGE_BYTES).unwrap() };
+    }
+}

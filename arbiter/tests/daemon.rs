@@ -1,0 +1,658 @@
+//! The arbiter as an operator runs it: a real `smore arbiter` process on the simulated GPU, real
+//! clients over its Unix socket, real processes under `smore run`.
+
+use smore_e2e::SimGpu;
+use smore_protocol::conn::{recv_with_fd, send_with_fd, Client};
+use smore_protocol::grant::{GrantPage, PAGE_BYTES};
+use smore_protocol::wire::{self, Envelope, ErrorCode, Reply, Request, MAX_FRAME};
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SMORE: &str = env!("CARGO_BIN_EXE_smore");
+
+struct Arbiter {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Arbiter {
+    fn start(sim: &SimGpu, extra: &str) -> Arbiter {
+        let dir = sim.dir();
+        let socket = dir.join("arbiter.sock");
+        let cfg = dir.join("node.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 50\n{extra}",
+                socket,
+                dir.join("state")
+            ),
+        )
+        .unwrap();
+        Self::start_with(sim, &cfg, &socket)
+    }
+
+    fn start_with(sim: &SimGpu, cfg: &Path, socket: &Path) -> Arbiter {
+        let log = sim.dir().join(format!(
+            "arbiter-{}.log",
+            Instant::now().elapsed().as_nanos()
+        ));
+        let child = sim
+            .command(SMORE)
+            .args(["arbiter", "--config"])
+            .arg(cfg)
+            .env("RUST_LOG", "debug")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let a = Arbiter {
+            child,
+            socket: socket.to_path_buf(),
+            log,
+        };
+        let t0 = Instant::now();
+        while UnixStream::connect(&a.socket).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "arbiter did not start:\n{}",
+                a.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        a
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.socket).unwrap()
+    }
+
+    fn status(&self) -> serde_json::Value {
+        match self.client().call(Request::Status).unwrap() {
+            Reply::Status { snapshot } => snapshot,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn functions(&self) -> Vec<serde_json::Value> {
+        self.status()["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["functions"].as_array().unwrap().clone())
+            .collect()
+    }
+
+    fn smore(&self, sim: &SimGpu) -> Command {
+        let mut c = sim.command(SMORE);
+        c.env(wire::ENV_SOCKET, &self.socket);
+        c
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Arbiter {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn sim(devices: u32) -> SimGpu {
+    SimGpu::builder()
+        .devices(devices)
+        .memory("16GiB")
+        .context_memory("0")
+        .build()
+        .unwrap()
+}
+
+fn register(c: &Client, function: &str, memory: u64) -> (Reply, Option<OwnedFd>) {
+    c.call_with_fd(Request::Register {
+        function: function.into(),
+        model: None,
+        slo_ms: Some(50.0),
+        memory: Some(memory),
+        resume: None,
+        gpu: None,
+        exec: true,
+    })
+    .unwrap()
+}
+
+/// A read-only view of a grant page, as the shim maps it.
+struct PageView(*mut std::ffi::c_void);
+
+impl PageView {
+    fn map(fd: &OwnedFd) -> PageView {
+        // SAFETY: read-only shared mapping of a PAGE_BYTES memfd; unmapped in Drop.
+        let p = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                PAGE_BYTES,
+                rustix::mm::ProtFlags::READ,
+                rustix::mm::MapFlags::SHARED,
+                fd,
+                0,
+            )
+        }
+        .unwrap();
+        PageView(p)
+    }
+    fn page(&self) -> &GrantPage {
+        // SAFETY: the mapping holds an initialised GrantPage written by the arbiter; atomics only.
+        unsafe { &*(self.0.cast::<GrantPage>()) }
+    }
+}
+
+impl Drop for PageView {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the mapping made in `map`.
+        unsafe { rustix::mm::munmap(self.0, PAGE_BYTES).unwrap() };
+    }
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    t0.elapsed()
+}
+
+#[test]
+fn registration_gets_a_grant_page_it_cannot_write() {
+    let sim = sim(2);
+    let arb = Arbiter::start(&sim, "");
+    let c = arb.client();
+    let (reply, fd) = register(&c, "resnet", 3 << 30);
+    let Reply::Granted(g) = reply else {
+        panic!("{reply:?}")
+    };
+    assert_eq!(g.memory_cap, 3 << 30);
+    assert_eq!(g.sm_share, 100, "no training on the node: unthrottled");
+    assert!(g.gpu_uuid.starts_with("GPU-"));
+    let fd = fd.expect("the grant page travels with the reply");
+    let view = PageView::map(&fd);
+    assert!(view.page().is_valid());
+    assert_eq!(view.page().cap(0), 3 << 30);
+    // The client cannot map it writable, upgrade its mapping, or write the fd.
+    // SAFETY: attempted writable mapping of the page; must fail (unmapped if it did not).
+    let w = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            PAGE_BYTES,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::SHARED,
+            &fd,
+            0,
+        )
+    };
+    assert!(w.is_err(), "a writable shared mapping must be refused");
+    // SAFETY: mprotect on our own read-only mapping; must be refused.
+    let up = unsafe {
+        rustix::mm::mprotect(
+            view.0,
+            PAGE_BYTES,
+            rustix::mm::MprotectFlags::READ | rustix::mm::MprotectFlags::WRITE,
+        )
+    };
+    assert!(
+        up.is_err(),
+        "upgrading the mapping to writable must be refused"
+    );
+    let mut f = std::fs::File::from(fd.try_clone().unwrap());
+    assert!(
+        f.write_all(&[0xff; 64]).is_err(),
+        "write(2) on the page must be refused"
+    );
+    assert_eq!(view.page().cap(0), 3 << 30);
+    // Status shows it; a second registration on the same connection is refused.
+    let fns = arb.functions();
+    assert_eq!(fns.len(), 1);
+    assert_eq!(fns[0]["function"], "resnet");
+    assert_eq!(fns[0]["pid"], std::process::id());
+    let (again, _) = register(&c, "resnet", 1 << 20);
+    assert!(
+        matches!(
+            again,
+            Reply::Error {
+                code: ErrorCode::AlreadyRegistered,
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+    // Memory is never over-committed: 16 GiB × σ 0.95 × 2 GPUs = 30.4 GiB; 3 GiB used.
+    let mut held = Vec::new();
+    let mut granted = 3u64 << 30;
+    loop {
+        let c = arb.client();
+        match register(&c, "filler", 4 << 30).0 {
+            Reply::Granted(_) => {
+                granted += 4 << 30;
+                held.push(c);
+            }
+            Reply::Refused { code, reason } => {
+                assert_eq!(code, wire::RefuseCode::NoMemory, "{reason}");
+                break;
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+    assert!(granted as f64 <= 2.0 * 0.95 * (16u64 << 30) as f64);
+    assert_eq!(
+        held.len(),
+        6,
+        "3 + 6·4 = 27 GiB fit, a seventh 4 GiB does not"
+    );
+}
+
+#[test]
+fn live_share_changes_reach_the_page_before_the_reply() {
+    let sim = sim(1);
+    let arb = Arbiter::start(&sim, "");
+    let c = arb.client();
+    let (Reply::Granted(g), Some(fd)) = register(&c, "f", 1 << 30) else {
+        panic!()
+    };
+    let view = PageView::map(&fd);
+    let gen0 = view.page().generation(0);
+    let t0 = Instant::now();
+    let out = arb
+        .smore(&sim)
+        .args(["share", &g.instance.to_string(), "25"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Written before the reply: visible the moment the command returns.
+    assert_eq!(view.page().share(0), 25);
+    assert!(view.page().generation(0) > gen0);
+    eprintln!(
+        "share change visible after {:?} (including spawning `smore share`)",
+        t0.elapsed()
+    );
+    // Back to the policy's share.
+    let out = arb
+        .smore(&sim)
+        .args(["share", &g.instance.to_string(), "auto"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(view.page().share(0), 100);
+    // Bad values are refused with a message.
+    let out = arb
+        .smore(&sim)
+        .args(["share", &g.instance.to_string(), "140"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1–100"));
+}
+
+#[test]
+fn a_sigkilled_function_is_released_within_a_second() {
+    let sim = sim(1);
+    let arb = Arbiter::start(&sim, "");
+    let mut child = arb
+        .smore(&sim)
+        .args(["run", "--function", "sleeper", "--memory", "1GiB", "--shim"])
+        .arg(smore_e2e::shim_lib())
+        .args(["--", "sleep", "60"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("registration", Duration::from_secs(10), || {
+        arb.functions().len() == 1
+    });
+    let f = &arb.functions()[0];
+    assert_eq!(
+        f["pid"],
+        child.id(),
+        "the grant belongs to the exec'd command"
+    );
+    assert_eq!(f["function"], "sleeper");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let took = wait_until("release", Duration::from_secs(1), || {
+        arb.functions().is_empty()
+    });
+    eprintln!("released {took:?} after SIGKILL");
+    let ev = arb.status()["events"].to_string();
+    assert!(ev.contains("released"), "{ev}");
+}
+
+#[test]
+fn smore_run_refusal_exits_with_a_distinct_code() {
+    let sim = sim(1);
+    let arb = Arbiter::start(&sim, "");
+    let out = arb
+        .smore(&sim)
+        .args(["run", "--memory", "100GiB", "--shim"])
+        .arg(smore_e2e::shim_lib())
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(wire::RefuseCode::NoMemory.exit_code())
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refused") && err.contains("100GiB"), "{err}");
+    // A dead arbiter is reported as such.
+    let out = sim
+        .command(SMORE)
+        .args(["run", "--socket", "/nonexistent/smore.sock", "--shim"])
+        .arg(smore_e2e::shim_lib())
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is `smore arbiter` running?"));
+}
+
+#[test]
+fn an_arbiter_restart_loses_nothing_and_counts_nothing_twice() {
+    let sim = sim(1);
+    let mut arb = Arbiter::start(&sim, "");
+    let c = arb.client();
+    let (Reply::Granted(g), Some(fd)) = register(&c, "survivor", 8 << 30) else {
+        panic!()
+    };
+    let view = PageView::map(&fd);
+    arb.kill();
+    drop(c);
+    // The client keeps its last grant while the arbiter is away.
+    assert_eq!(view.page().cap(0), 8 << 30);
+    let cfg = sim.dir().join("node.toml");
+    let arb = Arbiter::start_with(&sim, &cfg, &arb.socket.clone());
+    let fns = arb.functions();
+    assert_eq!(fns.len(), 1, "restored from the state dir");
+    assert_eq!(fns[0]["attached"], false);
+    // Its 8 GiB still count: another 8 GiB does not fit in 16 GiB × 0.95.
+    let other = arb.client();
+    assert!(matches!(
+        register(&other, "greedy", 8 << 30).0,
+        Reply::Refused { .. }
+    ));
+    // The client re-registers with `resume`: same instance, attached, counted once.
+    let c = arb.client();
+    let (reply, fd) = c
+        .call_with_fd(Request::Register {
+            function: "survivor".into(),
+            model: None,
+            slo_ms: None,
+            memory: Some(8 << 30),
+            resume: Some(g.instance),
+            gpu: Some(g.gpu_index),
+            exec: true,
+        })
+        .unwrap();
+    let Reply::Granted(g2) = reply else {
+        panic!("{reply:?}")
+    };
+    assert_eq!(g2.instance, g.instance);
+    assert_eq!(PageView::map(&fd.unwrap()).page().cap(0), 8 << 30);
+    let fns = arb.functions();
+    assert_eq!(fns.len(), 1);
+    assert_eq!(fns[0]["attached"], true);
+}
+
+#[test]
+fn two_hundred_concurrent_registrations_are_served() {
+    let sim = sim(2);
+    let arb = Arbiter::start(&sim, "");
+    let socket = arb.socket.clone();
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..200)
+        .map(|i| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let c = Client::connect(&socket).unwrap();
+                let (r, fd) = register(&c, &format!("f{i}"), 16 << 20);
+                assert!(matches!(r, Reply::Granted(_)), "{r:?}");
+                assert!(fd.is_some());
+                (c, Instant::now())
+            })
+        })
+        .collect();
+    let done: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let last = done.iter().map(|(_, t)| *t).max().unwrap() - t0;
+    eprintln!("200 concurrent registrations served in {last:?}");
+    assert!(last < Duration::from_secs(2), "took {last:?}");
+    assert_eq!(arb.functions().len(), 200);
+    drop(done);
+    wait_until("all released", Duration::from_secs(5), || {
+        arb.functions().is_empty()
+    });
+}
+
+#[test]
+fn config_errors_name_the_file_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("node.toml");
+    std::fs::write(
+        &cfg,
+        "[arbiter]\nsocket = \"/tmp/x.sock\"\n\n[policy]\ntheta_train = 2000\n",
+    )
+    .unwrap();
+    let out = Command::new(SMORE)
+        .args(["arbiter", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("node.toml:5:") && err.contains("policy.theta_train"),
+        "{err}"
+    );
+    std::fs::write(&cfg, "[watchdog]\nacton = \"log\"\n").unwrap();
+    let out = Command::new(SMORE)
+        .args(["arbiter", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("node.toml:2:") && err.contains("acton"),
+        "{err}"
+    );
+}
+
+#[test]
+fn malformed_messages_get_errors_and_do_not_disturb_others() {
+    let sim = sim(1);
+    let arb = Arbiter::start(&sim, "");
+    let good = arb.client();
+    let (Reply::Granted(_), _) = register(&good, "good", 1 << 20) else {
+        panic!()
+    };
+    // Garbage JSON: an error, and the connection stays usable.
+    let s = UnixStream::connect(&arb.socket).unwrap();
+    let mut frame = 7u32.to_le_bytes().to_vec();
+    frame.extend_from_slice(b"{oops!}");
+    (&s).write_all(&frame).unwrap();
+    let (r, _): (Reply, _) = recv_with_fd(&s, MAX_FRAME).unwrap();
+    assert!(
+        matches!(
+            r,
+            Reply::Error {
+                code: ErrorCode::Malformed,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    send_with_fd(&s, &Envelope::new(Request::Status), None).unwrap();
+    let (r, _): (Reply, _) = recv_with_fd(&s, MAX_FRAME).unwrap();
+    assert!(matches!(r, Reply::Status { .. }));
+    // Requests that need a registration say so.
+    send_with_fd(&s, &Envelope::new(Request::Admit { request: None }), None).unwrap();
+    let (r, _): (Reply, _) = recv_with_fd(&s, MAX_FRAME).unwrap();
+    assert!(
+        matches!(
+            r,
+            Reply::Error {
+                code: ErrorCode::NotRegistered,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    // A different protocol version is refused.
+    let v = UnixStream::connect(&arb.socket).unwrap();
+    send_with_fd(&v, &serde_json::json!({"v": 99, "op": "status"}), None).unwrap();
+    let (r, _): (Reply, _) = recv_with_fd(&v, MAX_FRAME).unwrap();
+    assert!(
+        matches!(
+            r,
+            Reply::Error {
+                code: ErrorCode::Version,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    // An oversized frame is refused and the connection closed.
+    let big = UnixStream::connect(&arb.socket).unwrap();
+    (&big).write_all(&(1u32 << 30).to_le_bytes()).unwrap();
+    let (r, _): (Reply, _) = recv_with_fd(&big, MAX_FRAME).unwrap();
+    assert!(
+        matches!(
+            r,
+            Reply::Error {
+                code: ErrorCode::TooLarge,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    // A client killed mid-frame (half a message, then gone).
+    {
+        let half = UnixStream::connect(&arb.socket).unwrap();
+        (&half).write_all(&100u32.to_le_bytes()).unwrap();
+        (&half).write_all(b"{\"v\":1,").unwrap();
+    }
+    // The good client is unaffected.
+    assert_eq!(arb.functions().len(), 1);
+    assert!(matches!(
+        good.call(Request::Report {
+            latencies_ms: vec![3.0],
+            used_bytes: None,
+            throttled_ns: None,
+            refusals: None
+        })
+        .unwrap(),
+        Reply::Ok
+    ));
+}
+
+#[test]
+fn nvml_discovery_and_training_detection_feed_status_and_metrics() {
+    let sim = sim(2);
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let arb = Arbiter::start(&sim, &format!("metrics_addr = \"127.0.0.1:{port}\"\n"));
+    // An unregistered process holding memory on GPU 1: training, never touched.
+    let mut trainer = sim
+        .command(smore_e2e::bin("sim-probe"))
+        .env("CUDA_VISIBLE_DEVICES", "1")
+        .args(["alloc:v2:3GiB", "ready", "sleep:30000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("training detected", Duration::from_secs(10), || {
+        arb.status()["gpus"][1]["training"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty())
+    });
+    let s = arb.status();
+    assert_eq!(s["gpus"].as_array().unwrap().len(), 2);
+    assert_eq!(s["gpus"][1]["training"][0]["pid"], trainer.id());
+    assert!(s["gpus"][1]["training_used"].as_u64().unwrap() >= 3 << 30);
+    // The trainer's memory is reserved: a 13 GiB function only fits on GPU 0 (15.2 vs 12.2 GiB).
+    let c = arb.client();
+    let (Reply::Granted(g), _) = register(&c, "big", 13 << 30) else {
+        panic!()
+    };
+    assert_eq!(g.gpu_index, 0);
+    // Human-readable status and metrics.
+    let out = arb.smore(&sim).arg("status").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("training pid") && text.contains("big"),
+        "{text}"
+    );
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut body).unwrap();
+    assert!(
+        body.contains("smore_function_memory_cap_bytes{gpu=\"0\""),
+        "{body}"
+    );
+    assert!(body.contains("smore_registrations_total 1"), "{body}");
+    trainer.kill().unwrap();
+    trainer.wait().unwrap();
+}
+
+#[test]
+fn a_function_without_the_shim_gets_the_watchdog() {
+    let sim = sim(1);
+    let arb = Arbiter::start(&sim, "[watchdog]\naction = \"sigkill\"\n");
+    // Registered through `smore run`, but the preload names no shim: the GPU process bypasses it.
+    let mut child = arb
+        .smore(&sim)
+        .args([
+            "run",
+            "--function",
+            "sneaky",
+            "--memory",
+            "1GiB",
+            "--shim",
+            "/nonexistent/libsmore_shim.so",
+            "--",
+        ])
+        .arg(smore_e2e::bin("sim-probe"))
+        .args(["alloc:v2:64MiB", "sleep:30000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "watchdog did not act:\n{}",
+            arb.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9));
+    let ev = arb.status()["events"].to_string();
+    assert!(ev.contains("without the smore shim"), "{ev}");
+    assert_eq!(arb.status()["counters"]["watchdog_actions"], 1);
+}

@@ -1,0 +1,211 @@
+//! Client and server halves of one arbiter connection: framed messages plus the grant page fd
+//! that travels with a `Granted` reply as `SCM_RIGHTS` ancillary data.
+//!
+//! Owns: connecting with a timeout-free blocking stream, sending a reply with an fd, receiving a
+//! reply and the fd that came with it, reading the peer's credentials. Must never: trust a pid
+//! sent in a message (use [`peer_cred`]), or leak a received fd (it is returned as `OwnedFd`,
+//! close-on-exec as `recvmsg(MSG_CMSG_CLOEXEC)` makes it).
+
+use crate::wire::{self, Envelope, Reply, Request, WireError, MAX_FRAME};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use std::io::{self, IoSlice, IoSliceMut, Read};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+/// Credentials of the process at the other end, as the kernel recorded them at `connect`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// `SO_PEERCRED` of a connected Unix stream.
+pub fn peer_cred(s: &UnixStream) -> io::Result<PeerCred> {
+    let c = rustix::net::sockopt::socket_peercred(s)?;
+    Ok(PeerCred {
+        pid: c.pid.as_raw_nonzero().get() as u32,
+        uid: c.uid.as_raw(),
+        gid: c.gid.as_raw(),
+    })
+}
+
+/// Sends one framed message, with `fd` as `SCM_RIGHTS` when given (attached to the first byte).
+pub fn send_with_fd<T: serde::Serialize>(
+    s: &UnixStream,
+    msg: &T,
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
+    let bytes = wire::encode(msg);
+    let mut sent = 0;
+    let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    while sent < bytes.len() {
+        let mut ctl = SendAncillaryBuffer::new(&mut space);
+        if sent == 0 && !fds.is_empty() {
+            ctl.push(SendAncillaryMessage::ScmRights(&fds));
+        }
+        match rustix::net::sendmsg(
+            s,
+            &[IoSlice::new(&bytes[sent..])],
+            &mut ctl,
+            SendFlags::NOSIGNAL,
+        ) {
+            Ok(n) => sent += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Receives one framed message and the fd (if any) that came with it.
+pub fn recv_with_fd<T: serde::de::DeserializeOwned>(
+    s: &UnixStream,
+    max: usize,
+) -> Result<(T, Option<OwnedFd>), WireError> {
+    let mut head = [0u8; 4];
+    let mut got = 0;
+    let mut fd = None;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    // The fd is attached to the first byte of the frame: take it with the length prefix.
+    while got < 4 {
+        let mut ctl = RecvAncillaryBuffer::new(&mut space);
+        let r = rustix::net::recvmsg(
+            s,
+            &mut [IoSliceMut::new(&mut head[got..])],
+            &mut ctl,
+            RecvFlags::CMSG_CLOEXEC,
+        );
+        let n = match r {
+            Ok(m) => m.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(WireError::Io(e.into())),
+        };
+        for msg in ctl.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = msg {
+                for f in fds {
+                    // Keep the first; extra fds (never sent by smore) are closed on drop.
+                    if fd.is_none() {
+                        fd = Some(f);
+                    }
+                }
+            }
+        }
+        if n == 0 {
+            return Err(if got == 0 {
+                WireError::Closed
+            } else {
+                WireError::Malformed("truncated length prefix".into())
+            });
+        }
+        got += n;
+    }
+    let len = u32::from_le_bytes(head) as usize;
+    if len > max {
+        return Err(WireError::TooLarge { len, max });
+    }
+    let mut body = vec![0u8; len];
+    (&*s).read_exact(&mut body).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            WireError::Malformed(format!("truncated frame: expected {len} bytes"))
+        } else {
+            WireError::Io(e)
+        }
+    })?;
+    Ok((wire::decode(&body)?, fd))
+}
+
+/// A client connection to the arbiter.
+pub struct Client {
+    stream: UnixStream,
+}
+
+impl Client {
+    /// Connects to the arbiter socket at `path`.
+    pub fn connect(path: &Path) -> io::Result<Client> {
+        Ok(Client {
+            stream: UnixStream::connect(path)?,
+        })
+    }
+
+    /// Wraps an already connected stream (e.g. the one `smore run` hands down).
+    pub fn from_stream(stream: UnixStream) -> Client {
+        Client { stream }
+    }
+
+    pub fn stream(&self) -> &UnixStream {
+        &self.stream
+    }
+
+    pub fn into_stream(self) -> UnixStream {
+        self.stream
+    }
+
+    /// Sends `req` and waits for the reply (and the fd that may come with it).
+    pub fn call_with_fd(&self, req: Request) -> Result<(Reply, Option<OwnedFd>), WireError> {
+        send_with_fd(&self.stream, &Envelope::new(req), None).map_err(WireError::from)?;
+        recv_with_fd(&self.stream, MAX_FRAME)
+    }
+
+    /// Sends `req` and waits for the reply.
+    pub fn call(&self, req: Request) -> Result<Reply, WireError> {
+        Ok(self.call_with_fd(req)?.0)
+    }
+}
+
+impl AsFd for Client {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Grant, MAX_REQUEST_FRAME};
+    use std::io::Write;
+
+    #[test]
+    fn a_reply_carries_an_fd_and_the_peer_is_identified_by_the_kernel() {
+        let (a, b) = UnixStream::pair().unwrap();
+        assert_eq!(peer_cred(&a).unwrap().pid, std::process::id());
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(b"page").unwrap();
+        let reply = Reply::Granted(Grant {
+            instance: 1,
+            gpu_index: 0,
+            gpu_uuid: "GPU-0".into(),
+            memory_cap: 1,
+            sm_share: 50,
+            generation: 1,
+            predicted_train: None,
+            predicted_fn: None,
+            rule: String::new(),
+        });
+        send_with_fd(&a, &reply, Some(file.as_fd())).unwrap();
+        let (got, fd): (Reply, _) = recv_with_fd(&b, MAX_FRAME).unwrap();
+        assert_eq!(got, reply);
+        let mut f = std::fs::File::from(fd.expect("fd passed"));
+        use std::io::{Seek, SeekFrom};
+        f.seek(SeekFrom::Start(0)).unwrap();
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "page");
+        // A message without an fd.
+        send_with_fd(&a, &Envelope::new(Request::Status), None).unwrap();
+        let (env, fd): (Envelope, _) = recv_with_fd(&b, MAX_REQUEST_FRAME).unwrap();
+        assert_eq!(env.req, Request::Status);
+        assert!(fd.is_none());
+        drop(a);
+        assert!(matches!(
+            recv_with_fd::<Envelope>(&b, MAX_FRAME),
+            Err(WireError::Closed)
+        ));
+    }
+}
