@@ -254,6 +254,7 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
     };
     let my_uid = rustix::process::getuid().as_raw();
     let mut registered: Option<u64> = None;
+    let mut attached: Option<u64> = None;
     loop {
         let env: Envelope = match recv_with_fd(&stream, MAX_REQUEST_FRAME) {
             Ok((e, _)) => e,
@@ -297,7 +298,14 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
         let operator = peer.uid == 0 || peer.uid == my_uid;
         let (reply, fd_page) = {
             let mut st = lock(&state);
-            let r = handle(&mut st, peer, operator, &mut registered, env.req);
+            let r = handle(
+                &mut st,
+                peer,
+                operator,
+                &mut registered,
+                &mut attached,
+                env.req,
+            );
             persist(&mut st);
             r
         };
@@ -320,9 +328,13 @@ fn handle(
     peer: Peer,
     operator: bool,
     registered: &mut Option<u64>,
+    attached: &mut Option<u64>,
     req: Request,
 ) -> (Reply, Option<PageRef>) {
-    let need = |r: &Option<u64>| r.ok_or_else(|| error(ErrorCode::NotRegistered, "register first"));
+    let current = registered.or(*attached);
+    let need = |_: &Option<u64>| {
+        current.ok_or_else(|| error(ErrorCode::NotRegistered, "register (or attach) first"))
+    };
     match req {
         Request::Register {
             function,

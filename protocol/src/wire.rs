@@ -83,6 +83,12 @@ pub enum Request {
         #[serde(default)]
         exec: bool,
     },
+    /// Attach this connection to an instance registered on another connection (a runtime inside
+    /// a process `smore run` started): allowed only for that instance's process or a descendant
+    /// of it (checked by `SO_PEERCRED`). Reports and admissions then refer to the instance;
+    /// closing an attached connection does not release the grant. Answered with `Granted`
+    /// (without a page fd).
+    Attach { instance: u64 },
     /// Request latencies observed by the runtime since the last report (milliseconds), and the
     /// shim's view of the device memory it holds (a hint: NVML is the authority).
     Report {
@@ -354,6 +360,7 @@ mod tests {
         }));
         for r in [
             Request::Admit { request: Some(3) },
+            Request::Attach { instance: 4 },
             Request::Hints,
             Request::Status,
             Request::SetShare {

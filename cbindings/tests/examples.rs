@@ -1,0 +1,157 @@
+//! The C and Python example runtimes, built and run against a real `smore arbiter` on the
+//! simulated GPU; the arbiter's status must show what they reported.
+
+use smore_e2e::{ops, parse_lines, SimGpu};
+use smore_protocol::conn::Client;
+use smore_protocol::wire::{Reply, Request};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+struct Arbiter(Child, PathBuf);
+
+impl Drop for Arbiter {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn arbiter(sim: &SimGpu) -> Arbiter {
+    let socket = sim.dir().join("arbiter.sock");
+    let child = sim
+        .command(smore_e2e::bin("smore"))
+        .args(["arbiter", "--socket"])
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(sim.dir().join("state"))
+        .stderr(std::fs::File::create(sim.dir().join("arbiter.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while Client::connect(&socket).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "arbiter did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Arbiter(child, socket)
+}
+
+fn requests_reported(socket: &Path, function: &str) -> u64 {
+    let Reply::Status { snapshot } = Client::connect(socket)
+        .unwrap()
+        .call(Request::Status)
+        .unwrap()
+    else {
+        panic!()
+    };
+    snapshot["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["functions"].as_array().unwrap().clone())
+        .filter(|f| f["function"] == function)
+        .map(|f| f["requests"].as_u64().unwrap())
+        .sum()
+}
+
+fn lib() -> PathBuf {
+    smore_e2e::bin("libsmore.so")
+}
+
+#[test]
+fn the_c_example_runtime_registers_reports_and_is_admitted() {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let sim = SimGpu::builder().devices(1).memory("8GiB").build().unwrap();
+    let arb = arbiter(&sim);
+    let exe = sim.dir().join("smoke");
+    let lib = lib();
+    let out = Command::new("cc")
+        .arg(format!("{dir}/examples/c/smoke.c"))
+        .arg(format!("-I{dir}/include"))
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", lib.parent().unwrap().display()))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("a C compiler (cc) is needed for this test");
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The runtime holds its connection while it runs; check what the arbiter saw from a second
+    // registration-free look after it flushed (the grant is released when it exits).
+    let out = sim.command(&exe).arg(&arb.1).arg("100").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = parse_lines(&stdout);
+    assert_eq!(ops(&lines, "granted")[0]["cap"], (256u64 << 20).to_string());
+    let served = ops(&lines, "served")[0];
+    assert_eq!(served["requests"], "100");
+    assert_eq!(
+        served["admitted"], "100",
+        "the fit policy admits every request"
+    );
+    assert!(stdout.contains("no open request"), "{stdout}");
+    // Released on exit.
+    assert_eq!(requests_reported(&arb.1, "c-smoke"), 0);
+}
+
+#[test]
+fn the_python_ctypes_runtime_works_under_smore_run() {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let sim = SimGpu::builder().devices(1).memory("8GiB").build().unwrap();
+    let arb = arbiter(&sim);
+    let socket = arb.1.clone();
+    // Under `smore run` the runtime attaches to the instance `smore run` registered: one
+    // instance, with the runtime's reports.
+    let mut child = sim
+        .command(smore_e2e::bin("smore"))
+        .env("SMORE_ARBITER_SOCKET", &socket)
+        .args([
+            "run",
+            "--function",
+            "py-runtime",
+            "--memory",
+            "128MiB",
+            "--shim",
+        ])
+        .arg(smore_e2e::shim_lib())
+        .args(["--", "python3"])
+        .arg(format!("{dir}/examples/python/runtime.py"))
+        .arg(lib())
+        .arg(&socket)
+        .arg("80")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = child.wait().unwrap();
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stdout}\n{stderr}");
+    let lines = parse_lines(&stdout);
+    assert_eq!(ops(&lines, "served")[0]["admitted"], "80");
+    // The runtime attached to the instance `smore run` registered: same id, one instance.
+    let run_instance = stderr
+        .split("admitted as instance ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .expect("smore run announces the instance");
+    assert_eq!(ops(&lines, "granted")[0]["instance"], run_instance);
+    let log = std::fs::read_to_string(sim.dir().join("arbiter.log")).unwrap();
+    assert_eq!(
+        log.matches("function py-runtime →").count(),
+        1,
+        "one instance only:\n{log}"
+    );
+}
