@@ -1,73 +1,111 @@
-//! `smore demo`: the end-to-end story on one node, runnable anywhere.
+//! `smore demo`: the whole product on one node, runnable on any machine.
 //!
 //! Without a GPU it builds a simulated node (the fake `libcuda.so.1` / `libnvidia-ml.so.1` of
-//! `tests/simgpu`) in a temporary directory and runs, on it, real processes that reach the driver
-//! the way the CUDA runtime does: a training job alone, an inference function alone, then both
-//! co-located with the function under the shim's SM share. It prints what co-location bought (GPU
-//! busy time) and cost (trainer slowdown, function tail latency), measured from the processes'
-//! own output: GPU busy time is the kernel time the processes completed, divided by wall time.
+//! `tests/simgpu`) in a directory and runs on it, as real processes:
+//! 1. a `smore arbiter` with a config written for the node;
+//! 2. baselines: the training job alone (iteration time, GPU utilization) and each function alone
+//!    (its solo P99, from which its SLO is set);
+//! 3. the co-located run: the training job (unmodified, no shim) plus three functions whose
+//!    requests replay a seeded synthetic trace (prewarm's generator: diurnal, bursty and timer
+//!    classes; one trace minute per demo second). The demo plays the serverless platform:
+//!    instances start under `smore run` (admission, then the shim with the arbiter's grant) on a
+//!    request when none is warm (a cold start) or on a prewarm `load` hint, and stop on `unload`
+//!    hints (prewarm's online manager, `--prewarm`). Each request asks the arbiter for
+//!    admission before it runs.
+//!
+//! It ends with a summary — GUI (GPU utilization exclusive vs co-located), SFD (training
+//! slowdown), SLD (function P99 degradation), DSR (requests within SLO), cold starts — and a PNG
+//! of utilization and submitted vs admitted requests over time. Every figure comes from the
+//! processes' own output and from NVML, the way an operator would measure them.
 
 use crate::artifacts;
+use crate::gpus::{GpuSource, NvmlSource};
 use anyhow::{bail, Context, Result};
-use std::collections::HashMap;
+use rand::{Rng, SeedableRng};
+use smore_prewarm::manager::PrewarmManager;
+use smore_prewarm::policy::{Action, PolicySettings, PolicySpec};
+use smore_prewarm::synth::{generate_series, TraceClass};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
-    /// Seconds each phase runs.
-    #[arg(long, default_value_t = 4.0)]
-    pub seconds: f64,
-    /// SM time share granted to the function when co-located, percent.
-    #[arg(long, default_value_t = 25)]
-    pub share: u32,
+    /// Seconds of trace replayed in the co-located run (one trace minute per second).
+    #[arg(long, default_value_t = 60)]
+    pub seconds: u64,
+    /// Prewarm policy: hhp, lsth, ls-lstm, last-value, fixed-N (minutes), oracle.
+    #[arg(long, default_value = "hhp")]
+    pub prewarm: String,
+    /// Seed of the synthetic trace.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Training slowdown bound θ_train given to the arbiter.
+    #[arg(long, default_value_t = 0.10)]
+    pub theta_train: f64,
     /// Trainer kernel duration, µs.
     #[arg(long, default_value_t = 5000.0)]
     pub trainer_kernel_us: f64,
     /// Trainer kernels per iteration.
     #[arg(long, default_value_t = 8)]
     pub trainer_kernels: u32,
-    /// Host time between trainer iterations (data loading), ms — the idle GPU time smore harvests.
+    /// Host time between trainer iterations (data loading), ms: the idle GPU time smore harvests.
     #[arg(long, default_value_t = 15.0)]
     pub trainer_host_ms: f64,
-    /// Function kernel duration, µs.
-    #[arg(long, default_value_t = 300.0)]
-    pub function_kernel_us: f64,
-    /// Function kernels per request.
-    #[arg(long, default_value_t = 4)]
-    pub function_kernels: u32,
-    /// Time between function requests, ms.
-    #[arg(long, default_value_t = 5.0)]
-    pub function_interval_ms: f64,
-    /// Keep the node and the processes' logs in this directory instead of a temporary one.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
+    /// Scale of every function's request rate.
+    #[arg(long, default_value_t = 1.0)]
+    pub load: f64,
+    /// Keep the node, logs, summary.json and demo.png here (default: ./smore-demo).
+    #[arg(long, default_value = "smore-demo")]
+    pub out: PathBuf,
+}
+
+/// One demo function: its kernels, model, trace class and mean request rate.
+#[derive(Debug, Clone)]
+struct FunctionSpec {
+    name: &'static str,
+    kernel_us: f64,
+    kernels: u32,
+    model_mib: u64,
+    load_ms: f64,
+    class: TraceClass,
+    /// Mean requests per second over the replay.
+    rate: f64,
+}
+
+fn functions() -> Vec<FunctionSpec> {
+    // Kernel times and memory are of the order of the SMORE workloads' inference on an A100-class
+    // GPU (ResNet-50 ~1–2 ms, BERT-base ~2–4 ms, MobileNet < 1 ms at small batch); they set the
+    // simulated durations, they are not measurements.
+    vec![
+        FunctionSpec { name: "resnet50", kernel_us: 400.0, kernels: 4, model_mib: 1024, load_ms: 150.0, class: TraceClass::Diurnal, rate: 30.0 },
+        FunctionSpec { name: "bert", kernel_us: 300.0, kernels: 8, model_mib: 1536, load_ms: 200.0, class: TraceClass::Bursty, rate: 12.0 },
+        FunctionSpec { name: "mobilenet", kernel_us: 200.0, kernels: 3, model_mib: 512, load_ms: 100.0, class: TraceClass::Timer, rate: 6.0 },
+    ]
 }
 
 struct Node {
-    _tmp: Option<tempfile::TempDir>,
     dir: PathBuf,
     env: Vec<(String, String)>,
 }
 
-fn simulated_node(out: Option<&Path>) -> Result<Node> {
-    let (tmp, dir) = match out {
-        Some(d) => {
-            std::fs::create_dir_all(d)?;
-            (None, d.to_path_buf())
-        }
-        None => {
-            let t = tempfile::Builder::new().prefix("smore-demo-").tempdir()?;
-            let d = t.path().to_path_buf();
-            (Some(t), d)
-        }
-    };
+impl Node {
+    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
+        c
+    }
+}
+
+fn simulated_node(dir: &Path) -> Result<Node> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
     let lib = dir.join("lib");
     std::fs::create_dir_all(&lib)?;
-    for (link, name) in [
-        ("libcuda.so.1", "libcuda.so"),
-        ("libnvidia-ml.so.1", "libnvidia_ml.so"),
-    ] {
+    for (link, name) in [("libcuda.so.1", "libcuda.so"), ("libnvidia-ml.so.1", "libnvidia_ml.so")] {
         let target = artifacts::require(name)?;
         let l = lib.join(link);
         let _ = std::fs::remove_file(&l);
@@ -78,189 +116,492 @@ fn simulated_node(out: Option<&Path>) -> Result<Node> {
     let env = vec![
         ("LD_LIBRARY_PATH".to_string(), lib.display().to_string()),
         ("SMORE_SIM_STATE".to_string(), state.display().to_string()),
-        ("SMORE_SIM_MEMORY".to_string(), "80GiB".to_string()),
+        ("SMORE_SIM_DEVICES".to_string(), "1".to_string()),
+        ("SMORE_SIM_MEMORY".to_string(), "16GiB".to_string()),
+        ("SMORE_SIM_NAME".to_string(), "smore simulated GPU".to_string()),
     ];
-    Ok(Node {
-        _tmp: tmp,
-        dir,
-        env,
-    })
+    Ok(Node { dir, env })
 }
 
-fn spawn(
-    node: &Node,
-    prog: &str,
-    args: &[String],
-    extra_env: &[(String, String)],
-    log: &str,
-) -> Result<Child> {
-    let path = artifacts::require(prog)?;
-    let mut c = Command::new(path);
-    c.args(args)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(node.dir.join(log))?);
-    for (k, v) in node.env.iter().chain(extra_env) {
-        c.env(k, v);
+/// The arbiter process (killed on drop).
+struct ArbiterProc(Child, PathBuf);
+
+impl Drop for ArbiterProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
-    c.spawn().with_context(|| format!("starting {prog}"))
 }
 
-fn finish(child: Child, kind: &str) -> Result<HashMap<String, f64>> {
-    let out = child.wait_with_output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        bail!("{kind} failed ({}):\n{text}", out.status);
-    }
-    let line = text
-        .lines()
-        .find(|l| l.starts_with(kind))
-        .with_context(|| format!("no {kind} summary in:\n{text}"))?;
-    Ok(line
-        .split_whitespace()
-        .filter_map(|t| t.split_once('='))
-        .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
-        .collect())
-}
-
-/// Runs the demo and prints its summary.
-pub fn run(a: DemoArgs) -> Result<()> {
-    if !(1..=100).contains(&a.share) {
-        bail!("--share must be 1..=100, got {}", a.share);
-    }
-    let node = simulated_node(a.out.as_deref())?;
-    let secs = format!("{}", a.seconds);
-    let trainer_args: Vec<String> = vec![
-        "--kernel-us".into(),
-        a.trainer_kernel_us.to_string(),
-        "--kernels".into(),
-        a.trainer_kernels.to_string(),
-        "--host-ms".into(),
-        a.trainer_host_ms.to_string(),
-        "--seconds".into(),
-        secs.clone(),
-        "--quiet".into(),
-    ];
-    let function_args: Vec<String> = vec![
-        "--kernel-us".into(),
-        a.function_kernel_us.to_string(),
-        "--kernels".into(),
-        a.function_kernels.to_string(),
-        "--interval-ms".into(),
-        a.function_interval_ms.to_string(),
-        "--seconds".into(),
-        secs,
-        "--quiet".into(),
-    ];
-    let shim = artifacts::find("libsmore_shim.so");
-    let mut fn_env = Vec::new();
-    if let Some(s) = &shim {
-        fn_env.push(("LD_PRELOAD".to_string(), s.display().to_string()));
-        fn_env.push(("SMORE_SM_SHARE".to_string(), a.share.to_string()));
-    }
-
-    println!(
-        "smore demo: simulated GPU node in {} ({} s per phase)",
-        node.dir.display(),
-        a.seconds
-    );
-    println!("  trainer : {} × {} µs kernels per iteration, {} ms host time between iterations (no shim)", a.trainer_kernels, a.trainer_kernel_us, a.trainer_host_ms);
-    println!(
-        "  function: {} × {} µs kernels per request, a request every {} ms",
-        a.function_kernels, a.function_kernel_us, a.function_interval_ms
-    );
-    match &shim {
-        Some(_) => println!(
-            "  co-located, the function runs under the shim with SM share {}%",
-            a.share
+fn start_arbiter(node: &Node, a: &DemoArgs) -> Result<ArbiterProc> {
+    let socket = node.dir.join("arbiter.sock");
+    let cfg = node.dir.join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 100\n\n[policy]\ntheta_train = {}\n",
+            socket,
+            node.dir.join("state"),
+            a.theta_train
         ),
-        None => println!("  shim not built: the co-located function runs unthrottled"),
+    )?;
+    let _ = std::fs::remove_dir_all(node.dir.join("state"));
+    let log = std::fs::File::create(node.dir.join("arbiter.log"))?;
+    let child = node
+        .command(std::env::current_exe()?)
+        .args(["arbiter", "--config"])
+        .arg(&cfg)
+        .stderr(log)
+        .spawn()
+        .context("starting the arbiter")?;
+    let arb = ArbiterProc(child, socket);
+    let t0 = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&arb.1).is_err() {
+        if t0.elapsed() > Duration::from_secs(20) {
+            bail!("the arbiter did not start; see {}", node.dir.join("arbiter.log").display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(arb)
+}
+
+fn summary_field(out: &str, kind: &str, key: &str) -> Result<f64> {
+    let line = out.lines().find(|l| l.starts_with(kind)).with_context(|| format!("no {kind} summary in:\n{out}"))?;
+    line.split_whitespace()
+        .filter_map(|t| t.split_once('='))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.parse().ok())
+        .with_context(|| format!("no {key} in {line:?}"))
+}
+
+fn run_to_end(mut c: Command, what: &str) -> Result<String> {
+    let out = c.output().with_context(|| format!("running {what}"))?;
+    if !out.status.success() {
+        bail!("{what} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Samples NVML utilization of GPU 0 every 250 ms until `stop`.
+fn sample_util(node: &Node, stop: Arc<std::sync::atomic::AtomicBool>) -> Result<std::thread::JoinHandle<Vec<(f64, f64)>>> {
+    // The demo process itself reads NVML: point it at the node.
+    for (k, v) in &node.env {
+        std::env::set_var(k, v);
+    }
+    let lib = node.dir.join("lib/libnvidia-ml.so.1").display().to_string();
+    let mut src = NvmlSource::open(&lib)?;
+    Ok(std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let mut v = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok(s) = src.sample(0) {
+                v.push((t0.elapsed().as_secs_f64(), s.util.unwrap_or(0) as f64));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        v
+    }))
+}
+
+fn trainer_cmd(node: &Node, a: &DemoArgs, seconds: f64, quiet: bool) -> Result<Command> {
+    let mut c = node.command(artifacts::require("sim-trainer")?);
+    c.args([
+        "--kernel-us",
+        &a.trainer_kernel_us.to_string(),
+        "--kernels",
+        &a.trainer_kernels.to_string(),
+        "--host-ms",
+        &a.trainer_host_ms.to_string(),
+        "--seconds",
+        &seconds.to_string(),
+    ]);
+    if quiet {
+        c.arg("--quiet");
+    }
+    Ok(c)
+}
+
+/// A warm function instance: `smore run … -- sim-function --serve`.
+struct Instance {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Instance {
+    fn start(node: &Node, socket: &Path, f: &FunctionSpec, slo_ms: f64, shim: &Path) -> Result<Instance> {
+        let mut c = node.command(std::env::current_exe()?);
+        c.env(smore_protocol::wire::ENV_SOCKET, socket)
+            .args(["run", "--function", f.name, "--model", f.name])
+            .args(["--memory", &format!("{}MiB", f.model_mib + 256)])
+            .args(["--slo", &format!("{slo_ms:.3}"), "--shim"])
+            .arg(shim)
+            .arg("--")
+            .arg(artifacts::require("sim-function")?)
+            .args(["--serve", "--kernel-us", &f.kernel_us.to_string(), "--kernels", &f.kernels.to_string()])
+            .args(["--model-memory-mib", &f.model_mib.to_string(), "--load-ms", &f.load_ms.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = c.spawn().context("starting a function instance")?;
+        let stdin = child.stdin.take().context("stdin")?;
+        let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
+        let mut line = String::new();
+        stdout.read_line(&mut line)?;
+        if line.trim() != "ready" {
+            let status = child.wait()?;
+            bail!("instance of {} did not start ({status})", f.name);
+        }
+        Ok(Instance { child, stdin, stdout })
     }
 
-    println!("phase 1/3: trainer alone ...");
-    let t_solo = finish(
-        spawn(&node, "sim-trainer", &trainer_args, &[], "trainer-solo.log")?,
-        "trainer",
-    )?;
-    println!("phase 2/3: function alone ...");
-    let f_solo = finish(
-        spawn(
-            &node,
-            "sim-function",
-            &function_args,
-            &[],
-            "function-solo.log",
-        )?,
-        "function",
-    )?;
-    println!("phase 3/3: trainer and function co-located ...");
-    let tc = spawn(&node, "sim-trainer", &trainer_args, &[], "trainer-colo.log")?;
-    let fc = spawn(
-        &node,
-        "sim-function",
-        &function_args,
-        &fn_env,
-        "function-colo.log",
-    )?;
-    let t_colo = finish(tc, "trainer")?;
-    let f_colo = finish(fc, "function")?;
+    /// Serves one request; (admitted).
+    fn serve(&mut self, id: u64) -> Result<bool> {
+        writeln!(self.stdin, "{id}")?;
+        self.stdin.flush()?;
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line)? == 0 {
+            bail!("instance exited");
+        }
+        Ok(line.contains("admitted=1"))
+    }
 
-    let trainer_busy = |t: &HashMap<String, f64>| {
-        t["iters_per_s"] * a.trainer_kernels as f64 * a.trainer_kernel_us / 1e6
-    };
-    let function_busy = |f: &HashMap<String, f64>| {
-        f["requests_per_s"] * a.function_kernels as f64 * a.function_kernel_us / 1e6
-    };
-    let gui_excl = trainer_busy(&t_solo);
-    let gui_colo = trainer_busy(&t_colo) + function_busy(&f_colo);
-    let sfd = t_colo["mean_ms"] / t_solo["mean_ms"] - 1.0;
-    let sld = f_colo["p99_ms"] / f_solo["p99_ms"] - 1.0;
+    fn stop(mut self) {
+        drop(self.stdin);
+        let _ = self.child.wait();
+    }
+}
 
+enum Msg {
+    Request { id: u64, arrival: Instant, second: usize },
+    Load,
+    Unload,
+}
+
+#[derive(Debug, Clone)]
+struct Record {
+    function: usize,
+    second: usize,
+    latency_ms: f64,
+    admitted: bool,
+    cold: bool,
+}
+
+struct Shared {
+    records: Mutex<Vec<Record>>,
+    prewarm: Mutex<PrewarmManager>,
+    t0: Instant,
+    refusals: std::sync::atomic::AtomicU64,
+}
+
+fn worker(fi: usize, f: FunctionSpec, slo_ms: f64, rx: mpsc::Receiver<Msg>, sh: Arc<Shared>, node: Arc<Node>, socket: PathBuf, shim: PathBuf) {
+    let mut inst: Option<Instance> = None;
+    for msg in rx {
+        match msg {
+            Msg::Load => {
+                if inst.is_none() {
+                    inst = Instance::start(&node, &socket, &f, slo_ms, &shim).ok();
+                }
+            }
+            Msg::Unload => {
+                if let Some(i) = inst.take() {
+                    i.stop();
+                }
+            }
+            Msg::Request { id, arrival, second } => {
+                let cold = inst.is_none();
+                if cold {
+                    match Instance::start(&node, &socket, &f, slo_ms, &shim) {
+                        Ok(i) => inst = Some(i),
+                        Err(_) => {
+                            sh.refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                }
+                let admitted = match inst.as_mut().map(|i| i.serve(id)) {
+                    Some(Ok(a)) => a,
+                    Some(Err(_)) => {
+                        inst = None;
+                        false
+                    }
+                    None => false,
+                };
+                let latency_ms = arrival.elapsed().as_secs_f64() * 1e3;
+                let t = sh.t0.elapsed().as_secs_f64() * 60.0;
+                let _ = sh.prewarm.lock().unwrap_or_else(|e| e.into_inner()).request_end(f.name, t);
+                sh.records.lock().unwrap_or_else(|e| e.into_inner()).push(Record { function: fi, second, latency_ms, admitted, cold });
+            }
+        }
+    }
+    if let Some(i) = inst {
+        i.stop();
+    }
+}
+
+/// The trace: per function, per second, the arrival offsets (seconds) within that second.
+fn trace(fs: &[FunctionSpec], seconds: usize, seed: u64, load: f64) -> Vec<Vec<Vec<f64>>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    fs.iter()
+        .map(|f| {
+            let (counts, _) = generate_series(f.class, seconds, &mut rng);
+            let mean = counts.iter().sum::<u32>() as f64 / seconds.max(1) as f64;
+            let scale = if mean > 0.0 { f.rate * load / mean } else { 0.0 };
+            counts
+                .iter()
+                .map(|&c| {
+                    let n = (c as f64 * scale).round() as usize;
+                    let mut v: Vec<f64> = (0..n).map(|_| rng.gen::<f64>()).collect();
+                    v.sort_by(f64::total_cmp);
+                    v
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn p99(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * 0.99).round() as usize]
+}
+
+pub fn run(a: DemoArgs) -> Result<()> {
+    let prewarm_spec = PolicySpec::parse(&a.prewarm).with_context(|| format!("--prewarm {:?}", a.prewarm))?;
+    let node = Arc::new(simulated_node(&a.out)?);
+    let shim = artifacts::require("libsmore_shim.so")?;
+    let fs = functions();
+    eprintln!("smore demo: simulated node in {} (1 GPU, 16 GiB)", node.dir.display());
+    let arb = start_arbiter(&node, &a)?;
+
+    // 1. Baselines.
+    eprintln!("smore demo: baseline — training job alone (5 s)");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = sample_util(&node, stop.clone())?;
+    let out = run_to_end(trainer_cmd(&node, &a, 5.0, true)?, "the trainer alone")?;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let excl_util = sampler.join().map_err(|_| anyhow::anyhow!("sampler panicked"))?;
+    let util_exclusive = mean(excl_util.iter().skip(2).map(|x| x.1));
+    let iter_alone = summary_field(&out, "trainer", "mean_ms")?;
+    let mut solo_p99 = Vec::new();
+    for f in &fs {
+        let mut c = node.command(artifacts::require("sim-function")?);
+        c.args(["--kernel-us", &f.kernel_us.to_string(), "--kernels", &f.kernels.to_string()])
+            .args(["--interval-ms", "10", "--seconds", "1.5", "--quiet"]);
+        let out = run_to_end(c, "a function alone")?;
+        solo_p99.push(summary_field(&out, "function", "p99_ms")?);
+    }
+    // SLO: 5 × solo P99 — SMORE sets SLOs as multiples of solo latency; 5× leaves room for
+    // queueing behind a 5 ms training kernel on a time-sliced GPU, but not for a cold start.
+    let slo: Vec<f64> = solo_p99.iter().map(|p| p * 5.0).collect();
+    eprintln!("smore demo: trainer alone {iter_alone:.2} ms/iteration, GPU {util_exclusive:.0} % busy");
+
+    // 2. Co-located replay.
+    let seconds = a.seconds.max(5) as usize;
+    let tr = trace(&fs, seconds, a.seed, a.load);
+    let mut pm = PrewarmManager::new(prewarm_spec.clone(), PolicySettings::default())?;
+    for f in &fs {
+        pm.register(f.name, f.model_mib << 20);
+    }
+    let sh = Arc::new(Shared {
+        records: Mutex::new(Vec::new()),
+        prewarm: Mutex::new(pm),
+        t0: Instant::now(),
+        refusals: std::sync::atomic::AtomicU64::new(0),
+    });
+    let trainer_log = node.dir.join("trainer-colocated.log");
+    let trainer = trainer_cmd(&node, &a, seconds as f64 + 2.0, false)?
+        .stdout(std::fs::File::create(&trainer_log)?)
+        .spawn()?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = sample_util(&node, stop.clone())?;
+    let mut txs = Vec::new();
+    let mut workers = Vec::new();
+    for (i, f) in fs.iter().enumerate() {
+        let (tx, rx) = mpsc::channel();
+        txs.push(tx);
+        let (f, sh, node, socket, shim, slo) = (f.clone(), sh.clone(), node.clone(), arb.1.clone(), shim.clone(), slo[i]);
+        workers.push(std::thread::spawn(move || worker(i, f, slo, rx, sh, node, socket, shim)));
+    }
+    eprintln!(
+        "smore demo: co-located — trainer + {} functions replaying {seconds} trace minutes (1 per second), prewarm {}",
+        fs.len(),
+        prewarm_spec.name()
+    );
+    let start = Instant::now();
+    let mut submitted = vec![0u64; seconds];
+    let mut next_id = 0u64;
+    for (sec, slot) in submitted.iter_mut().enumerate() {
+        let hints = sh.prewarm.lock().unwrap_or_else(|e| e.into_inner()).tick(sec as u64)?;
+        for h in hints {
+            if let Some(i) = fs.iter().position(|f| f.name == h.function) {
+                let _ = txs[i].send(match h.action {
+                    Action::Load | Action::Keep => Msg::Load,
+                    Action::Unload => Msg::Unload,
+                });
+            }
+        }
+        let mut arrivals: Vec<(f64, usize)> =
+            tr.iter().enumerate().flat_map(|(fi, s)| s[sec].iter().map(move |&o| (o, fi))).collect();
+        arrivals.sort_by(|x, y| x.0.total_cmp(&y.0));
+        for (off, fi) in arrivals {
+            let due = start + Duration::from_secs_f64(sec as f64 + off);
+            if let Some(w) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(w);
+            }
+            let t = sh.t0.elapsed().as_secs_f64() * 60.0;
+            let _ = sh.prewarm.lock().unwrap_or_else(|e| e.into_inner()).request_begin(fs[fi].name, t);
+            let _ = txs[fi].send(Msg::Request { id: next_id, arrival: Instant::now(), second: sec });
+            next_id += 1;
+            *slot += 1;
+        }
+        let end = start + Duration::from_secs(sec as u64 + 1);
+        if let Some(w) = end.checked_duration_since(Instant::now()) {
+            std::thread::sleep(w);
+        }
+        if sec % 10 == 9 {
+            eprintln!("smore demo: {} / {seconds} s", sec + 1);
+        }
+    }
+    drop(txs);
+    for w in workers {
+        let _ = w.join();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let colo_util = sampler.join().map_err(|_| anyhow::anyhow!("sampler panicked"))?;
+    let out = trainer.wait_with_output()?;
+    let _ = out;
+    drop(arb);
+    let trainer_out = std::fs::read_to_string(&trainer_log)?;
+    let iters: Vec<f64> = trainer_out
+        .lines()
+        .filter_map(|l| l.strip_prefix("iter="))
+        .filter_map(|l| l.split("ms=").nth(1)?.trim().parse().ok())
+        .collect();
+    let iter_colo = mean(iters.iter().copied());
+    let records = sh.records.lock().unwrap_or_else(|e| e.into_inner()).clone();
+
+    // 3. Figures.
+    let util_colo = mean(colo_util.iter().filter(|x| x.0 > 1.0 && x.0 < seconds as f64).map(|x| x.1));
+    let sfd = iter_colo / iter_alone - 1.0;
+    let mut per_fn = Vec::new();
+    for (i, f) in fs.iter().enumerate() {
+        let mine: Vec<&Record> = records.iter().filter(|r| r.function == i).collect();
+        let mut warm: Vec<f64> = mine.iter().filter(|r| r.admitted && !r.cold).map(|r| r.latency_ms).collect();
+        let met = mine.iter().filter(|r| r.admitted && r.latency_ms <= slo[i]).count();
+        let cold = mine.iter().filter(|r| r.cold).count();
+        let p = p99(&mut warm);
+        per_fn.push(serde_json::json!({
+            "function": f.name, "requests": mine.len(), "admitted": mine.iter().filter(|r| r.admitted).count(),
+            "cold_starts": cold, "solo_p99_ms": solo_p99[i], "colocated_p99_ms": p, "slo_ms": slo[i],
+            "sld": p / solo_p99[i] - 1.0, "dsr": met as f64 / mine.len().max(1) as f64,
+        }));
+    }
+    let total = records.len().max(1) as f64;
+    let dsr = records.iter().filter(|r| r.admitted && r.latency_ms <= slo[r.function]).count() as f64 / total;
+    let cold = records.iter().filter(|r| r.cold).count();
+    let sld = mean(per_fn.iter().filter_map(|f| f["sld"].as_f64()).filter(|x| x.is_finite()));
+    let mut admitted_per_s = vec![0u64; seconds];
+    for r in records.iter().filter(|r| r.admitted) {
+        admitted_per_s[r.second] += 1;
+    }
+    let summary = serde_json::json!({
+        "simulated": true,
+        "seconds": seconds, "prewarm": prewarm_spec.name(), "theta_train": a.theta_train, "seed": a.seed,
+        "gui_exclusive_pct": util_exclusive, "gui_colocated_pct": util_colo,
+        "trainer_iter_alone_ms": iter_alone, "trainer_iter_colocated_ms": iter_colo, "sfd": sfd,
+        "sld": sld, "dsr": dsr, "requests": records.len(), "cold_starts": cold,
+        "cold_start_rate": cold as f64 / total, "refused_instances": sh.refusals.load(std::sync::atomic::Ordering::Relaxed),
+        "functions": per_fn,
+    });
+    std::fs::write(node.dir.join("summary.json"), serde_json::to_string_pretty(&summary)?)?;
+    let png = node.dir.join("demo.png");
+    plot(&png, &excl_util, &colo_util, &submitted, &admitted_per_s, util_exclusive)?;
+
+    println!("smore demo — simulated GPU (interference is the simulator's time-slicing, not a real GPU's)");
     println!();
-    println!(
-        "{:<26}{:>12}{:>14}{:>14}{:>14}{:>12}",
-        "phase", "trainer it/s", "trainer it ms", "fn p50 ms", "fn p99 ms", "GPU busy"
-    );
-    println!(
-        "{:<26}{:>12.2}{:>14.2}{:>14}{:>14}{:>11.1}%",
-        "trainer alone",
-        t_solo["iters_per_s"],
-        t_solo["mean_ms"],
-        "-",
-        "-",
-        gui_excl * 100.0
-    );
-    println!(
-        "{:<26}{:>12}{:>14}{:>14.2}{:>14.2}{:>11.1}%",
-        "function alone",
-        "-",
-        "-",
-        f_solo["p50_ms"],
-        f_solo["p99_ms"],
-        function_busy(&f_solo) * 100.0
-    );
-    println!(
-        "{:<26}{:>12.2}{:>14.2}{:>14.2}{:>14.2}{:>11.1}%",
-        "co-located",
-        t_colo["iters_per_s"],
-        t_colo["mean_ms"],
-        f_colo["p50_ms"],
-        f_colo["p99_ms"],
-        gui_colo * 100.0
-    );
+    println!("  GPU utilization (GUI)     exclusive {util_exclusive:5.1} %   co-located {util_colo:5.1} %");
+    println!("  trainer slowdown (SFD)    {:5.1} %   ({iter_alone:.2} → {iter_colo:.2} ms/iteration, bound θ_train {:.0} %)", sfd * 100.0, a.theta_train * 100.0);
+    println!("  function P99 degr. (SLD)  {:5.1} %   (warm requests vs solo)", sld * 100.0);
+    println!("  deadline satisfaction     {:5.1} %   (DSR: requests within SLO = 5 × solo P99)", dsr * 100.0);
+    println!("  cold starts               {cold} of {} requests ({:.2} %), prewarm {}", records.len(), cold as f64 / total * 100.0, prewarm_spec.name());
     println!();
-    println!(
-        "GPU utilization (GUI): {:.1}% exclusive -> {:.1}% co-located",
-        gui_excl * 100.0,
-        gui_colo * 100.0
-    );
-    println!("Trainer slowdown (SFD): {:+.1}%", sfd * 100.0);
-    println!("Function P99 degradation (SLD): {:+.1}%", sld * 100.0);
-    println!(
-        "Function requests served co-located: {:.0}/s",
-        f_colo["requests_per_s"]
-    );
-    println!(
-        "(simulated GPU: interference is the simulator's time-slicing model; see docs/simgpu.md)"
-    );
+    println!("  {:<10} {:>8} {:>9} {:>6} {:>10} {:>10} {:>8} {:>7}", "function", "requests", "admitted", "cold", "solo p99", "co p99", "SLO", "DSR");
+    for f in &per_fn {
+        println!(
+            "  {:<10} {:>8} {:>9} {:>6} {:>8.2}ms {:>8.2}ms {:>6.1}ms {:>6.1}%",
+            f["function"].as_str().unwrap_or(""),
+            f["requests"],
+            f["admitted"],
+            f["cold_starts"],
+            f["solo_p99_ms"].as_f64().unwrap_or(f64::NAN),
+            f["colocated_p99_ms"].as_f64().unwrap_or(f64::NAN),
+            f["slo_ms"].as_f64().unwrap_or(f64::NAN),
+            f["dsr"].as_f64().unwrap_or(0.0) * 100.0
+        );
+    }
+    println!();
+    println!("  plot: {}", png.display());
+    println!("  summary: {}", node.dir.join("summary.json").display());
+    Ok(())
+}
+
+fn mean(it: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = it.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 {
+        f64::NAN
+    } else {
+        s / n as f64
+    }
+}
+
+fn plot(png: &Path, excl: &[(f64, f64)], colo: &[(f64, f64)], submitted: &[u64], admitted: &[u64], excl_mean: f64) -> Result<()> {
+    use plotters::prelude::*;
+    static FONT: std::sync::Once = std::sync::Once::new();
+    FONT.call_once(|| {
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular());
+    });
+    let root = BitMapBackend::new(png, (1100, 700)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (top, bottom) = root.split_vertically(350);
+    let secs = submitted.len() as f64;
+    let mut c = ChartBuilder::on(&top)
+        .caption("GPU utilization (NVML) — simulated GPU", ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(45)
+        .build_cartesian_2d(0f64..secs, 0f64..105f64)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    c.configure_mesh().x_desc("seconds").y_desc("%").draw().map_err(|e| anyhow::anyhow!("{e}"))?;
+    c.draw_series(LineSeries::new(colo.iter().map(|&(t, u)| (t, u)), &BLUE))
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .label("co-located (trainer + functions)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+    c.draw_series(LineSeries::new([(0.0, excl_mean), (secs, excl_mean)], &RED))
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .label("trainer alone (mean)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    let _ = excl;
+    c.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let ymax = submitted.iter().copied().max().unwrap_or(1).max(1) as f64 * 1.1;
+    let mut c = ChartBuilder::on(&bottom)
+        .caption("requests per second: submitted vs admitted", ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(45)
+        .build_cartesian_2d(0f64..secs, 0f64..ymax)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    c.configure_mesh().x_desc("seconds (1 s = 1 trace minute)").y_desc("requests").draw().map_err(|e| anyhow::anyhow!("{e}"))?;
+    c.draw_series(LineSeries::new(submitted.iter().enumerate().map(|(i, &v)| (i as f64, v as f64)), &BLACK))
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .label("submitted")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    c.draw_series(LineSeries::new(admitted.iter().enumerate().map(|(i, &v)| (i as f64, v as f64)), &GREEN))
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .label("admitted and served")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
+    c.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| anyhow::anyhow!("{e}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
 }

@@ -1,5 +1,12 @@
 //! A stand-in for a serverless inference function: each request launches `--kernels` kernels of
 //! `--kernel-us` and synchronizes; prints `request=<i> latency_ms=<x>`, then a summary with P50/P99.
+//!
+//! `--serve` makes it a function *instance* as a serverless platform runs it: it loads its model
+//! (`--model-memory-mib` of device memory plus `--load-ms` of host work), prints `ready`, then
+//! serves one request per stdin line (`<id>`), printing `done id=<id> service_ms=<x>
+//! admitted=<0|1>`; EOF on stdin unloads it. Under `smore run` (SMORE_INSTANCE set) each request
+//! first asks the arbiter for admission over an attached connection; a deferred request is
+//! retried every `--retry-ms` until admitted or `--give-up-ms` has passed.
 use anyhow::Result;
 use clap::Parser;
 use smore_sim_clients::driver::{percentile, ResolveArgs, Session};
@@ -28,6 +35,119 @@ struct Args {
     /// Print only the summary line.
     #[arg(long)]
     quiet: bool,
+    /// Serve requests read from stdin (see the module docs).
+    #[arg(long)]
+    serve: bool,
+    /// Device memory the model holds while loaded, MiB (serve mode).
+    #[arg(long, default_value_t = 512)]
+    model_memory_mib: u64,
+    /// Host time to load the model, ms (serve mode).
+    #[arg(long, default_value_t = 200.0)]
+    load_ms: f64,
+    /// Retry period of a deferred request, ms (serve mode).
+    #[arg(long, default_value_t = 5.0)]
+    retry_ms: f64,
+    /// Give up on a deferred request after this long, ms (serve mode).
+    #[arg(long, default_value_t = 1000.0)]
+    give_up_ms: f64,
+}
+
+/// Request-level admission through the arbiter, when running under `smore run`.
+struct Admission(Option<smore_protocol::conn::Client>);
+
+impl Admission {
+    fn connect() -> Admission {
+        use smore_protocol::wire::{Reply, Request};
+        let (Ok(inst), Ok(sock)) = (
+            std::env::var("SMORE_INSTANCE"),
+            std::env::var(smore_protocol::wire::ENV_SOCKET),
+        ) else {
+            return Admission(None);
+        };
+        let Ok(instance) = inst.parse() else {
+            return Admission(None);
+        };
+        let Ok(c) = smore_protocol::conn::Client::connect(std::path::Path::new(&sock)) else {
+            eprintln!("sim-function: arbiter unreachable; serving without admission");
+            return Admission(None);
+        };
+        match c.call(Request::Attach { instance }) {
+            Ok(Reply::Granted(_)) => Admission(Some(c)),
+            r => {
+                eprintln!("sim-function: cannot attach to instance {instance}: {r:?}");
+                Admission(None)
+            }
+        }
+    }
+
+    fn admitted(&self) -> bool {
+        use smore_protocol::wire::{Reply, Request};
+        match &self.0 {
+            None => true,
+            Some(c) => match c.call(Request::Admit { request: None }) {
+                Ok(Reply::Admission { admitted, .. }) => admitted,
+                // The arbiter went away: fail open.
+                _ => true,
+            },
+        }
+    }
+
+    fn report(&self, latencies_ms: Vec<f64>) {
+        if let Some(c) = &self.0 {
+            let _ = c.call(smore_protocol::wire::Request::Report {
+                latencies_ms,
+                used_bytes: None,
+                throttled_ns: None,
+                refusals: None,
+            });
+        }
+    }
+}
+
+fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()> {
+    use std::io::{BufRead, Write};
+    // Load the model: device memory held while loaded, plus host-side load time.
+    let mut ptr: cudarc::driver::sys::CUdeviceptr = 0;
+    // SAFETY: cuMemAlloc_v2 resolved for this signature; out-pointer to a local.
+    let rc = unsafe { (s.drv.cuMemAlloc)(&mut ptr, (a.model_memory_mib << 20) as usize) };
+    s.drv.check(rc, "loading the model (cuMemAlloc)")?;
+    std::thread::sleep(Duration::from_secs_f64(a.load_ms / 1e3));
+    let stream = s.new_stream()?;
+    let adm = Admission::connect();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let mut done = Vec::new();
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let id = line.trim();
+        if id.is_empty() {
+            continue;
+        }
+        let t = Instant::now();
+        let mut admitted = adm.admitted();
+        while !admitted && t.elapsed().as_secs_f64() * 1e3 < a.give_up_ms {
+            std::thread::sleep(Duration::from_secs_f64(a.retry_ms / 1e3));
+            admitted = adm.admitted();
+        }
+        if admitted {
+            for _ in 0..a.kernels {
+                s.launch(f, stream)?;
+            }
+            s.sync(stream)?;
+        }
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        writeln!(out, "done id={id} service_ms={ms:.3} admitted={}", admitted as u8)?;
+        out.flush()?;
+        if admitted {
+            done.push(ms);
+        }
+        if done.len() >= 32 {
+            adm.report(std::mem::take(&mut done));
+        }
+    }
+    adm.report(done);
+    Ok(())
 }
 
 fn main() -> Result<()> {
@@ -35,6 +155,9 @@ fn main() -> Result<()> {
     let drv = a.resolve.load(None)?;
     let s = Session::open(drv, a.resolve.device, &[("infer", a.kernel_us)])?;
     let f = s.function("infer")?;
+    if a.serve {
+        return serve(&a, &s, f);
+    }
     let stream = s.new_stream()?;
     let start = Instant::now();
     let mut lat = Vec::new();
