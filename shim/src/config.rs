@@ -1,5 +1,5 @@
 //! The standalone environment contract: `SMORE_MEMORY_LIMIT[_<ordinal>]`, `SMORE_SM_SHARE[_<ordinal>]`,
-//! `SMORE_SM_WINDOW_MS`, `SMORE_LOG`, `SMORE_FAILURE_POLICY`.
+//! `SMORE_SM_WINDOW_MS`, `SMORE_LOG`, `SMORE_FAILURE`.
 //!
 //! Owns parsing and validation only (pure, safe, testable with an injected variable lookup). Must
 //! never panic on user input: every bad value becomes a [`ConfigError`] naming the variable and the
@@ -71,7 +71,11 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid {}={:?}: expected {}", self.var, self.value, self.expected)
+        write!(
+            f,
+            "invalid {}={:?}: expected {}",
+            self.var, self.value, self.expected
+        )
     }
 }
 
@@ -84,49 +88,13 @@ pub struct Parsed {
     pub errors: Vec<ConfigError>,
 }
 
-const SIZE_EXPECTED: &str = "bytes or a size like 512MiB, 2GiB, 1.5GB (units B, K/KB/KiB … T/TB/TiB)";
+const SIZE_EXPECTED: &str =
+    "bytes or a size like 512MiB, 2GiB, 1.5GB (units B, K/KB/KiB … T/TB/TiB)";
 
-/// Parses a byte size: `1073741824`, `512MiB`, `2GiB`, `1.5G`, `100MB` (decimal), `64k`.
-/// Case-insensitive units; `K`, `M`, `G`, `T` without `i`/`B` are binary (as in `ulimit`, Docker).
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    if s.is_empty() {
-        return None;
-    }
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let unit = unit.trim().to_ascii_lowercase();
-    let mult: u64 = match unit.as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => return None,
-    };
-    if num.is_empty() || num.matches('.').count() > 1 || num.starts_with('.') || num.ends_with('.') {
-        return None;
-    }
-    if let Some((int, frac)) = num.split_once('.') {
-        // Exact fixed-point: int * mult + frac * mult / 10^len, rounded down.
-        let int: u64 = int.parse().ok()?;
-        if frac.len() > 9 {
-            return None;
-        }
-        let f: u64 = frac.parse().ok()?;
-        let scale = 10u64.pow(frac.len() as u32);
-        let whole = int.checked_mul(mult)?;
-        let part = (f as u128 * mult as u128 / scale as u128) as u64;
-        whole.checked_add(part)
-    } else {
-        num.parse::<u64>().ok()?.checked_mul(mult)
-    }
+/// A byte size in the contract's syntax (`smore_protocol::size::parse_size`: bytes, `512MiB`,
+/// `2GiB`, `1.5GB`, …); `None` when malformed.
+fn parse_size(s: &str) -> Option<u64> {
+    smore_protocol::size::parse_size(s).ok()
 }
 
 fn parse_share(s: &str) -> Option<u32> {
@@ -174,10 +142,10 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Parsed {
             None => bad("SMORE_LOG", &v, "error, warn, info or debug"),
         }
     }
-    if let Some(v) = get("SMORE_FAILURE_POLICY") {
+    if let Some(v) = get("SMORE_FAILURE") {
         match parse_policy(&v) {
             Some(p) => c.policy = p,
-            None => bad("SMORE_FAILURE_POLICY", &v, "open or closed"),
+            None => bad("SMORE_FAILURE", &v, "open or closed"),
         }
     }
     if let Some(v) = get("SMORE_MEMORY_LIMIT") {
@@ -231,20 +199,18 @@ mod tests {
     }
 
     #[test]
-    fn sizes() {
-        assert_eq!(parse_size("1073741824"), Some(1 << 30));
-        assert_eq!(parse_size("512MiB"), Some(512 << 20));
-        assert_eq!(parse_size("2GiB"), Some(2 << 30));
-        assert_eq!(parse_size("2gib"), Some(2 << 30));
-        assert_eq!(parse_size("2G"), Some(2 << 30));
-        assert_eq!(parse_size("1.5GiB"), Some(3 << 29));
-        assert_eq!(parse_size("100MB"), Some(100_000_000));
-        assert_eq!(parse_size(" 64 k "), Some(64 << 10));
-        assert_eq!(parse_size("0"), Some(0));
-        for bad in ["", "abc", "12XB", "-1", "1..5G", ".5G", "5.G", "GiB", "99999999999999999999"] {
-            assert_eq!(parse_size(bad), None, "{bad}");
+    fn sizes_use_the_protocol_syntax() {
+        let p = parse(env(&[
+            ("SMORE_MEMORY_LIMIT", "1.5GiB"),
+            ("SMORE_MEMORY_LIMIT_2", "100MB"),
+        ]));
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        assert_eq!(p.config.mem_cap[0], 3 << 29);
+        assert_eq!(p.config.mem_cap[2], 100_000_000);
+        for bad in ["", "abc", "12XB", "-1", "GiB", "99999999999999999999TiB"] {
+            let p = parse(env(&[("SMORE_MEMORY_LIMIT", bad)]));
+            assert_eq!(p.errors.len(), 1, "{bad:?} must be refused");
         }
-        assert_eq!(parse_size("20000000TiB"), None, "overflow is an error, not a wrap");
     }
 
     #[test]
@@ -263,7 +229,7 @@ mod tests {
             ("SMORE_SM_SHARE_2", "100%"),
             ("SMORE_SM_WINDOW_MS", "50"),
             ("SMORE_LOG", "debug"),
-            ("SMORE_FAILURE_POLICY", "closed"),
+            ("SMORE_FAILURE", "closed"),
         ]));
         assert!(p.errors.is_empty(), "{:?}", p.errors);
         assert_eq!(p.config.mem_cap[0], 2 << 30);
@@ -287,12 +253,23 @@ mod tests {
         let vars: Vec<_> = p.errors.iter().map(|e| e.var.as_str()).collect();
         assert_eq!(
             vars,
-            ["SMORE_LOG", "SMORE_SM_SHARE", "SMORE_MEMORY_LIMIT_3", "SMORE_SM_WINDOW_MS"]
+            [
+                "SMORE_LOG",
+                "SMORE_SM_SHARE",
+                "SMORE_MEMORY_LIMIT_3",
+                "SMORE_SM_WINDOW_MS"
+            ]
         );
         let msg = p.errors[1].to_string();
-        assert!(msg.contains("SMORE_SM_SHARE") && msg.contains("\"0\""), "{msg}");
+        assert!(
+            msg.contains("SMORE_SM_SHARE") && msg.contains("\"0\""),
+            "{msg}"
+        );
         for s in ["101", "-5", "50.5", ""] {
-            assert!(!parse(env(&[("SMORE_SM_SHARE", s)])).errors.is_empty(), "{s}");
+            assert!(
+                !parse(env(&[("SMORE_SM_SHARE", s)])).errors.is_empty(),
+                "{s}"
+            );
         }
     }
 }

@@ -72,6 +72,16 @@ impl Gate {
         }
     }
 
+    /// Charges `cost_ns` of GPU time learnt after the fact (a launch that cost more than its
+    /// estimate) without admitting anything: later launches wait until it is paid for.
+    pub fn charge(&self, now: u64, cost_ns: u64, share_pct: u32) {
+        let share = share_pct.clamp(1, 100) as u64;
+        let wall = cost_ns.saturating_mul(100).div_ceil(share);
+        let _ = self.tat.fetch_update(AcqRel, Acquire, |old| {
+            Some(old.max(now).saturating_add(wall))
+        });
+    }
+
     /// Forgets all debt (fork child, share change to 100).
     pub fn reset(&self) {
         self.tat.store(0, Release);
@@ -114,6 +124,23 @@ impl CostTable {
             costs: (0..COST_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             global: AtomicU64::new(0),
         }
+    }
+
+    /// The learned cost of `key`, if it was ever measured.
+    #[inline]
+    pub fn lookup(&self, key: u64) -> Option<u64> {
+        let mut i = slot_of(key);
+        for _ in 0..MAX_PROBE {
+            let k = self.keys[i].load(Acquire);
+            if k == key {
+                return Some(self.costs[i].load(Relaxed)).filter(|&c| c != 0);
+            }
+            if k == 0 {
+                return None;
+            }
+            i = (i + 1) & (COST_SLOTS - 1);
+        }
+        None
     }
 
     /// Estimated GPU ns of `key`: its own learned cost, else the process-wide estimate, else
@@ -226,7 +253,7 @@ mod tests {
     #[test]
     fn long_run_rate_is_the_share() {
         for share in [10u32, 25, 50, 75, 90] {
-            for cost in [20_000u64, 1 * MS, 7 * MS] {
+            for cost in [20_000u64, MS, 7 * MS] {
                 let dur = 10_000 * MS;
                 let got = run(share, cost, 100 * MS, dur) as f64 / dur as f64;
                 let want = share as f64 / 100.0;
@@ -246,7 +273,7 @@ mod tests {
         // to share × window of GPU time; the next one must wait.
         let g = Gate::new();
         let now = 5_000 * MS;
-        let (share, window, cost) = (25u32, 100 * MS, 1 * MS);
+        let (share, window, cost) = (25u32, 100 * MS, MS);
         let mut free = 0;
         while g.admit(now, cost, share, window).is_none() {
             free += 1;
@@ -267,13 +294,19 @@ mod tests {
         assert_eq!(g.admit(now, MS, 50, 10 * MS), Some(now + 2 * MS));
         g.reset();
         assert_eq!(g.admit(now, MS, 50, 10 * MS), None);
+        // A cost learnt afterwards moves the next admission by cost / share.
+        g.reset();
+        g.charge(now, 8 * MS, 50);
+        assert_eq!(g.admit(now, MS, 50, 10 * MS), Some(now + 8 * MS));
     }
 
     #[test]
     fn cost_table_learns_and_falls_back() {
         let t = CostTable::new();
         assert_eq!(t.estimate(0x7000), DEFAULT_COST_NS);
+        assert_eq!(t.lookup(0x7000), None);
         t.record(0x7000, 400_000);
+        assert_eq!(t.lookup(0x7000), Some(400_000));
         assert_eq!(t.estimate(0x7000), 400_000);
         t.record(0x7000, 800_000);
         assert_eq!(t.estimate(0x7000), 500_000);

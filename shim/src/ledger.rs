@@ -37,10 +37,14 @@ pub struct OverCap {
     pub request: u64,
 }
 
+/// One shard of the handle map: (kind, handle) → (device, bytes charged).
+type Shard = Mutex<HashMap<(Kind, u64), (u32, u64)>>;
+
 /// Bytes held on each device plus the handle map.
+#[derive(Debug)]
 pub struct Ledger {
     used: [AtomicU64; MAX_DEVICES],
-    shards: Vec<Mutex<HashMap<(Kind, u64), (u32, u64)>>>,
+    shards: Vec<Shard>,
 }
 
 impl Default for Ledger {
@@ -52,6 +56,7 @@ impl Default for Ledger {
 /// A reservation of `bytes` on `dev`: [`Reservation::commit`] keeps it, dropping it gives the
 /// bytes back (so an early return or a panic unwinding through the hook rolls back).
 #[must_use]
+#[derive(Debug)]
 pub struct Reservation<'a> {
     ledger: &'a Ledger,
     dev: usize,
@@ -71,16 +76,28 @@ impl Reservation<'_> {
     }
 
     /// Changes the reserved amount to `bytes` (pitched allocations learn their size after the
-    /// call). Growth is forced: the driver already allocated it.
-    pub fn resize(&mut self, bytes: u64) {
-        if let Some(u) = self.ledger.used.get(self.dev) {
-            if bytes >= self.bytes {
-                u.fetch_add(bytes - self.bytes, AcqRel);
-            } else {
-                u.fetch_sub(self.bytes - bytes, AcqRel);
-            }
+    /// call). Shrinking always succeeds; growing is one more reservation against `cap` and fails
+    /// (changing nothing) if it would pass it.
+    pub fn try_resize(&mut self, bytes: u64, cap: u64) -> bool {
+        let Some(u) = self.ledger.used.get(self.dev) else {
+            self.bytes = bytes;
+            return true;
+        };
+        if bytes <= self.bytes {
+            self.ledger.credit(self.dev, self.bytes - bytes);
+            self.bytes = bytes;
+            return true;
         }
-        self.bytes = bytes;
+        let delta = bytes - self.bytes;
+        let ok = u
+            .fetch_update(AcqRel, Acquire, |v| {
+                v.checked_add(delta).filter(|n| *n <= cap)
+            })
+            .is_ok();
+        if ok {
+            self.bytes = bytes;
+        }
+        ok
     }
 
     pub fn bytes(&self) -> u64 {
@@ -212,8 +229,16 @@ mod tests {
         let e = l.reserve(0, 1, 250).unwrap_err();
         assert_eq!((e.cap, e.used, e.request), (250, 250, 1));
         assert_eq!(l.release(Kind::Ptr, 0x1000), Some((0, 100)));
-        assert_eq!(l.release(Kind::Ptr, 0x1000), None, "double free credits nothing");
-        assert_eq!(l.release(Kind::Array, 0x1000), None, "namespaces are separate");
+        assert_eq!(
+            l.release(Kind::Ptr, 0x1000),
+            None,
+            "double free credits nothing"
+        );
+        assert_eq!(
+            l.release(Kind::Array, 0x1000),
+            None,
+            "namespaces are separate"
+        );
         assert_eq!(l.used(0), 150);
         assert_eq!(l.used(1), 0);
     }
@@ -227,7 +252,11 @@ mod tests {
         }
         assert_eq!(l.used(2), 0);
         let mut r = l.reserve(2, 1000, 5000).unwrap();
-        r.resize(1536);
+        assert!(r.try_resize(1536, 5000));
+        assert!(!r.try_resize(6000, 5000), "growth past the cap is refused");
+        assert_eq!(l.used(2), 1536);
+        assert!(r.try_resize(1024, 5000));
+        assert!(r.try_resize(1536, 5000));
         r.commit(Kind::Ptr, 7);
         assert_eq!(l.used(2), 1536);
         assert_eq!(l.release(Kind::Ptr, 7), Some((2, 1536)));

@@ -17,6 +17,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod arbiter;
 pub mod config;
 pub mod ffi;
 pub mod gate;

@@ -87,7 +87,10 @@ pub fn limited(rl: &RateLimit, now: u64, l: Level, msg: std::fmt::Arguments<'_>)
     }
     if let Some(skipped) = rl.check(now) {
         if skipped > 0 {
-            line(l, format_args!("{msg} ({skipped} similar lines suppressed)"));
+            line(
+                l,
+                format_args!("{msg} ({skipped} similar lines suppressed)"),
+            );
         } else {
             line(l, msg);
         }

@@ -4,16 +4,18 @@
 //!
 //! Owns the enforcement decisions: reserve/commit/rollback around allocations, the virtualised
 //! memory info, launch admission and event sampling, the context-footprint charge. Must never:
-//! call the real driver twice for one hooked call, take a lock on the launch path except a
-//! `try_lock` on a sampled launch (≤ 1 per ms), or sleep a launch on an unthrottled device.
+//! call the real driver twice for one hooked call, take a lock on the launch path except the
+//! sampler's (a `try_lock` on a periodic sample, ≤ 1 per ms; a blocking lock only around the
+//! first, unmeasured launch of a kernel or graph), or sleep a launch on an unthrottled device.
 
+use crate::arbiter::{self, Source};
 use crate::config::{self, Config, FailurePolicy, Level};
 use crate::ffi::{real, sys};
 use crate::gate::{CostTable, Gate, SampleClock, SAMPLE_PERIOD_NS};
 use crate::ledger::{Kind, Ledger};
-use crate::limits::{LimitsPage, MAX_DEVICES};
+use crate::limits::{self, GrantPage, MAX_DEVICES};
 use crate::log::{self, RateLimit};
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::Mutex;
 
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
@@ -26,13 +28,16 @@ const CUDA_ERROR_NOT_READY: u32 = 600;
 const MAX_PENDING: usize = 8;
 /// Event pairs kept per context for reuse.
 const POOL_PER_CTX: usize = 8;
+/// Poll period while waiting for a first measurement: 20 µs (reasoning: well under the shortest
+/// kernels worth gating, ~5 µs of CPU per poll at most).
+const UNMEASURED_POLL_NS: u64 = 20_000;
 
 /// Everything the hooks need, for one process image (a fork child gets a new one).
 pub struct Runtime {
     pub config: Config,
     /// False when the configuration was invalid under the fail-open policy: pure pass-through.
     pub enforcing: bool,
-    pub limits: &'static LimitsPage,
+    pub limits: &'static GrantPage,
     pub ledger: Ledger,
     gates: [Gate; MAX_DEVICES],
     pub costs: CostTable,
@@ -40,6 +45,10 @@ pub struct Runtime {
     sampler: Mutex<Sampler>,
     ctx_charged: [AtomicBool; MAX_DEVICES],
     window_ns: u64,
+    /// Allocations refused over the cap (for reports and tests).
+    pub refusals: AtomicU64,
+    /// Launches of never-measured keys whose measurement is still in flight.
+    unmeasured: AtomicU64,
 }
 
 #[derive(Default)]
@@ -49,8 +58,22 @@ struct Sampler {
     pending: Vec<Pending>,
 }
 
-struct Pending {
+/// What a sampled launch was charged, to settle when its measurement arrives.
+#[derive(Clone, Copy)]
+struct PendingMeta {
     key: u64,
+    dev: usize,
+    /// When it was admitted (CLOCK_MONOTONIC ns): a late charge counts from there, so the
+    /// bucket's credit for the time the launch ran is not lost.
+    admitted: u64,
+    /// GPU ns the gate was charged at admission.
+    charged: u64,
+    /// The key had no measurement yet (the gate holds further launches until it has one).
+    unmeasured: bool,
+}
+
+struct Pending {
+    meta: PendingMeta,
     ctx: usize,
     a: usize,
     b: usize,
@@ -71,6 +94,12 @@ pub fn get() -> &'static Runtime {
     }
 }
 
+/// The runtime if it is initialised (no initialisation: the launch fast path's first look).
+#[inline]
+pub fn peek() -> Option<&'static Runtime> {
+    RUNTIME.get()
+}
+
 /// The runtime if it enforces anything.
 #[inline]
 pub fn enforcing() -> Option<&'static Runtime> {
@@ -81,14 +110,31 @@ pub fn enforcing() -> Option<&'static Runtime> {
 #[inline]
 pub fn throttling() -> Option<&'static Runtime> {
     let r = get();
-    (r.enforcing && !r.limits.none_throttled()).then_some(r)
+    (r.enforcing && !limits::none_throttled(r.limits)).then_some(r)
 }
+
+/// 0: not initialised; 1: a thread is initialising; 2: done. Reset in a fork child.
+static INIT: AtomicU8 = AtomicU8::new(0);
 
 #[cold]
 fn init() -> &'static Runtime {
-    let parsed = config::parse(|k| std::env::var(k).ok());
-    let rt = Runtime::from_parsed(parsed.config, &parsed.errors);
+    loop {
+        if let Some(r) = RUNTIME.get() {
+            return r;
+        }
+        if INIT.compare_exchange(0, 1, AcqRel, Acquire).is_ok() {
+            break;
+        }
+        // Another thread registers / parses: wait for it (once per process, bounded by the
+        // arbiter timeout) rather than registering twice.
+        std::thread::yield_now();
+    }
+    let env = |k: &str| std::env::var(k).ok();
+    let parsed = config::parse(env);
+    let source = arbiter::source(env, &parsed.config);
+    let rt = Runtime::build(parsed.config, &parsed.errors, source);
     let rt = RUNTIME.install(Box::new(rt));
+    INIT.store(2, Release);
     sys::register_atfork();
     rt
 }
@@ -97,12 +143,13 @@ fn init() -> &'static Runtime {
 /// child's) without locking or freeing; the next hook call initialises a fresh one.
 pub fn after_fork_child() {
     RUNTIME.clear();
+    INIT.store(0, Release);
 }
 
 fn fmt_bytes(b: u64) -> String {
     if b == u64::MAX {
         "unlimited".into()
-    } else if b >= 1 << 30 && b % (1 << 20) == 0 {
+    } else if b >= 1 << 30 && b.is_multiple_of(1 << 20) {
         format!("{b} B ({:.2} GiB)", b as f64 / (1u64 << 30) as f64)
     } else {
         format!("{b} B ({:.1} MiB)", b as f64 / (1u64 << 20) as f64)
@@ -110,14 +157,54 @@ fn fmt_bytes(b: u64) -> String {
 }
 
 impl Runtime {
-    /// Builds the runtime from a parsed configuration, reporting errors once and applying the
-    /// failure policy to them.
-    pub fn from_parsed(mut config: Config, errors: &[config::ConfigError]) -> Runtime {
+    /// Builds a standalone runtime from a parsed configuration (tests; no arbiter).
+    pub fn from_parsed(config: Config, errors: &[config::ConfigError]) -> Runtime {
+        Runtime::build(config, errors, Source::Standalone)
+    }
+
+    /// Builds the runtime: reports configuration errors once, and applies the failure policy to
+    /// them and to an arbiter that was configured but could not be used.
+    ///
+    /// - Arbiter page: enforced whatever the environment says (the arbiter owns the limits; a
+    ///   bad local value is reported and otherwise ignored).
+    /// - Bad value, no arbiter: `open` runs pass-through; `closed` refuses every allocation.
+    /// - Arbiter unavailable: `open` falls back to the standalone contract
+    ///   (`SMORE_MEMORY_LIMIT` / `SMORE_SM_SHARE`); `closed` refuses every allocation.
+    pub fn build(mut config: Config, errors: &[config::ConfigError], source: Source) -> Runtime {
         log::set_level(config.log);
+        let first = !errors.is_empty() && !REPORTED.swap(true, AcqRel);
+        let msgs: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
         let mut enforcing = true;
-        if !errors.is_empty() {
-            let first = !REPORTED.swap(true, AcqRel);
-            let msgs: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        let mut page = None;
+        match source {
+            Source::Arbiter(p) => {
+                page = Some(p);
+                if first {
+                    log::line(
+                        Level::Error,
+                        format_args!("{}; ignored: the arbiter's grant applies", msgs.join("; ")),
+                    );
+                }
+            }
+            Source::Unavailable(why) => match config.policy {
+                FailurePolicy::Open => log::line(
+                    Level::Error,
+                    format_args!(
+                        "{why}; SMORE_FAILURE=open: running with the standalone limits (SMORE_MEMORY_LIMIT, SMORE_SM_SHARE)"
+                    ),
+                ),
+                FailurePolicy::Closed => {
+                    config.mem_cap = [0; MAX_DEVICES];
+                    config.sm_share = [100; MAX_DEVICES];
+                    log::line(
+                        Level::Error,
+                        format_args!("{why}; SMORE_FAILURE=closed: every device allocation is refused"),
+                    );
+                }
+            },
+            Source::Standalone => {}
+        }
+        if page.is_none() && !errors.is_empty() {
             match config.policy {
                 FailurePolicy::Open => {
                     enforcing = false;
@@ -138,7 +225,7 @@ impl Runtime {
                         log::line(
                             Level::Error,
                             format_args!(
-                                "{}; SMORE_FAILURE_POLICY=closed: every device allocation is refused",
+                                "{}; SMORE_FAILURE=closed: every device allocation is refused",
                                 msgs.join("; ")
                             ),
                         );
@@ -146,13 +233,15 @@ impl Runtime {
                 }
             }
         }
-        let limits: &'static LimitsPage =
-            Box::leak(Box::new(LimitsPage::new(&config.mem_cap, &config.sm_share)));
-        if enforcing && log::enabled(Level::Info) {
+        let limits = match page {
+            Some(p) => p,
+            None => limits::standalone(&config.mem_cap, &config.sm_share),
+        };
+        if enforcing && page.is_none() && log::enabled(Level::Info) {
             log::line(
                 Level::Info,
                 format_args!(
-                    "standalone mode: memory cap {} , SM share {} % (device 0), window {} ms, policy {:?}",
+                    "standalone mode: memory cap {}, SM share {} % (device 0), window {} ms, policy {:?}",
                     fmt_bytes(config.mem_cap[0]),
                     config.sm_share[0],
                     config.window_ms,
@@ -171,6 +260,8 @@ impl Runtime {
             sample_clock: SampleClock::default(),
             sampler: Mutex::new(Sampler::default()),
             ctx_charged: std::array::from_fn(|_| AtomicBool::new(false)),
+            refusals: AtomicU64::new(0),
+            unmeasured: AtomicU64::new(0),
         }
     }
 
@@ -199,20 +290,29 @@ impl Runtime {
         kind: Kind,
         call: impl FnOnce() -> (u32, u64),
     ) -> u32 {
-        self.alloc_sized(dev, bytes, kind, || {
-            let (rc, key) = call();
-            (rc, key, bytes)
-        })
+        self.alloc_sized(
+            dev,
+            bytes,
+            kind,
+            || {
+                let (rc, key) = call();
+                (rc, key, bytes)
+            },
+            |_| {},
+        )
     }
 
     /// As [`Runtime::alloc`], for allocations whose final size is known only afterwards
-    /// (pitched): `estimate` is reserved, then adjusted to the size `call` reports.
+    /// (pitched): `estimate` is reserved, then adjusted to the size `call` reports. If the real
+    /// size does not fit under the cap, `undo` frees the new handle and the caller gets
+    /// `CUDA_ERROR_OUT_OF_MEMORY`: the cap holds exactly even when the estimate was low.
     pub fn alloc_sized(
         &self,
         dev: Option<usize>,
         estimate: u64,
         kind: Kind,
         call: impl FnOnce() -> (u32, u64, u64),
+        undo: impl FnOnce(u64),
     ) -> u32 {
         let Some(dev) = dev.or_else(real::ctx_device) else {
             return self.unaccountable(|| {
@@ -224,34 +324,43 @@ impl Runtime {
             // The driver rejects zero-byte requests; nothing to charge.
             return call().0;
         }
+        self.ensure_context_charged(dev);
         let cap = self.limits.cap(dev);
         match self.ledger.reserve(dev, estimate, cap) {
             Err(e) => {
-                log::limited(
-                    &OVERCAP_LOG,
-                    sys::now_ns(),
-                    Level::Warn,
-                    format_args!(
-                        "device {}: allocation of {} refused (CUDA_ERROR_OUT_OF_MEMORY): cap {}, in use {}",
-                        e.dev,
-                        fmt_bytes(e.request),
-                        fmt_bytes(e.cap),
-                        fmt_bytes(e.used)
-                    ),
-                );
+                self.refused(e.dev, e.request, e.cap, e.used);
                 CUDA_ERROR_OUT_OF_MEMORY
             }
             Ok(mut r) => {
                 let (rc, key, actual) = call();
                 if rc == 0 && key != 0 {
-                    if actual != r.bytes() {
-                        r.resize(actual);
+                    if actual != r.bytes() && !r.try_resize(actual, cap) {
+                        let used = self.ledger.used(dev);
+                        drop(r);
+                        undo(key);
+                        self.refused(dev, actual, cap, used);
+                        return CUDA_ERROR_OUT_OF_MEMORY;
                     }
                     r.commit(kind, key);
                 }
                 rc
             }
         }
+    }
+
+    fn refused(&self, dev: usize, request: u64, cap: u64, used: u64) {
+        self.refusals.fetch_add(1, Relaxed);
+        log::limited(
+            &OVERCAP_LOG,
+            sys::now_ns(),
+            Level::Warn,
+            format_args!(
+                "device {dev}: allocation of {} refused (CUDA_ERROR_OUT_OF_MEMORY): cap {}, in use {}",
+                fmt_bytes(request),
+                fmt_bytes(cap),
+                fmt_bytes(used)
+            ),
+        );
     }
 
     /// Credits a handle the driver has freed.
@@ -273,12 +382,16 @@ impl Runtime {
         (free, total)
     }
 
-    /// Charges the context footprint once per device: what NVML attributes to this process right
-    /// after its first context on `dev`, minus what the ledger already holds there.
-    pub fn on_context(&self, dev: usize) {
+    /// Charges the context footprint of `dev` if it is capped and not charged yet (called on
+    /// context creation and before an allocation; an uncapped device needs no charge, and an
+    /// NVML query is not free).
+    pub fn ensure_context_charged(&self, dev: usize) {
         let Some(flag) = self.ctx_charged.get(dev) else {
             return;
         };
+        if flag.load(Acquire) || self.limits.cap(dev) == u64::MAX {
+            return;
+        }
         if flag.swap(true, AcqRel) {
             return;
         }
@@ -300,31 +413,82 @@ impl Runtime {
 
     /// Admits a launch keyed by its CUfunction / CUgraphExec, sleeping precisely if the device's
     /// share is spent, and samples its GPU time at most once per period.
+    ///
+    /// A key never measured is always sampled, and until its measurement arrives no further
+    /// launch of the process is admitted: queued-but-unmeasured work is bounded by one launch
+    /// (a new CUDA graph of 200 ms is not taken for a 50 µs kernel), and its real cost is then
+    /// charged to the gate, so the next launch waits until it is paid for.
     pub fn launch(&self, key: u64, stream: usize, ptsz: bool, call: impl FnOnce() -> u32) -> u32 {
-        let Some(dev) = real::ctx_device() else {
+        let Some(dev) = real::ctx_device().filter(|&d| d < MAX_DEVICES) else {
             return call();
         };
-        let share = self.limits.share(dev);
+        let share = limits::share(self.limits, dev);
         if share >= 100 {
             return call();
         }
-        let cost = self.costs.estimate(key);
+        if self.unmeasured.load(Acquire) > 0 {
+            self.wait_unmeasured();
+        }
+        let known = self.costs.lookup(key);
+        // An unmeasured launch is charged nothing now and its measured cost once known (no
+        // estimate from other kernels: a graph's 200 ms must not be charged to a 5 µs kernel).
+        let cost = known.unwrap_or(0);
         let mut now = sys::now_ns();
-        if let Some(deadline) = self.gates[dev.min(MAX_DEVICES - 1)].admit(now, cost, share, self.window_ns) {
+        if let Some(deadline) = self.gates[dev].admit(now, cost, share, self.window_ns) {
             sys::sleep_until(deadline);
             now = deadline;
+        }
+        let pending = PendingMeta {
+            key,
+            dev,
+            admitted: now,
+            charged: cost,
+            unmeasured: known.is_none(),
+        };
+        if known.is_none() {
+            return self.sampled_launch(pending, stream, ptsz, call);
         }
         if !self.sample_clock.try_claim(now, SAMPLE_PERIOD_NS) {
             return call();
         }
-        self.sampled_launch(key, stream, ptsz, call)
+        self.sampled_launch(pending, stream, ptsz, call)
     }
 
-    fn sampled_launch(&self, key: u64, stream: usize, ptsz: bool, call: impl FnOnce() -> u32) -> u32 {
-        let Ok(mut s) = self.sampler.try_lock() else {
+    /// Waits (polling the pending samples every [`UNMEASURED_POLL_NS`]) until no unmeasured launch
+    /// is in flight, for at most one window (a kernel longer than that is then admitted on its
+    /// estimate; the late measurement is still charged).
+    #[cold]
+    fn wait_unmeasured(&self) {
+        let give_up = sys::now_ns().saturating_add(self.window_ns);
+        loop {
+            if let Ok(mut s) = self.sampler.lock() {
+                self.harvest(&mut s);
+            }
+            let now = sys::now_ns();
+            if self.unmeasured.load(Acquire) == 0 || now >= give_up {
+                return;
+            }
+            sys::sleep_until(now + UNMEASURED_POLL_NS);
+        }
+    }
+
+    fn sampled_launch(
+        &self,
+        meta: PendingMeta,
+        stream: usize,
+        ptsz: bool,
+        call: impl FnOnce() -> u32,
+    ) -> u32 {
+        // A first (unmeasured) launch waits for the sampler; a periodic sample never does.
+        let guard = if meta.unmeasured {
+            self.sampler.lock().ok()
+        } else {
+            self.sampler.try_lock().ok()
+        };
+        let Some(mut s) = guard else {
             return call();
         };
-        s.harvest(&self.costs);
+        self.harvest(&mut s);
         if s.pending.len() >= MAX_PENDING || real::stream_capturing(stream, ptsz) != Some(false) {
             return call();
         }
@@ -340,11 +504,46 @@ impl Runtime {
         }
         let rc = call();
         if rc == 0 && real::event_record(b, stream, ptsz) {
-            s.pending.push(Pending { key, ctx, a, b });
+            if meta.unmeasured {
+                self.unmeasured.fetch_add(1, AcqRel);
+            }
+            s.pending.push(Pending { meta, ctx, a, b });
         } else {
             s.give_back(ctx, (a, b));
         }
         rc
+    }
+
+    /// Folds every completed sample into the cost table; a first measurement also charges what
+    /// the launch cost beyond its estimate to the device's gate. Drops pairs that errored.
+    fn harvest(&self, s: &mut Sampler) {
+        let mut i = 0;
+        while i < s.pending.len() {
+            match real::event_query(s.pending[i].b) {
+                CUDA_ERROR_NOT_READY => i += 1,
+                rc => {
+                    let p = s.pending.swap_remove(i);
+                    if rc == 0 {
+                        if let Some(ms) = real::event_elapsed_ms(p.a, p.b) {
+                            let ns = (ms as f64 * 1e6) as u64;
+                            self.costs.record(p.meta.key, ns);
+                            if p.meta.unmeasured && ns > p.meta.charged {
+                                let share = limits::share(self.limits, p.meta.dev);
+                                self.gates[p.meta.dev].charge(
+                                    p.meta.admitted,
+                                    ns - p.meta.charged,
+                                    share,
+                                );
+                            }
+                        }
+                        s.give_back(p.ctx, (p.a, p.b));
+                    }
+                    if p.meta.unmeasured {
+                        self.unmeasured.fetch_sub(1, AcqRel);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -363,26 +562,6 @@ impl Sampler {
             Some((_, pool)) if pool.len() < POOL_PER_CTX => pool.push(pair),
             Some(_) => {} // Pool full: leak the pair (bounded by MAX_PENDING per period).
             None => self.pools.push((ctx, vec![pair])),
-        }
-    }
-
-    /// Folds every completed sample into the cost table; drops pairs that errored.
-    fn harvest(&mut self, costs: &CostTable) {
-        let mut i = 0;
-        while i < self.pending.len() {
-            let p = &self.pending[i];
-            match real::event_query(p.b) {
-                CUDA_ERROR_NOT_READY => i += 1,
-                rc => {
-                    let p = self.pending.swap_remove(i);
-                    if rc == 0 {
-                        if let Some(ms) = real::event_elapsed_ms(p.a, p.b) {
-                            costs.record(p.key, (ms as f64 * 1e6) as u64);
-                        }
-                        self.give_back(p.ctx, (p.a, p.b));
-                    }
-                }
-            }
         }
     }
 }
@@ -417,19 +596,58 @@ mod tests {
     fn alloc_commit_rollback_and_refusal() {
         let r = rt(1000);
         let mut called = 0;
-        assert_eq!(r.alloc(Some(0), 600, Kind::Ptr, || { called += 1; (0, 0xa000) }), 0);
+        assert_eq!(
+            r.alloc(Some(0), 600, Kind::Ptr, || {
+                called += 1;
+                (0, 0xa000)
+            }),
+            0
+        );
         // Over the cap: the driver is not called.
-        assert_eq!(r.alloc(Some(0), 600, Kind::Ptr, || { called += 1; (0, 0xb000) }), 2);
+        assert_eq!(
+            r.alloc(Some(0), 600, Kind::Ptr, || {
+                called += 1;
+                (0, 0xb000)
+            }),
+            2
+        );
         assert_eq!(called, 1);
         // The driver fails: rolled back.
         assert_eq!(r.alloc(Some(0), 300, Kind::Ptr, || (2, 0)), 2);
         assert_eq!(r.ledger.used(0), 600);
         assert_eq!(r.virtual_info(0, 80 << 30, 80 << 30), (400, 1000));
-        assert_eq!(r.virtual_info(0, 100, 80 << 30), (100, 1000), "never more than physical");
+        assert_eq!(
+            r.virtual_info(0, 100, 80 << 30),
+            (100, 1000),
+            "never more than physical"
+        );
         r.freed(Kind::Ptr, 0xa000);
         assert_eq!(r.ledger.used(0), 0);
         // Pitched: estimate reserved, actual charged.
-        assert_eq!(r.alloc_sized(Some(0), 512, Kind::Ptr, || (0, 0xc000, 700)), 0);
+        let undone = std::cell::Cell::new(0);
+        assert_eq!(
+            r.alloc_sized(
+                Some(0),
+                512,
+                Kind::Ptr,
+                || (0, 0xc000, 700),
+                |k| undone.set(k)
+            ),
+            0
+        );
+        assert_eq!(r.ledger.used(0), 700);
+        // The real size does not fit: the allocation is undone and refused.
+        assert_eq!(
+            r.alloc_sized(
+                Some(0),
+                200,
+                Kind::Ptr,
+                || (0, 0xd000, 400),
+                |k| undone.set(k)
+            ),
+            2
+        );
+        assert_eq!(undone.get(), 0xd000);
         assert_eq!(r.ledger.used(0), 700);
     }
 
@@ -457,7 +675,7 @@ mod tests {
         );
         assert!(closed.enforcing);
         assert_eq!(closed.alloc(Some(0), 1, Kind::Ptr, || (0, 1)), 2);
-        assert!(closed.limits.none_throttled());
+        assert!(limits::none_throttled(closed.limits));
     }
 
     #[test]

@@ -62,7 +62,9 @@ name_enum! {
     pub enum Helper in Cuda {
         cuCtxGetDevice, cuCtxGetCurrent, cuStreamIsCapturing, cuStreamIsCapturing_ptsz,
         cuEventCreate, cuEventRecord, cuEventRecord_ptsz, cuEventQuery, cuEventElapsedTime,
-        nvmlInit_v2, nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetIndex,
+        cuDeviceGetCount, cuDeviceGet, cuDeviceGetUuid, cuMemFree_v2, cuMemFree,
+        nvmlInit_v2, nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetIndex, nvmlDeviceGetUUID,
+        nvmlDeviceGetHandleByUUID,
         nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetComputeRunningProcesses_v2,
     }
 }
@@ -108,7 +110,11 @@ mod tests {
         assert_eq!(Hook::cuMemAlloc_v2.name(), "cuMemAlloc_v2");
         assert_eq!(Hook::nvmlDeviceGetMemoryInfo.lib(), Lib::Nvml);
         assert_eq!(Hook::cuLaunchKernel_ptsz.lib(), Lib::Cuda);
-        assert_eq!(hook_by_name(b"cuMemcpyHtoD_v2"), None, "not hooked: passes through");
+        assert_eq!(
+            hook_by_name(b"cuMemcpyHtoD_v2"),
+            None,
+            "not hooked: passes through"
+        );
         assert_eq!(hook_by_name(b"malloc"), None);
         assert_eq!(hook_by_name(b"cu"), None);
     }
@@ -130,7 +136,11 @@ mod tests {
         ] {
             assert_eq!(identify(real[h as usize], &real), Some(h));
         }
-        assert_eq!(identify(0xdead_0000, &real), None, "unknown pointer passes through");
+        assert_eq!(
+            identify(0xdead_0000, &real),
+            None,
+            "unknown pointer passes through"
+        );
         assert_eq!(identify(0, &real), None);
         // NVML entries are never substituted into cuGetProcAddress answers.
         let n = real[Hook::nvmlDeviceGetMemoryInfo as usize];

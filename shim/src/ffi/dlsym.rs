@@ -104,10 +104,14 @@ extern "C" fn decide(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     r.unwrap_or(std::ptr::null_mut())
 }
 
-// The exported `dlsym`. x86-64 SysV: rdi = handle, rsi = name; on entry rsp ≡ 8 (mod 16).
+/// The exported `dlsym`. x86-64 SysV: rdi = handle, rsi = name; on entry rsp ≡ 8 (mod 16).
+///
+/// # Safety
+/// `dlsym(3)`'s contract: `handle` is a `dlopen` handle or a special handle, `name` a
+/// NUL-terminated string.
 #[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     core::arch::naked_asm!(
         "push rdi",
@@ -130,10 +134,13 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
     )
 }
 
-// aarch64 AAPCS64: x0 = handle, x1 = name, x30 = return address.
+/// The exported `dlsym`. aarch64 AAPCS64: x0 = handle, x1 = name, x30 = return address.
+///
+/// # Safety
+/// `dlsym(3)`'s contract, as above.
 #[cfg(target_arch = "aarch64")]
 #[unsafe(naked)]
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     core::arch::naked_asm!(
         "stp x29, x30, [sp, #-32]!",

@@ -7,6 +7,7 @@
 //! - [`exports`]: the `#[no_mangle]` hooks. Each body runs under `catch_unwind`; on a panic (or
 //!   when the shim cannot account something) it falls back per the failure policy, calling the
 //!   real function at most once.
+//! - [`grant`]: maps the arbiter's grant page read-only.
 //! - [`sys`]: monotonic clock, absolute sleep, `pthread_atfork`, and the leaked-pointer slot that
 //!   holds the runtime (reset in a fork child without taking any lock).
 //!
@@ -15,5 +16,6 @@
 
 pub mod dlsym;
 pub mod exports;
+pub mod grant;
 pub mod real;
 pub mod sys;

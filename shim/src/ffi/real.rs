@@ -9,7 +9,7 @@
 
 use super::dlsym::real_dlsym;
 use crate::variants::{Helper, Hook, Lib};
-use std::ffi::{c_int, c_uint, c_void, CString};
+use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::*};
 
 const UNINIT: u8 = 0;
@@ -193,7 +193,8 @@ pub fn event_query(ev: usize) -> u32 {
 
 /// Milliseconds between two completed events.
 pub fn event_elapsed_ms(a: usize, b: usize) -> Option<f32> {
-    let f = helper_fn!(cuEventElapsedTime: fn(*mut f32, *mut c_void, *mut c_void) -> u32, else None);
+    let f =
+        helper_fn!(cuEventElapsedTime: fn(*mut f32, *mut c_void, *mut c_void) -> u32, else None);
     let mut ms: f32 = 0.0;
     // SAFETY: events we created; valid out-pointer.
     let rc = unsafe { f(&mut ms, a as *mut c_void, b as *mut c_void) };
@@ -229,17 +230,84 @@ struct ProcInfo {
     ci: c_uint,
 }
 
-/// Device memory NVML attributes to process `pid` on device index `dev`.
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, NVML's spelling of a 16-byte CUDA UUID.
+pub fn uuid_string(b: &[u8; 16]) -> String {
+    let h = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h(0..4),
+        h(4..6),
+        h(6..8),
+        h(8..10),
+        h(10..16)
+    )
+}
+
+/// UUID of CUDA ordinal `ordinal` (needs `cuInit` done by the host process).
+fn cuda_uuid(ordinal: usize) -> Option<String> {
+    let get = helper_fn!(cuDeviceGet: fn(*mut c_int, c_int) -> u32, else None);
+    let uuid = helper_fn!(cuDeviceGetUuid: fn(*mut [u8; 16], c_int) -> u32, else None);
+    let mut dev: c_int = -1;
+    let mut b = [0u8; 16];
+    // SAFETY: valid out-pointers; CUuuid is 16 bytes.
+    let ok = unsafe { get(&mut dev, ordinal as c_int) == 0 && uuid(&mut b, dev) == 0 };
+    ok.then(|| uuid_string(&b))
+}
+
+/// The NVML handle of CUDA ordinal `ordinal`: by UUID (correct under `CUDA_VISIBLE_DEVICES`),
+/// else by the same index when no device list is set.
+fn nvml_handle_of_ordinal(ordinal: usize) -> Option<*mut c_void> {
+    let mut h: *mut c_void = std::ptr::null_mut();
+    if let Some(u) = cuda_uuid(ordinal) {
+        let by_uuid = helper_fn!(nvmlDeviceGetHandleByUUID: fn(*const c_char, *mut *mut c_void) -> u32, else None);
+        let c = CString::new(u).ok()?;
+        // SAFETY: NUL-terminated UUID; valid out-pointer.
+        if unsafe { by_uuid(c.as_ptr(), &mut h) } == 0 {
+            return Some(h);
+        }
+    }
+    if std::env::var_os("CUDA_VISIBLE_DEVICES").is_some() {
+        return None;
+    }
+    let by_index =
+        helper_fn!(nvmlDeviceGetHandleByIndex_v2: fn(c_uint, *mut *mut c_void) -> u32, else None);
+    // SAFETY: valid out-pointer.
+    (unsafe { by_index(ordinal as c_uint, &mut h) } == 0).then_some(h)
+}
+
+/// The CUDA ordinal of an NVML device handle (what the caps are indexed by): the ordinal whose
+/// UUID matches; without a CUDA device list (process never called cuInit), the NVML index when
+/// `CUDA_VISIBLE_DEVICES` is unset. `None`: this NVML device is not one of the process's CUDA
+/// devices (or cannot be identified).
+pub fn cuda_ordinal_of_nvml(handle: usize) -> Option<usize> {
+    let uuid_of =
+        helper_fn!(nvmlDeviceGetUUID: fn(*mut c_void, *mut c_char, c_uint) -> u32, else None);
+    let mut buf = [0 as c_char; 96];
+    // SAFETY: `handle` is the caller's NVML handle; `buf` holds 96 bytes.
+    if unsafe { uuid_of(handle as *mut c_void, buf.as_mut_ptr(), buf.len() as c_uint) } == 0 {
+        // SAFETY: NVML wrote a NUL-terminated string into `buf`.
+        let nv = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let count = helper_fn!(cuDeviceGetCount: fn(*mut c_int) -> u32, else None);
+        let mut n: c_int = 0;
+        // SAFETY: valid out-pointer.
+        if unsafe { count(&mut n) } == 0 && n > 0 {
+            return (0..n as usize).find(|&o| cuda_uuid(o).as_deref() == Some(nv.as_str()));
+        }
+    }
+    if std::env::var_os("CUDA_VISIBLE_DEVICES").is_some() {
+        return None;
+    }
+    nvml_index(handle)
+}
+
+/// Device memory NVML attributes to process `pid` on CUDA ordinal `dev`.
 pub fn nvml_process_mem(dev: usize, pid: u32) -> Option<u64> {
     if !nvml_ready() {
         return None;
     }
-    let by_index = helper_fn!(nvmlDeviceGetHandleByIndex_v2: fn(c_uint, *mut *mut c_void) -> u32, else None);
-    let mut h: *mut c_void = std::ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    if unsafe { by_index(dev as c_uint, &mut h) } != 0 {
-        return None;
-    }
+    let h = nvml_handle_of_ordinal(dev)?;
     let procs = {
         let a = helper(Helper::nvmlDeviceGetComputeRunningProcesses_v3);
         let a = if a != 0 {
@@ -252,7 +320,10 @@ pub fn nvml_process_mem(dev: usize, pid: u32) -> Option<u64> {
         }
         // SAFETY: both versions share this prototype and the v2/v3 nvmlProcessInfo_t layout.
         unsafe {
-            std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut ProcInfo) -> u32>(a)
+            std::mem::transmute::<
+                usize,
+                unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut ProcInfo) -> u32,
+            >(a)
         }
     };
     // 64 entries on the stack: more compute processes than that on one GPU is not a case we
@@ -267,6 +338,20 @@ pub fn nvml_process_mem(dev: usize, pid: u32) -> Option<u64> {
         .iter()
         .find(|p| p.pid == pid)
         .map(|p| p.used)
+}
+
+/// Frees a device pointer the shim itself must give back (a pitched allocation whose real size
+/// did not fit the cap). `v1` selects the 32-bit `cuMemFree`.
+pub fn mem_free(ptr: u64, v1: bool) -> u32 {
+    if v1 {
+        let f = helper_fn!(cuMemFree: fn(c_uint) -> u32, else 999);
+        // SAFETY: `ptr` is an allocation the driver just returned to us.
+        unsafe { f(ptr as c_uint) }
+    } else {
+        let f = helper_fn!(cuMemFree_v2: fn(u64) -> u32, else 999);
+        // SAFETY: as above.
+        unsafe { f(ptr) }
+    }
 }
 
 /// NVML index of a device handle.

@@ -1,0 +1,1 @@
+"""smore profiling harness: architectural features, solo and co-location measurements (SMORE)."""

@@ -1,0 +1,104 @@
+//! Maps the arbiter's grant page (a sealed memfd) read-only.
+//!
+//! Must never: map the page writable, accept an fd smaller than the page layout, or return a page
+//! whose magic / version is not ours (a wrong fd must not be read as limits).
+
+use crate::limits::GrantPage;
+use smore_protocol::grant::PAGE_BYTES;
+use std::os::fd::RawFd;
+
+/// Maps `fd` (`PROT_READ`, `MAP_SHARED`) and checks it holds a [`GrantPage`] of our layout. The
+/// mapping is never unmapped: the page is the process's live limits until it exits. The fd itself
+/// may be closed afterwards (the mapping keeps the memfd alive).
+pub fn map_fd(fd: RawFd) -> Result<&'static GrantPage, String> {
+    // SAFETY: fstat on any integer is safe (EBADF for a non-fd); `st` is a valid out pointer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(format!(
+            "fd {fd} is not open ({})",
+            std::io::Error::last_os_error()
+        ));
+    }
+    if (st.st_size as u64) < std::mem::size_of::<GrantPage>() as u64 {
+        return Err(format!(
+            "fd {fd} holds {} bytes, less than a grant page ({} bytes)",
+            st.st_size,
+            std::mem::size_of::<GrantPage>()
+        ));
+    }
+    // SAFETY: a fresh read-only shared mapping of an open fd; the kernel checks the rest.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAGE_BYTES,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!(
+            "mmap of fd {fd} failed: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: the mapping is PAGE_BYTES ≥ size_of::<GrantPage>() long (asserted in the protocol
+    // crate), page-aligned, lives for the rest of the process (never unmapped), and every field
+    // the shim reads after the header is an atomic (loads are valid on read-only memory).
+    let page: &'static GrantPage = unsafe { &*(p as *const GrantPage) };
+    if !page.is_valid() {
+        // SAFETY: unmapping the mapping we just made; nothing references it.
+        unsafe { libc::munmap(p, PAGE_BYTES) };
+        return Err(format!(
+            "fd {fd} is not a smore grant page (magic or layout version differ)"
+        ));
+    }
+    Ok(page)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    fn memfd(bytes: usize) -> OwnedFd {
+        // SAFETY: memfd_create with a NUL-terminated name; the result is checked and owned.
+        let fd = unsafe { libc::memfd_create(c"smore-shim-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate on our own fd.
+        assert_eq!(
+            unsafe { libc::ftruncate(fd.as_raw_fd(), bytes as libc::off_t) },
+            0
+        );
+        fd
+    }
+
+    #[test]
+    fn only_a_grant_page_of_our_layout_is_mapped() {
+        let zeros = memfd(PAGE_BYTES);
+        let e = map_fd(zeros.as_raw_fd()).unwrap_err();
+        assert!(e.contains("not a smore grant page"), "{e}");
+        let short = memfd(16);
+        let e = map_fd(short.as_raw_fd()).unwrap_err();
+        assert!(e.contains("less than a grant page"), "{e}");
+        let good = memfd(PAGE_BYTES);
+        let page = GrantPage::unlimited();
+        page.set(0, 1 << 30, 40);
+        // SAFETY: writing the page's bytes into our own memfd (a plain copy of a repr(C) value).
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                &page as *const GrantPage as *const u8,
+                std::mem::size_of::<GrantPage>(),
+            )
+        };
+        // SAFETY: pwrite of a valid buffer to our own fd.
+        let n = unsafe { libc::pwrite(good.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
+        assert_eq!(n as usize, bytes.len());
+        let mapped = map_fd(good.as_raw_fd()).unwrap();
+        assert_eq!(mapped.cap(0), 1 << 30);
+        assert_eq!(mapped.share(0), 40);
+    }
+}
