@@ -52,6 +52,14 @@ struct RawConfig {
     functions: RawFunctions,
     #[serde(default)]
     watchdog: RawWatchdog,
+    #[serde(default)]
+    prewarm: RawPrewarm,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawPrewarm {
+    policy: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -139,6 +147,8 @@ pub struct Config {
     pub memory_slack: u64,
     /// Whether the watchdog checks that a registered process actually loaded the shim.
     pub check_shim: bool,
+    /// Prewarm policy the arbiter runs online over request reports (`off` disables hints).
+    pub prewarm_policy: String,
 }
 
 impl Default for Config {
@@ -173,6 +183,8 @@ impl Default for Config {
             // 64 MiB: covers allocator rounding (2 MiB pages) and small context growth.
             memory_slack: 64 << 20,
             check_shim: true,
+            // HHP: the serverless industry baseline (Shahrad et al., ATC'20); needs no training.
+            prewarm_policy: "hhp".into(),
         }
     }
 }
@@ -384,6 +396,17 @@ impl Config {
         if let Some(b) = raw.watchdog.check_shim {
             c.check_shim = b;
         }
+        if let Some(p) = raw.prewarm.policy {
+            let v = p.get_ref().trim().to_string();
+            if v != "off" && smore_prewarm::policy::PolicySpec::parse(&v).is_err() {
+                return Err(err(
+                    p.span(),
+                    "prewarm.policy",
+                    format!("{v:?} is not a policy: use hhp, lsth, ls-lstm, last-value, fixed-N or off"),
+                ));
+            }
+            c.prewarm_policy = v;
+        }
         Ok(c)
     }
 }
@@ -441,6 +464,8 @@ mod tests {
             e.starts_with("node.toml:1:") && e.contains("mystery"),
             "{e}"
         );
+        let e = error_of("[prewarm]\npolicy = \"crystal-ball\"\n");
+        assert!(e.starts_with("node.toml:2:") && e.contains("prewarm.policy"), "{e}");
         let e = error_of("[gpus]\ndiscover = false\n");
         assert!(e.contains("indices"), "{e}");
     }

@@ -82,25 +82,25 @@ fn functions() -> Vec<FunctionSpec> {
     // simulated durations, they are not measurements.
     vec![
         FunctionSpec { name: "resnet50", kernel_us: 400.0, kernels: 4, model_mib: 1024, load_ms: 150.0, class: TraceClass::Diurnal, rate: 30.0 },
-        FunctionSpec { name: "bert", kernel_us: 300.0, kernels: 8, model_mib: 1536, load_ms: 200.0, class: TraceClass::Bursty, rate: 12.0 },
+        FunctionSpec { name: "bert", kernel_us: 300.0, kernels: 8, model_mib: 1536, load_ms: 200.0, class: TraceClass::Mixed, rate: 12.0 },
         FunctionSpec { name: "mobilenet", kernel_us: 200.0, kernels: 3, model_mib: 512, load_ms: 100.0, class: TraceClass::Timer, rate: 6.0 },
     ]
 }
 
-struct Node {
-    dir: PathBuf,
-    env: Vec<(String, String)>,
+pub(crate) struct Node {
+    pub(crate) dir: PathBuf,
+    pub(crate) env: Vec<(String, String)>,
 }
 
 impl Node {
-    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    pub(crate) fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new(program);
         c.envs(self.env.iter().map(|(k, v)| (k, v)));
         c
     }
 }
 
-fn simulated_node(dir: &Path) -> Result<Node> {
+pub(crate) fn simulated_node(dir: &Path) -> Result<Node> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let dir = dir.canonicalize()?;
     let lib = dir.join("lib");

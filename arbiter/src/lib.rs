@@ -15,6 +15,7 @@
 //! beyond σ·capacity − training − other grants, or trust a client's word about who it is.
 
 pub mod artifacts;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod demo;

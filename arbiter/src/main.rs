@@ -43,6 +43,21 @@ enum Cmd {
     /// Run a trainer and a shimmed function on the simulated GPU (or a real one) and summarize
     /// what co-location bought and cost.
     Demo(smore_arbiter::demo::DemoArgs),
+    /// Benchmarks that print figures (shim overhead and share accuracy).
+    #[command(subcommand)]
+    Bench(BenchCmd),
+    /// SMORE's degradation predictor: train, evaluate, query, precompute the lookup table.
+    #[command(subcommand)]
+    Predictor(smore_predictor::cli::PredictorCommand),
+    /// Request forecasting and prewarm policies: replay traces, generate the synthetic suite.
+    #[command(subcommand)]
+    Prewarm(smore_prewarm::cli::PrewarmCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// ns added per launch / allocation (shim vs bare, same driver, same run) and share accuracy.
+    Shim(smore_arbiter::bench::BenchShimArgs),
 }
 
 fn init_logging() {
@@ -86,6 +101,9 @@ fn main() {
         Cmd::Top(a) => status::top(a),
         Cmd::Share(a) => status::share(a),
         Cmd::Demo(a) => smore_arbiter::demo::run(a),
+        Cmd::Bench(BenchCmd::Shim(a)) => smore_arbiter::bench::shim(a),
+        Cmd::Predictor(c) => smore_predictor::cli::run(c),
+        Cmd::Prewarm(c) => smore_prewarm::cli::run(c),
     };
     if let Err(e) = r {
         eprintln!("smore: {e:#}");

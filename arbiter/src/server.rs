@@ -212,6 +212,7 @@ fn reconcile_loop(state: Shared, mut source: Box<dyn GpuSource>) {
         let actions = {
             let mut st = lock(&state);
             let a = st.reconcile(&samples);
+            st.prewarm_tick();
             persist(&mut st);
             a
         };

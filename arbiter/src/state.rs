@@ -221,10 +221,19 @@ pub struct State {
     pub dirty: bool,
     /// The latest pre-warm hints (refreshed every minute by `prewarm_tick`).
     pub hints: Vec<smore_protocol::wire::Hint>,
+    /// Online prewarm over request reports (None when `[prewarm] policy = "off"`).
+    prewarm: Option<smore_prewarm::PrewarmManager>,
+    prewarm_minute: Option<u64>,
 }
 
 impl State {
     pub fn new(cfg: Config, gpus: Vec<GpuInfo>, policy: Box<dyn Policy>) -> State {
+        let prewarm = (cfg.prewarm_policy != "off")
+            .then(|| smore_prewarm::policy::PolicySpec::parse(&cfg.prewarm_policy).ok())
+            .flatten()
+            .and_then(|spec| {
+                smore_prewarm::PrewarmManager::new(spec, smore_prewarm::policy::PolicySettings::default()).ok()
+            });
         let gpus = gpus
             .into_iter()
             .filter(|g| {
@@ -253,7 +262,53 @@ impl State {
             started_at: now(),
             dirty: false,
             hints: Vec::new(),
+            prewarm,
+            prewarm_minute: None,
         }
+    }
+
+    /// Seconds since the arbiter started (the prewarm clock; minute = ⌊t/60⌋).
+    fn clock(&self) -> f64 {
+        (now() - self.started_at).max(0.0)
+    }
+
+    /// Start of a new minute: ask the prewarm policy for hints (called by the reconcile loop).
+    pub fn prewarm_tick(&mut self) {
+        let minute = (self.clock() / 60.0) as u64;
+        if self.prewarm_minute == Some(minute) {
+            return;
+        }
+        self.prewarm_minute = Some(minute);
+        let Some(pm) = self.prewarm.as_mut() else { return };
+        // Residency is what the node actually has: a function is loaded iff an instance runs.
+        let names: Vec<String> = pm.status().iter().map(|f| f.function.clone()).collect();
+        for n in names {
+            let loaded = self.instances.values().any(|i| i.function == n);
+            let _ = pm.set_loaded(&n, loaded);
+        }
+        match pm.tick(minute) {
+            Ok(h) => {
+                self.hints = h
+                    .into_iter()
+                    .map(|h| smore_protocol::wire::Hint {
+                        function: h.function,
+                        action: match h.action {
+                            smore_prewarm::policy::Action::Load => "load",
+                            smore_prewarm::policy::Action::Keep => "keep",
+                            smore_prewarm::policy::Action::Unload => "unload",
+                        }
+                        .into(),
+                        forecast_rpm: h.forecast.unwrap_or(-1.0),
+                    })
+                    .collect();
+            }
+            Err(e) => tracing::warn!("prewarm tick failed: {e:#}"),
+        }
+    }
+
+    /// GPU memory held by models the prewarm manager believes resident, bytes.
+    pub fn warm_memory(&self) -> u64 {
+        self.prewarm.as_ref().map_or(0, |p| p.warm_memory_bytes())
     }
 
     pub fn policy_name(&self) -> &'static str {
@@ -415,6 +470,11 @@ impl State {
             acted_on: false,
         };
         inst.write_page();
+        if let Some(pm) = self.prewarm.as_mut() {
+            if !pm.status().iter().any(|f| f.function == ask.function) {
+                pm.register(&ask.function, cap);
+            }
+        }
         self.instances.insert(id, inst);
         self.reshare(gpu);
         self.counters.registrations += 1;
@@ -575,6 +635,15 @@ impl State {
         throttled_ns: Option<u64>,
         refusals: Option<u64>,
     ) {
+        let t = self.clock();
+        if let (Some(pm), Some(i)) = (self.prewarm.as_mut(), self.instances.get(&id)) {
+            // Each reported request is one arrival of the function in this minute.
+            for _ in latencies.iter().filter(|l| l.is_finite() && **l >= 0.0) {
+                if pm.request_begin(&i.function, t).is_ok() {
+                    let _ = pm.request_end(&i.function, t);
+                }
+            }
+        }
         if let Some(i) = self.instances.get_mut(&id) {
             for &l in latencies.iter().filter(|l| l.is_finite() && **l >= 0.0) {
                 if i.latencies.len() >= MAX_LATENCIES {
@@ -883,6 +952,11 @@ impl State {
             },
             "gpus": gpus,
             "counters": self.counters,
+            "prewarm": {
+                "policy": self.cfg.prewarm_policy,
+                "warm_memory": self.warm_memory(),
+                "hints": self.hints,
+            },
             "events": self.events,
         })
     }
@@ -1041,5 +1115,32 @@ mod tests {
         assert_eq!(f["cap"], 1u64 << 30);
         assert_eq!(f["function"], "f");
         assert_eq!(v["counters"]["registrations"], 1);
+    }
+}
+
+#[cfg(test)]
+mod prewarm_tests {
+    use super::*;
+    use crate::policy::FitPolicy;
+
+    #[test]
+    fn reported_requests_drive_prewarm_hints() {
+        let gpus = vec![GpuInfo { index: 0, uuid: "GPU-0".into(), name: "sim".into(), total: 10 << 30 }];
+        let cfg = Config { prewarm_policy: "fixed-10".into(), ..Config::default() };
+        let mut s = State::new(cfg, gpus, Box::new(FitPolicy));
+        let peer = Peer { pid: std::process::id(), uid: 0 };
+        let args = RegisterArgs { function: "f".into(), memory: Some(1 << 30), exec: true, ..Default::default() };
+        let (g, _) = s.register(peer, args).unwrap();
+        s.report(g.instance, &[3.0, 4.0], None, None, None);
+        // A new minute: the function is loaded and had requests ⇒ a fixed keep-alive keeps it.
+        s.prewarm_minute = None;
+        s.started_at -= 60.0;
+        s.prewarm_tick();
+        assert_eq!(s.hints.len(), 1, "{:?}", s.hints);
+        assert_eq!(s.hints[0].function, "f");
+        assert_eq!(s.hints[0].action, "keep");
+        assert_eq!(s.warm_memory(), 1 << 30);
+        let snap = s.snapshot();
+        assert_eq!(snap["prewarm"]["hints"][0]["action"], "keep");
     }
 }

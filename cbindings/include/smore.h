@@ -106,7 +106,7 @@ typedef struct SmoreHint {
   char function[64];
   enum SmoreAction action;
   /**
-   * Requests per minute expected next minute.
+   * Requests per minute the policy expects this minute; negative when it makes no forecast.
    */
   double forecast_rpm;
 } SmoreHint;

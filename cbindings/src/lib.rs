@@ -89,7 +89,7 @@ pub struct SmoreHint {
     /// NUL-terminated function name (truncated to 63 bytes).
     pub function: [c_char; 64],
     pub action: SmoreAction,
-    /// Requests per minute expected next minute.
+    /// Requests per minute the policy expects this minute; negative when it makes no forecast.
     pub forecast_rpm: f64,
 }
 

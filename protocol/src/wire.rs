@@ -198,7 +198,8 @@ pub struct Hint {
     pub function: String,
     /// `load`, `keep` or `unload`.
     pub action: String,
-    /// Requests per minute the forecaster expects next minute.
+    /// Requests per minute the policy expects this minute; negative when the policy makes no
+    /// forecast (histogram and keep-alive policies).
     pub forecast_rpm: f64,
 }
 
