@@ -6,7 +6,10 @@
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(name = "smore-prewarm", about = "smore prewarm: trace replay and synthetic traces")]
+#[command(
+    name = "smore-prewarm",
+    about = "smore prewarm: trace replay and synthetic traces"
+)]
 struct Args {
     #[command(subcommand)]
     cmd: smore_prewarm::cli::PrewarmCommand,

@@ -31,7 +31,10 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub trace: PathBuf,
     /// Comma-separated policies: ls-lstm, last-value, hhp, lsth, fixed-N, oracle.
-    #[arg(long, default_value = "ls-lstm,hhp,lsth,fixed-10,fixed-20,last-value,oracle")]
+    #[arg(
+        long,
+        default_value = "ls-lstm,hhp,lsth,fixed-10,fixed-20,last-value,oracle"
+    )]
     pub policy: String,
     /// Report directory (table, CSVs, summary.json, PNG plots).
     #[arg(long)]
@@ -131,12 +134,17 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         }
         settings.lslstm.alpha = al;
         settings.lslstm.alpha_min = settings.lslstm.alpha_min.min(al);
+        settings.lslstm.alpha_max = settings.lslstm.alpha_max.max(al);
     }
     let record: Vec<usize> = match &a.plot_functions {
         Some(list) => {
             let mut v = Vec::new();
             for p in list.split(',').filter(|s| !s.is_empty()) {
-                match trace.functions.iter().position(|f| f.key.function.starts_with(p)) {
+                match trace
+                    .functions
+                    .iter()
+                    .position(|f| f.key.function.starts_with(p))
+                {
                     Some(i) => v.push(i),
                     None => bail!("--plot-functions: no function hash starts with `{p}`"),
                 }
@@ -192,7 +200,9 @@ fn simulate(a: SimulateArgs) -> Result<()> {
             .map(|p| p.policy.clone())
             .find(|p| p == "ls-lstm" || p == "last-value");
         if let Some(fp) = fc_policy {
-            if let Err(e) = crate::plot::forecasts(&suite, &trace, &fp, &record, 360, &out.join("forecast.png")) {
+            if let Err(e) =
+                crate::plot::forecasts(&suite, &trace, &fp, &record, 360, &out.join("forecast.png"))
+            {
                 tracing::error!(error = %e, "forecast plot failed");
                 eprintln!("warning: {e}");
             }

@@ -176,7 +176,11 @@ impl IdleHistogram {
 }
 
 /// HHP's decision from a histogram and the idle-time series (for the time-series branch).
-pub fn hhp_windows(h: &IdleHistogram, idle_series: &[u64], cfg: &HhpConfig) -> (Windows, HhpBranch) {
+pub fn hhp_windows(
+    h: &IdleHistogram,
+    idle_series: &[u64],
+    cfg: &HhpConfig,
+) -> (Windows, HhpBranch) {
     let total = h.in_range() + h.oob;
     let whole_range = Windows {
         prewarm: 0,
@@ -304,9 +308,19 @@ pub fn lsth_windows(idle: &VecDeque<(u64, u64)>, minute: u64, cfg: &LsthConfig) 
     let beta = if ns >= 2.0 { cfg.beta } else { 1.0 };
     let mut mix = IdleHistogram::new(range);
     for i in 0..range as usize {
-        mix.bins[i] = beta * long.bins[i] / nl + if ns > 0.0 { (1.0 - beta) * short.bins[i] / ns } else { 0.0 };
+        mix.bins[i] = beta * long.bins[i] / nl
+            + if ns > 0.0 {
+                (1.0 - beta) * short.bins[i] / ns
+            } else {
+                0.0
+            };
     }
-    mix.oob = beta * long.oob / nl + if ns > 0.0 { (1.0 - beta) * short.oob / ns } else { 0.0 };
+    mix.oob = beta * long.oob / nl
+        + if ns > 0.0 {
+            (1.0 - beta) * short.oob / ns
+        } else {
+            0.0
+        };
     mix.percentile_windows(&cfg.hhp).unwrap_or(Windows {
         // Everything out of range: keep alive the whole range, like HHP's conservative branch.
         prewarm: 0,
@@ -327,7 +341,13 @@ mod tests {
         let (w, b) = hhp_windows(&h, &idle, &HhpConfig::default());
         assert_eq!(b, HhpBranch::Histogram);
         // pre-warm ⌊0.9·10⌋ = 9; keep until ⌈1.1·11⌉ = ⌈12.1⌉ = 13.
-        assert_eq!(w, Windows { prewarm: 9, keep_until: 13 });
+        assert_eq!(
+            w,
+            Windows {
+                prewarm: 9,
+                keep_until: 13
+            }
+        );
         assert!(!w.warm_at(8) && w.warm_at(9) && w.warm_at(12) && !w.warm_at(13));
     }
 
@@ -342,7 +362,13 @@ mod tests {
         assert_eq!(h.percentile_bin(99.0), Some(20));
         let (w, b) = hhp_windows(&h, &idle, &HhpConfig::default());
         assert_eq!(b, HhpBranch::Histogram);
-        assert_eq!(w, Windows { prewarm: 2, keep_until: 24 });
+        assert_eq!(
+            w,
+            Windows {
+                prewarm: 2,
+                keep_until: 24
+            }
+        );
     }
 
     #[test]
@@ -353,14 +379,23 @@ mod tests {
         assert_eq!(h.bin_cv(), 0.0);
         let (w, b) = hhp_windows(&h, &idle, &HhpConfig::default());
         assert_eq!(b, HhpBranch::NotRepresentative);
-        assert_eq!(w, Windows { prewarm: 0, keep_until: 240 });
+        assert_eq!(
+            w,
+            Windows {
+                prewarm: 0,
+                keep_until: 240
+            }
+        );
     }
 
     #[test]
     fn too_few_samples_is_not_representative() {
         let idle = vec![10u64; 4];
         let h = IdleHistogram::from_idle_times(240, idle.iter().copied());
-        assert_eq!(hhp_windows(&h, &idle, &HhpConfig::default()).1, HhpBranch::NotRepresentative);
+        assert_eq!(
+            hhp_windows(&h, &idle, &HhpConfig::default()).1,
+            HhpBranch::NotRepresentative
+        );
     }
 
     #[test]
@@ -372,7 +407,13 @@ mod tests {
         assert_eq!(h.oob, 4.0);
         let (w, b) = hhp_windows(&h, &idle, &HhpConfig::default());
         assert_eq!(b, HhpBranch::TimeSeries);
-        assert_eq!(w, Windows { prewarm: 260, keep_until: 353 });
+        assert_eq!(
+            w,
+            Windows {
+                prewarm: 260,
+                keep_until: 353
+            }
+        );
     }
 
     #[test]
@@ -399,11 +440,29 @@ mod tests {
         let w = lsth_windows(&idle, 1010, &LsthConfig::default());
         // Mixture: bin 2 = 0.5·2/42 + 0.5·2/2 ≈ 0.524, bin 30 = 0.5·40/42 ≈ 0.476.
         // 5th percentile bin 2 → pre-warm ⌊1.8⌋ = 1; 99th bin 30 → keep until ⌈34.1⌉ = 35.
-        assert_eq!(w, Windows { prewarm: 1, keep_until: 35 });
+        assert_eq!(
+            w,
+            Windows {
+                prewarm: 1,
+                keep_until: 35
+            }
+        );
         // Once the short window is empty, only the long histogram counts: bin 2 holds
         // 2/42 ≈ 4.8 % < 5 %, so the head is bin 30 → pre-warm ⌊27⌋ = 27.
         let w_long_only = lsth_windows(&idle, 1003 + 61, &LsthConfig::default());
-        assert_eq!(w_long_only, Windows { prewarm: 27, keep_until: 35 });
-        assert!(lsth_windows(&VecDeque::new(), 5, &LsthConfig::default()) == Windows { prewarm: 0, keep_until: 10 });
+        assert_eq!(
+            w_long_only,
+            Windows {
+                prewarm: 27,
+                keep_until: 35
+            }
+        );
+        assert!(
+            lsth_windows(&VecDeque::new(), 5, &LsthConfig::default())
+                == Windows {
+                    prewarm: 0,
+                    keep_until: 10
+                }
+        );
     }
 }

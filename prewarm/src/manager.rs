@@ -28,8 +28,9 @@ use anyhow::{bail, Result};
 
 use crate::policy::{Action, Policy, PolicySettings, PolicySpec};
 
-/// One hint for the start of a minute.
-#[derive(Debug, Clone, PartialEq)]
+/// One hint for the start of a minute (serialises as
+/// `{"function":"resnet","action":"load","forecast":1.7}` for `status`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Hint {
     /// Function name as registered.
     pub function: String,
@@ -49,6 +50,8 @@ struct Managed {
     minute: u64,
     cold: u64,
     total: u64,
+    /// The hint of the last tick (`None`: neither resident nor wanted).
+    hint: Option<Hint>,
 }
 
 /// Online prewarm manager.
@@ -71,7 +74,7 @@ impl std::fmt::Debug for PrewarmManager {
 }
 
 /// Per-function counters for `status`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct FunctionStatus {
     /// Name.
     pub function: String,
@@ -124,6 +127,7 @@ impl PrewarmManager {
                 minute,
                 cold: 0,
                 total: 0,
+                hint: None,
             },
         );
     }
@@ -158,7 +162,10 @@ impl PrewarmManager {
         let minute = (t / 60.0) as u64;
         let f = self.get(function)?;
         if minute < f.minute {
-            bail!("request of `{function}` at minute {minute} is older than the current minute {}", f.minute);
+            bail!(
+                "request of `{function}` at minute {minute} is older than the current minute {}",
+                f.minute
+            );
         }
         Self::roll(f, minute);
         f.count += 1;
@@ -205,21 +212,30 @@ impl PrewarmManager {
             let want = f.policy.want_warm(minute, f.loaded);
             // Never unload under a running request.
             let want = want || f.inflight > 0 && f.loaded;
-            if let Some(action) = Action::from_state(f.loaded, want) {
-                hints.push(Hint {
-                    function: name.clone(),
-                    action,
-                    forecast: f.policy.last_forecast(),
-                });
-            }
+            f.hint = Action::from_state(f.loaded, want).map(|action| Hint {
+                function: name.clone(),
+                action,
+                forecast: f.policy.last_forecast(),
+            });
+            hints.extend(f.hint.clone());
             f.loaded = want;
         }
         Ok(hints)
     }
 
+    /// The hint the last [`tick`](Self::tick) gave `function` (what a runtime polls between
+    /// ticks); `None` when it is neither resident nor wanted, or not registered.
+    pub fn hint(&self, function: &str) -> Option<&Hint> {
+        self.fns.get(function).and_then(|f| f.hint.as_ref())
+    }
+
     /// GPU memory held by models believed resident, bytes.
     pub fn warm_memory_bytes(&self) -> u64 {
-        self.fns.values().filter(|f| f.loaded).map(|f| f.mem_bytes).sum()
+        self.fns
+            .values()
+            .filter(|f| f.loaded)
+            .map(|f| f.mem_bytes)
+            .sum()
     }
 
     /// Per-function status.
@@ -254,9 +270,18 @@ mod tests {
         assert_eq!(m.warm_memory_bytes(), 100);
         // Minutes 1, 2: kept (idle 0, 1 < 2); minute 3: unload.
         let h = m.tick(1).unwrap();
-        assert_eq!(h, vec![Hint { function: "a".into(), action: Action::Keep, forecast: None }]);
+        assert_eq!(
+            h,
+            vec![Hint {
+                function: "a".into(),
+                action: Action::Keep,
+                forecast: None
+            }]
+        );
         assert_eq!(m.tick(2).unwrap()[0].action, Action::Keep);
         assert_eq!(m.tick(3).unwrap()[0].action, Action::Unload);
+        assert_eq!(m.hint("a").map(|h| h.action), Some(Action::Unload));
+        assert_eq!(m.hint("b"), None);
         assert_eq!(m.warm_memory_bytes(), 0);
         assert!(m.tick(4).unwrap().is_empty());
         let s = m.status();
@@ -278,7 +303,11 @@ mod tests {
     #[test]
     fn bad_calls_are_errors() {
         let mut m = PrewarmManager::new(PolicySpec::Hhp, PolicySettings::default()).unwrap();
-        assert!(m.request_begin("nope", 1.0).unwrap_err().to_string().contains("nope"));
+        assert!(m
+            .request_begin("nope", 1.0)
+            .unwrap_err()
+            .to_string()
+            .contains("nope"));
         m.register("a", 1);
         assert!(m.request_end("a", 1.0).is_err());
         assert!(m.request_begin("a", f64::NAN).is_err());

@@ -20,7 +20,9 @@ static FONT: Once = Once::new();
 
 fn register_font() {
     FONT.call_once(|| {
-        if plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).is_err() {
+        if plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
+            .is_err()
+        {
             tracing::warn!("could not register the embedded DejaVu font; plot text may be missing");
         }
     });
@@ -57,7 +59,11 @@ pub fn pareto(suite: &SuiteResult, path: &Path) -> Result<()> {
             .policies
             .iter()
             .filter_map(|p| {
-                let a = if g == "all" { Some(&p.overall) } else { p.per_group.get(g) };
+                let a = if g == "all" {
+                    Some(&p.overall)
+                } else {
+                    p.per_group.get(g)
+                };
                 a.map(|a| (p.policy.clone(), 100.0 * a.waste_rate, 100.0 * a.cold_rate))
             })
             .collect();
@@ -114,7 +120,9 @@ pub fn forecasts(
     let panels = root.split_evenly((panels_n, 1));
     for (k, &i) in indices.iter().enumerate() {
         let f = &trace.functions[i];
-        let Some(row) = p.rows.iter().find(|r| r.index == i) else { continue };
+        let Some(row) = p.rows.iter().find(|r| r.index == i) else {
+            continue;
+        };
         let actual: Vec<f64> = f.counts[suite.score_from..]
             .iter()
             .take(span)
@@ -136,7 +144,11 @@ pub fn forecasts(
             * 1.1;
         let mut chart = ChartBuilder::on(&panels[k])
             .caption(
-                format!("{} ({}): actual (black) vs {policy} forecast (red)", f.key.short(), f.group()),
+                format!(
+                    "{} ({}): actual (black) vs {policy} forecast (red)",
+                    f.key.short(),
+                    f.group()
+                ),
                 ("sans-serif", 16),
             )
             .margin(8)
@@ -152,7 +164,10 @@ pub fn forecasts(
             .draw()
             .map_err(e)?;
         chart
-            .draw_series(LineSeries::new(actual.iter().enumerate().map(|(t, &v)| (t, v)), &BLACK))
+            .draw_series(LineSeries::new(
+                actual.iter().enumerate().map(|(t, &v)| (t, v)),
+                &BLACK,
+            ))
             .map_err(e)?;
         chart
             .draw_series(LineSeries::new(fc.iter().copied(), &COLORS[0]))

@@ -40,12 +40,36 @@ pub struct ModelProfile {
 /// 25.6 M, BERT-base 110 M, RoBERTa-base 125 M, DeepFM ≈ 10 M) plus ≈ 300 MiB of CUDA context and
 /// framework workspace per process.
 pub const MODEL_CATALOGUE: [ModelProfile; 6] = [
-    ModelProfile { name: "vgg16", load_s: 1.2, mem_mib: 828.0 },
-    ModelProfile { name: "mobilenet", load_s: 1.0, mem_mib: 314.0 },
-    ModelProfile { name: "resnet50", load_s: 1.5, mem_mib: 398.0 },
-    ModelProfile { name: "bert", load_s: 2.6, mem_mib: 720.0 },
-    ModelProfile { name: "roberta", load_s: 5.2, mem_mib: 780.0 },
-    ModelProfile { name: "deepfm", load_s: 0.6, mem_mib: 340.0 },
+    ModelProfile {
+        name: "vgg16",
+        load_s: 1.2,
+        mem_mib: 828.0,
+    },
+    ModelProfile {
+        name: "mobilenet",
+        load_s: 1.0,
+        mem_mib: 314.0,
+    },
+    ModelProfile {
+        name: "resnet50",
+        load_s: 1.5,
+        mem_mib: 398.0,
+    },
+    ModelProfile {
+        name: "bert",
+        load_s: 2.6,
+        mem_mib: 720.0,
+    },
+    ModelProfile {
+        name: "roberta",
+        load_s: 5.2,
+        mem_mib: 780.0,
+    },
+    ModelProfile {
+        name: "deepfm",
+        load_s: 0.6,
+        mem_mib: 340.0,
+    },
 ];
 
 /// Deterministic model assignment: FNV-1a of the function hash picks a catalogue entry.
@@ -261,12 +285,20 @@ pub fn aggregate<'a>(results: impl IntoIterator<Item = (&'a FunctionResult, f64)
             rates.push(c);
         }
     }
-    a.cold_rate = if a.n_total > 0 { a.n_cold as f64 / a.n_total as f64 } else { 0.0 };
+    a.cold_rate = if a.n_total > 0 {
+        a.n_cold as f64 / a.n_total as f64
+    } else {
+        0.0
+    };
     a.waste_rate = if loaded > 0.0 { idle / loaded } else { 0.0 };
     a.wasted_gib_h = wasted_mib_s / 1024.0 / 3600.0;
     a.loaded_gib_h = loaded_mib_s / 1024.0 / 3600.0;
     a.p75_cold_rate = percentile(&rates, 75.0);
-    a.loads_per_fn_day = if minutes > 0 { loads as f64 / (minutes as f64 / 1440.0) } else { 0.0 };
+    a.loads_per_fn_day = if minutes > 0 {
+        loads as f64 / (minutes as f64 / 1440.0)
+    } else {
+        0.0
+    };
     a
 }
 
@@ -275,10 +307,18 @@ mod tests {
     use super::*;
     use crate::policy::{FixedKeepAlive, Oracle};
 
-    const M: ModelProfile = ModelProfile { name: "t", load_s: 2.0, mem_mib: 1024.0 };
+    const M: ModelProfile = ModelProfile {
+        name: "t",
+        load_s: 2.0,
+        mem_mib: 1024.0,
+    };
 
     fn cfg() -> ReplayConfig {
-        ReplayConfig { score_from: 0, decide_lead: 0, record_forecasts: false }
+        ReplayConfig {
+            score_from: 0,
+            decide_lead: 0,
+            record_forecasts: false,
+        }
     }
 
     #[test]
@@ -291,7 +331,11 @@ mod tests {
         let mut p = FixedKeepAlive::new(1);
         let r = replay(&[1, 0, 0, 1], 0.1, &M, &mut p, &cfg());
         assert_eq!((r.n_total, r.n_cold), (2, 2));
-        assert!((r.loaded_s - (28.0 + 60.0 + 28.0)).abs() < 1e-9, "{}", r.loaded_s);
+        assert!(
+            (r.loaded_s - (28.0 + 60.0 + 28.0)).abs() < 1e-9,
+            "{}",
+            r.loaded_s
+        );
         assert!((r.loaded_idle_s - 60.0).abs() < 1e-9);
         assert!((r.wasted_mib_s - 60.0 * 1024.0).abs() < 1e-6);
         assert_eq!(r.loads, 2);
@@ -344,7 +388,11 @@ mod tests {
     #[test]
     fn history_minutes_are_not_scored() {
         let mut p = FixedKeepAlive::new(10);
-        let c = ReplayConfig { score_from: 2, decide_lead: 0, record_forecasts: false };
+        let c = ReplayConfig {
+            score_from: 2,
+            decide_lead: 0,
+            record_forecasts: false,
+        };
         let r = replay(&[1, 0, 0, 1], 0.1, &M, &mut p, &c);
         // m2, m3 scored: m2 idle 1 < 10 → pre-loaded at 120 s; the m3 request is warm.
         assert_eq!((r.n_total, r.n_cold), (1, 0));
@@ -357,8 +405,26 @@ mod tests {
     fn aggregate_and_percentile() {
         assert_eq!(percentile(&[0.1, 0.4, 0.2, 0.3], 75.0), 0.3);
         assert_eq!(percentile(&[], 75.0), 0.0);
-        let a = FunctionResult { n_total: 10, n_cold: 1, loaded_s: 100.0, loaded_idle_s: 50.0, wasted_mib_s: 50.0 * 1024.0, loads: 2, minutes: 1440, forecasts: vec![] };
-        let b = FunctionResult { n_total: 10, n_cold: 5, loaded_s: 300.0, loaded_idle_s: 50.0, wasted_mib_s: 50.0 * 1024.0, loads: 4, minutes: 1440, forecasts: vec![] };
+        let a = FunctionResult {
+            n_total: 10,
+            n_cold: 1,
+            loaded_s: 100.0,
+            loaded_idle_s: 50.0,
+            wasted_mib_s: 50.0 * 1024.0,
+            loads: 2,
+            minutes: 1440,
+            forecasts: vec![],
+        };
+        let b = FunctionResult {
+            n_total: 10,
+            n_cold: 5,
+            loaded_s: 300.0,
+            loaded_idle_s: 50.0,
+            wasted_mib_s: 50.0 * 1024.0,
+            loads: 4,
+            minutes: 1440,
+            forecasts: vec![],
+        };
         let g = aggregate([(&a, 1024.0), (&b, 1024.0)]);
         assert_eq!(g.functions, 2);
         assert!((g.cold_rate - 0.3).abs() < 1e-12);

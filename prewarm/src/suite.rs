@@ -14,7 +14,9 @@ use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::policy::{PolicySettings, PolicySpec};
-use crate::sim::{aggregate, model_for, replay, Aggregate, FunctionResult, ReplayConfig, DEFAULT_DURATION_S};
+use crate::sim::{
+    aggregate, model_for, replay, Aggregate, FunctionResult, ReplayConfig, DEFAULT_DURATION_S,
+};
 use crate::trace::{Trace, MINUTES_PER_DAY};
 
 /// How to run a suite.
@@ -94,10 +96,15 @@ pub fn run_suite(trace: &Trace, opts: &SuiteOptions) -> Result<SuiteResult> {
     };
     let n = trace.functions.len();
     let pb = if opts.progress {
-        let pb = ProgressBar::with_draw_target(Some((n * opts.policies.len()) as u64), ProgressDrawTarget::stderr());
+        let pb = ProgressBar::with_draw_target(
+            Some((n * opts.policies.len()) as u64),
+            ProgressDrawTarget::stderr(),
+        );
         pb.set_style(
-            ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} replays  {msg}  eta {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} replays  {msg}  eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         pb
     } else {
@@ -112,7 +119,9 @@ pub fn run_suite(trace: &Trace, opts: &SuiteOptions) -> Result<SuiteResult> {
             let f = &trace.functions[i];
             let model = model_for(&f.key.function);
             let mut policy = spec.build(&opts.settings, Some(&f.counts))?;
-            let duration = f.avg_duration_ms.map_or(DEFAULT_DURATION_S, |ms| ms / 1000.0);
+            let duration = f
+                .avg_duration_ms
+                .map_or(DEFAULT_DURATION_S, |ms| ms / 1000.0);
             let mut c = cfg.clone();
             c.record_forecasts = opts.record.contains(&i);
             let result = replay(&f.counts, duration, model, policy.as_mut(), &c);
@@ -130,7 +139,9 @@ pub fn run_suite(trace: &Trace, opts: &SuiteOptions) -> Result<SuiteResult> {
             let one = &one;
             std::thread::scope(|s| -> Result<Vec<FunctionRow>> {
                 let handles: Vec<_> = (0..jobs)
-                    .map(|j| s.spawn(move || (j..n).step_by(jobs).map(one).collect::<Result<Vec<_>>>()))
+                    .map(|j| {
+                        s.spawn(move || (j..n).step_by(jobs).map(one).collect::<Result<Vec<_>>>())
+                    })
                     .collect();
                 let mut all = Vec::new();
                 for h in handles {
@@ -197,7 +208,16 @@ impl SuiteResult {
         let _ = writeln!(
             s,
             "{:<9} {:<11} {:>5} {:>8} {:>7} {:>7} {:>8} {:>10} {:>9} {:>8}",
-            "class", "policy", "fns", "requests", "cold%", "waste%", "p75cold%", "wasteGiBh", "loads/f/d", "time_s"
+            "class",
+            "policy",
+            "fns",
+            "requests",
+            "cold%",
+            "waste%",
+            "p75cold%",
+            "wasteGiBh",
+            "loads/f/d",
+            "time_s"
         );
         for g in self.groups() {
             for p in &self.policies {
@@ -214,7 +234,11 @@ impl SuiteResult {
                         pct(a.p75_cold_rate),
                         a.wasted_gib_h,
                         a.loads_per_fn_day,
-                        if g == "all" { format!("{:.1}", p.seconds) } else { String::new() }
+                        if g == "all" {
+                            format!("{:.1}", p.seconds)
+                        } else {
+                            String::new()
+                        }
                     );
                 }
             }
@@ -252,7 +276,8 @@ impl SuiteResult {
 
     /// CSV of every function's result.
     pub fn functions_csv(&self, trace: &Trace) -> String {
-        let mut s = String::from("policy,function,class,requests,cold,loaded_s,loaded_idle_s,loads\n");
+        let mut s =
+            String::from("policy,function,class,requests,cold,loaded_s,loaded_idle_s,loads\n");
         for p in &self.policies {
             for r in &p.rows {
                 let f = &trace.functions[r.index];

@@ -138,7 +138,11 @@ fn diurnal_rate(base: f64, amp: f64, peak: f64, minute: usize) -> f64 {
 }
 
 /// Generates one function's series of `minutes` minutes for `class`.
-pub fn generate_series(class: TraceClass, minutes: usize, rng: &mut StdRng) -> (Vec<u32>, ClassParams) {
+pub fn generate_series(
+    class: TraceClass,
+    minutes: usize,
+    rng: &mut StdRng,
+) -> (Vec<u32>, ClassParams) {
     let mut c = vec![0u32; minutes];
     let mut params = ClassParams {
         period: None,
@@ -272,7 +276,11 @@ pub fn cv(xs: &[u32]) -> f64 {
     if mean == 0.0 {
         return 0.0;
     }
-    let var = xs.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / n;
+    let var = xs
+        .iter()
+        .map(|&x| (f64::from(x) - mean).powi(2))
+        .sum::<f64>()
+        / n;
     var.sqrt() / mean
 }
 
@@ -321,7 +329,10 @@ mod tests {
             let (c, _) = series(TraceClass::Bursty, seed);
             let active = c.iter().filter(|&&v| v > 0).count() as f64 / c.len() as f64;
             assert!(cv(&c) >= 2.0, "seed {seed}: cv {}", cv(&c));
-            assert!((0.01..=0.25).contains(&active), "seed {seed}: active {active}");
+            assert!(
+                (0.01..=0.25).contains(&active),
+                "seed {seed}: active {active}"
+            );
         }
     }
 
@@ -331,7 +342,10 @@ mod tests {
             let (c, _) = series(TraceClass::Sparse, seed);
             let active = c.iter().filter(|&&v| v > 0).count();
             assert!(active >= 1);
-            assert!((active as f64) < c.len() as f64 / 60.0, "seed {seed}: {active}");
+            assert!(
+                (active as f64) < c.len() as f64 / 60.0,
+                "seed {seed}: {active}"
+            );
         }
     }
 
@@ -340,17 +354,37 @@ mod tests {
         for seed in 0..20 {
             let (c, p) = series(TraceClass::Mixed, seed);
             let (period, phase) = (p.period.unwrap(), p.phase.unwrap());
-            let on: Vec<u32> = c.iter().enumerate().filter(|(t, _)| t % period == phase).map(|(_, &v)| v).collect();
-            let off: Vec<u32> = c.iter().enumerate().filter(|(t, _)| t % period != phase).map(|(_, &v)| v).collect();
-            assert!(on.iter().all(|&v| v >= 1), "seed {seed}: a firing is missing");
+            let on: Vec<u32> = c
+                .iter()
+                .enumerate()
+                .filter(|(t, _)| t % period == phase)
+                .map(|(_, &v)| v)
+                .collect();
+            let off: Vec<u32> = c
+                .iter()
+                .enumerate()
+                .filter(|(t, _)| t % period != phase)
+                .map(|(_, &v)| v)
+                .collect();
+            assert!(
+                on.iter().all(|&v| v >= 1),
+                "seed {seed}: a firing is missing"
+            );
             let off_active = off.iter().filter(|&&v| v > 0).count() as f64 / off.len() as f64;
-            assert!((0.01..=0.5).contains(&off_active), "seed {seed}: background {off_active}");
+            assert!(
+                (0.01..=0.5).contains(&off_active),
+                "seed {seed}: background {off_active}"
+            );
         }
     }
 
     #[test]
     fn generation_is_reproducible_and_seed_dependent() {
-        let cfg = SynthConfig { seed: 7, days: 2, per_class: 2 };
+        let cfg = SynthConfig {
+            seed: 7,
+            days: 2,
+            per_class: 2,
+        };
         let a = generate(&cfg);
         let b = generate(&cfg);
         assert_eq!(a, b);
@@ -358,7 +392,13 @@ mod tests {
         assert_ne!(a, c);
         assert_eq!(a.functions.len(), 10);
         for class in TraceClass::ALL {
-            assert_eq!(a.functions.iter().filter(|f| f.class.as_deref() == Some(class.label())).count(), 2);
+            assert_eq!(
+                a.functions
+                    .iter()
+                    .filter(|f| f.class.as_deref() == Some(class.label()))
+                    .count(),
+                2
+            );
         }
     }
 
@@ -367,8 +407,14 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(1);
         for lambda in [0.5, 4.0, 50.0] {
             let n = 20_000;
-            let mean = (0..n).map(|_| f64::from(poisson(&mut rng, lambda))).sum::<f64>() / n as f64;
-            assert!((mean - lambda).abs() < 0.05 * lambda + 0.02, "λ {lambda}: mean {mean}");
+            let mean = (0..n)
+                .map(|_| f64::from(poisson(&mut rng, lambda)))
+                .sum::<f64>()
+                / n as f64;
+            assert!(
+                (mean - lambda).abs() < 0.05 * lambda + 0.02,
+                "λ {lambda}: mean {mean}"
+            );
         }
     }
 }

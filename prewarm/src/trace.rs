@@ -52,7 +52,9 @@ pub enum TraceError {
         dir: PathBuf,
     },
     /// The day files do not form a consecutive range.
-    #[error("{dir}: day files are not consecutive: day {missing:02} is missing (found days {found:?})")]
+    #[error(
+        "{dir}: day files are not consecutive: day {missing:02} is missing (found days {found:?})"
+    )]
     MissingDay {
         /// The directory searched.
         dir: PathBuf,
@@ -179,12 +181,9 @@ fn csv_err(path: &Path, e: csv::Error) -> TraceError {
             (len as usize).min(expected_len as usize) + 1,
             format!("row has {len} fields, the header has {expected_len}"),
         ),
-        csv::ErrorKind::Utf8 { err, .. } => parse_err(
-            path,
-            line,
-            err.field() + 1,
-            format!("invalid UTF-8: {err}"),
-        ),
+        csv::ErrorKind::Utf8 { err, .. } => {
+            parse_err(path, line, err.field() + 1, format!("invalid UTF-8: {err}"))
+        }
         other => parse_err(path, line, column, format!("{other:?}")),
     }
 }
@@ -274,16 +273,20 @@ pub fn read_invocations_file(path: &Path) -> Result<DayRows, TraceError> {
             })?;
             counts.push(v);
         }
-        if rows.contains_key(&key) {
-            return Err(parse_err(
-                path,
+        // A key listed twice in one day is tolerated rather than fatal on files we did not write
+        // (a multi-gigabyte real trace should not fail on one odd row): the rows are one
+        // function, their counts are summed and the first trigger is kept.
+        if let Some((_, prev)) = rows.get_mut(&key) {
+            tracing::warn!(
+                file = %path.display(),
                 line,
-                3,
-                format!(
-                    "function {}/{}/{} appears twice in this day",
-                    key.owner, key.app, key.function
-                ),
-            ));
+                function = %key.function,
+                "function listed twice in one day; summing its counts"
+            );
+            for (p, c) in prev.iter_mut().zip(&counts) {
+                *p = p.saturating_add(*c);
+            }
+            continue;
         }
         rows.insert(key, (trigger, counts));
     }
@@ -341,7 +344,10 @@ pub fn read_durations_file(path: &Path) -> Result<BTreeMap<FunctionKey, (f64, f6
             app: record[ia].to_string(),
             function: record[ifn].to_string(),
         };
-        out.insert(key, (avg, cnt));
+        // A key listed twice: combine into the count-weighted average, like days are combined.
+        let e = out.entry(key).or_insert((0.0, 0.0));
+        let (s, n) = (e.0 * e.1 + avg * cnt, e.1 + cnt);
+        *e = (if n > 0.0 { s / n } else { avg }, n);
     }
     Ok(out)
 }
@@ -442,10 +448,7 @@ pub fn read_trace_dir(dir: &Path) -> Result<Trace, TraceError> {
     let functions = series
         .into_iter()
         .map(|(key, (trigger, counts))| {
-            let avg_duration_ms = dur
-                .get(&key)
-                .filter(|(_, w)| *w > 0.0)
-                .map(|(s, w)| s / w);
+            let avg_duration_ms = dur.get(&key).filter(|(_, w)| *w > 0.0).map(|(s, w)| s / w);
             let class = classes.get(&key).cloned();
             FunctionTrace {
                 key,
@@ -471,7 +474,10 @@ pub fn write_trace_dir(trace: &Trace, dir: &Path) -> anyhow::Result<()> {
         let path = dir.join(invocations_file_name(day));
         let mut w = csv::Writer::from_path(&path)
             .with_context(|| format!("creating {}", path.display()))?;
-        let mut header: Vec<String> = INVOCATION_KEY_COLUMNS.iter().map(|s| s.to_string()).collect();
+        let mut header: Vec<String> = INVOCATION_KEY_COLUMNS
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         header.extend((1..=MINUTES_PER_DAY).map(|m| m.to_string()));
         w.write_record(&header)?;
         let dpath = dir.join(durations_file_name(day));
@@ -555,9 +561,18 @@ mod tests {
     #[test]
     fn day_numbers_parse_only_the_real_pattern() {
         let p = "invocations_per_function_md.anon.d";
-        assert_eq!(day_of("invocations_per_function_md.anon.d07.csv", p), Some(7));
-        assert_eq!(day_of("invocations_per_function_md.anon.d14.csv", p), Some(14));
+        assert_eq!(
+            day_of("invocations_per_function_md.anon.d07.csv", p),
+            Some(7)
+        );
+        assert_eq!(
+            day_of("invocations_per_function_md.anon.d14.csv", p),
+            Some(14)
+        );
         assert_eq!(day_of("invocations_per_function_md.anon.dxx.csv", p), None);
-        assert_eq!(day_of("invocations_per_function_md.anon.d07.csv.bak", p), None);
+        assert_eq!(
+            day_of("invocations_per_function_md.anon.d07.csv.bak", p),
+            None
+        );
     }
 }
