@@ -31,10 +31,15 @@ pub fn shim(a: BenchShimArgs) -> Result<()> {
         let t = tempfile::Builder::new().prefix("smore-bench-").tempdir()?;
         let node = crate::demo::simulated_node(t.path())?;
         cmd.envs(node.env.iter().map(|(k, v)| (k, v)));
-        eprintln!("smore bench shim: simulated GPU in {} (figures are the simulator's, not a GPU's)", node.dir.display());
+        eprintln!(
+            "smore bench shim: simulated GPU in {} (figures are the simulator's, not a GPU's)",
+            node.dir.display()
+        );
         _tmp = t;
     }
-    let status = cmd.status().with_context(|| format!("running {}", bench.display()))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {}", bench.display()))?;
     if !status.success() {
         anyhow::bail!("shim-bench exited with {status}");
     }

@@ -402,7 +402,9 @@ impl Config {
                 return Err(err(
                     p.span(),
                     "prewarm.policy",
-                    format!("{v:?} is not a policy: use hhp, lsth, ls-lstm, last-value, fixed-N or off"),
+                    format!(
+                        "{v:?} is not a policy: use hhp, lsth, ls-lstm, last-value, fixed-N or off"
+                    ),
                 ));
             }
             c.prewarm_policy = v;
@@ -465,7 +467,10 @@ mod tests {
             "{e}"
         );
         let e = error_of("[prewarm]\npolicy = \"crystal-ball\"\n");
-        assert!(e.starts_with("node.toml:2:") && e.contains("prewarm.policy"), "{e}");
+        assert!(
+            e.starts_with("node.toml:2:") && e.contains("prewarm.policy"),
+            "{e}"
+        );
         let e = error_of("[gpus]\ndiscover = false\n");
         assert!(e.contains("indices"), "{e}");
     }

@@ -81,9 +81,33 @@ fn functions() -> Vec<FunctionSpec> {
     // GPU (ResNet-50 ~1–2 ms, BERT-base ~2–4 ms, MobileNet < 1 ms at small batch); they set the
     // simulated durations, they are not measurements.
     vec![
-        FunctionSpec { name: "resnet50", kernel_us: 400.0, kernels: 4, model_mib: 1024, load_ms: 150.0, class: TraceClass::Diurnal, rate: 30.0 },
-        FunctionSpec { name: "bert", kernel_us: 300.0, kernels: 8, model_mib: 1536, load_ms: 200.0, class: TraceClass::Mixed, rate: 12.0 },
-        FunctionSpec { name: "mobilenet", kernel_us: 200.0, kernels: 3, model_mib: 512, load_ms: 100.0, class: TraceClass::Timer, rate: 6.0 },
+        FunctionSpec {
+            name: "resnet50",
+            kernel_us: 400.0,
+            kernels: 4,
+            model_mib: 1024,
+            load_ms: 150.0,
+            class: TraceClass::Diurnal,
+            rate: 30.0,
+        },
+        FunctionSpec {
+            name: "bert",
+            kernel_us: 300.0,
+            kernels: 8,
+            model_mib: 1536,
+            load_ms: 200.0,
+            class: TraceClass::Mixed,
+            rate: 12.0,
+        },
+        FunctionSpec {
+            name: "mobilenet",
+            kernel_us: 200.0,
+            kernels: 3,
+            model_mib: 512,
+            load_ms: 100.0,
+            class: TraceClass::Timer,
+            rate: 6.0,
+        },
     ]
 }
 
@@ -105,7 +129,10 @@ pub(crate) fn simulated_node(dir: &Path) -> Result<Node> {
     let dir = dir.canonicalize()?;
     let lib = dir.join("lib");
     std::fs::create_dir_all(&lib)?;
-    for (link, name) in [("libcuda.so.1", "libcuda.so"), ("libnvidia-ml.so.1", "libnvidia_ml.so")] {
+    for (link, name) in [
+        ("libcuda.so.1", "libcuda.so"),
+        ("libnvidia-ml.so.1", "libnvidia_ml.so"),
+    ] {
         let target = artifacts::require(name)?;
         let l = lib.join(link);
         let _ = std::fs::remove_file(&l);
@@ -118,7 +145,10 @@ pub(crate) fn simulated_node(dir: &Path) -> Result<Node> {
         ("SMORE_SIM_STATE".to_string(), state.display().to_string()),
         ("SMORE_SIM_DEVICES".to_string(), "1".to_string()),
         ("SMORE_SIM_MEMORY".to_string(), "16GiB".to_string()),
-        ("SMORE_SIM_NAME".to_string(), "smore simulated GPU".to_string()),
+        (
+            "SMORE_SIM_NAME".to_string(),
+            "smore simulated GPU".to_string(),
+        ),
     ];
     Ok(Node { dir, env })
 }
@@ -158,7 +188,10 @@ fn start_arbiter(node: &Node, a: &DemoArgs) -> Result<ArbiterProc> {
     let t0 = Instant::now();
     while std::os::unix::net::UnixStream::connect(&arb.1).is_err() {
         if t0.elapsed() > Duration::from_secs(20) {
-            bail!("the arbiter did not start; see {}", node.dir.join("arbiter.log").display());
+            bail!(
+                "the arbiter did not start; see {}",
+                node.dir.join("arbiter.log").display()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -166,7 +199,10 @@ fn start_arbiter(node: &Node, a: &DemoArgs) -> Result<ArbiterProc> {
 }
 
 fn summary_field(out: &str, kind: &str, key: &str) -> Result<f64> {
-    let line = out.lines().find(|l| l.starts_with(kind)).with_context(|| format!("no {kind} summary in:\n{out}"))?;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(kind))
+        .with_context(|| format!("no {kind} summary in:\n{out}"))?;
     line.split_whitespace()
         .filter_map(|t| t.split_once('='))
         .find(|(k, _)| *k == key)
@@ -183,7 +219,10 @@ fn run_to_end(mut c: Command, what: &str) -> Result<String> {
 }
 
 /// Samples NVML utilization of GPU 0 every 250 ms until `stop`.
-fn sample_util(node: &Node, stop: Arc<std::sync::atomic::AtomicBool>) -> Result<std::thread::JoinHandle<Vec<(f64, f64)>>> {
+fn sample_util(
+    node: &Node,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<std::thread::JoinHandle<Vec<(f64, f64)>>> {
     // The demo process itself reads NVML: point it at the node.
     for (k, v) in &node.env {
         std::env::set_var(k, v);
@@ -229,7 +268,13 @@ struct Instance {
 }
 
 impl Instance {
-    fn start(node: &Node, socket: &Path, f: &FunctionSpec, slo_ms: f64, shim: &Path) -> Result<Instance> {
+    fn start(
+        node: &Node,
+        socket: &Path,
+        f: &FunctionSpec,
+        slo_ms: f64,
+        shim: &Path,
+    ) -> Result<Instance> {
         let mut c = node.command(std::env::current_exe()?);
         c.env(smore_protocol::wire::ENV_SOCKET, socket)
             .args(["run", "--function", f.name, "--model", f.name])
@@ -240,8 +285,19 @@ impl Instance {
             .arg(shim)
             .arg("--")
             .arg(artifacts::require("sim-function")?)
-            .args(["--serve", "--kernel-us", &f.kernel_us.to_string(), "--kernels", &f.kernels.to_string()])
-            .args(["--model-memory-mib", &f.model_mib.to_string(), "--load-ms", &f.load_ms.to_string()])
+            .args([
+                "--serve",
+                "--kernel-us",
+                &f.kernel_us.to_string(),
+                "--kernels",
+                &f.kernels.to_string(),
+            ])
+            .args([
+                "--model-memory-mib",
+                &f.model_mib.to_string(),
+                "--load-ms",
+                &f.load_ms.to_string(),
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(
@@ -263,7 +319,11 @@ impl Instance {
                 node.dir.join(format!("function-{}.log", f.name)).display()
             );
         }
-        Ok(Instance { child, stdin, stdout })
+        Ok(Instance {
+            child,
+            stdin,
+            stdout,
+        })
     }
 
     /// Serves one request: (admitted, service time in the instance, ms).
@@ -289,7 +349,11 @@ impl Instance {
 }
 
 enum Msg {
-    Request { id: u64, arrival: Instant, second: usize },
+    Request {
+        id: u64,
+        arrival: Instant,
+        second: usize,
+    },
     Load,
     Unload,
 }
@@ -311,15 +375,19 @@ struct Shared {
     prewarm: Mutex<PrewarmManager>,
     t0: Instant,
     refusals: std::sync::atomic::AtomicU64,
+    node: Arc<Node>,
+    socket: PathBuf,
+    shim: PathBuf,
 }
 
-fn worker(fi: usize, f: FunctionSpec, slo_ms: f64, rx: mpsc::Receiver<Msg>, sh: Arc<Shared>, node: Arc<Node>, socket: PathBuf, shim: PathBuf) {
+fn worker(fi: usize, f: FunctionSpec, slo_ms: f64, rx: mpsc::Receiver<Msg>, sh: Arc<Shared>) {
+    let (node, socket, shim) = (&sh.node, &sh.socket, &sh.shim);
     let mut inst: Option<Instance> = None;
     for msg in rx {
         match msg {
             Msg::Load => {
                 if inst.is_none() {
-                    inst = Instance::start(&node, &socket, &f, slo_ms, &shim).ok();
+                    inst = Instance::start(node, socket, &f, slo_ms, shim).ok();
                 }
             }
             Msg::Unload => {
@@ -327,13 +395,18 @@ fn worker(fi: usize, f: FunctionSpec, slo_ms: f64, rx: mpsc::Receiver<Msg>, sh: 
                     i.stop();
                 }
             }
-            Msg::Request { id, arrival, second } => {
+            Msg::Request {
+                id,
+                arrival,
+                second,
+            } => {
                 let cold = inst.is_none();
                 if cold {
-                    match Instance::start(&node, &socket, &f, slo_ms, &shim) {
+                    match Instance::start(node, socket, &f, slo_ms, shim) {
                         Ok(i) => inst = Some(i),
                         Err(_) => {
-                            sh.refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            sh.refusals
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                     }
                 }
@@ -347,8 +420,22 @@ fn worker(fi: usize, f: FunctionSpec, slo_ms: f64, rx: mpsc::Receiver<Msg>, sh: 
                 };
                 let latency_ms = arrival.elapsed().as_secs_f64() * 1e3;
                 let t = sh.t0.elapsed().as_secs_f64() * 60.0;
-                let _ = sh.prewarm.lock().unwrap_or_else(|e| e.into_inner()).request_end(f.name, t);
-                sh.records.lock().unwrap_or_else(|e| e.into_inner()).push(Record { function: fi, second, latency_ms, service_ms, admitted, cold });
+                let _ = sh
+                    .prewarm
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .request_end(f.name, t);
+                sh.records
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(Record {
+                        function: fi,
+                        second,
+                        latency_ms,
+                        service_ms,
+                        admitted,
+                        cold,
+                    });
             }
         }
     }
@@ -364,7 +451,11 @@ fn trace(fs: &[FunctionSpec], seconds: usize, seed: u64, load: f64) -> Vec<Vec<V
         .map(|f| {
             let (counts, _) = generate_series(f.class, seconds, &mut rng);
             let mean = counts.iter().sum::<u32>() as f64 / seconds.max(1) as f64;
-            let scale = if mean > 0.0 { f.rate * load / mean } else { 0.0 };
+            let scale = if mean > 0.0 {
+                f.rate * load / mean
+            } else {
+                0.0
+            };
             counts
                 .iter()
                 .map(|&c| {
@@ -387,11 +478,15 @@ fn p99(v: &mut [f64]) -> f64 {
 }
 
 pub fn run(a: DemoArgs) -> Result<()> {
-    let prewarm_spec = PolicySpec::parse(&a.prewarm).with_context(|| format!("--prewarm {:?}", a.prewarm))?;
+    let prewarm_spec =
+        PolicySpec::parse(&a.prewarm).with_context(|| format!("--prewarm {:?}", a.prewarm))?;
     let node = Arc::new(simulated_node(&a.out)?);
     let shim = artifacts::require("libsmore_shim.so")?;
     let fs = functions();
-    eprintln!("smore demo: simulated node in {} (1 GPU, 16 GiB)", node.dir.display());
+    eprintln!(
+        "smore demo: simulated node in {} (1 GPU, 16 GiB)",
+        node.dir.display()
+    );
     let arb = start_arbiter(&node, &a)?;
 
     // 1. Baselines.
@@ -400,21 +495,30 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let sampler = sample_util(&node, stop.clone())?;
     let out = run_to_end(trainer_cmd(&node, &a, 5.0, true)?, "the trainer alone")?;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let excl_util = sampler.join().map_err(|_| anyhow::anyhow!("sampler panicked"))?;
+    let excl_util = sampler
+        .join()
+        .map_err(|_| anyhow::anyhow!("sampler panicked"))?;
     let util_exclusive = mean(excl_util.iter().skip(2).map(|x| x.1));
     let iter_alone = summary_field(&out, "trainer", "mean_ms")?;
     let mut solo_p99 = Vec::new();
     for f in &fs {
         let mut c = node.command(artifacts::require("sim-function")?);
-        c.args(["--kernel-us", &f.kernel_us.to_string(), "--kernels", &f.kernels.to_string()])
-            .args(["--interval-ms", "10", "--seconds", "1.5", "--quiet"]);
+        c.args([
+            "--kernel-us",
+            &f.kernel_us.to_string(),
+            "--kernels",
+            &f.kernels.to_string(),
+        ])
+        .args(["--interval-ms", "10", "--seconds", "1.5", "--quiet"]);
         let out = run_to_end(c, "a function alone")?;
         solo_p99.push(summary_field(&out, "function", "p99_ms")?);
     }
     // SLO: 5 × solo P99 — SMORE sets SLOs as multiples of solo latency; 5× leaves room for
     // queueing behind a 5 ms training kernel on a time-sliced GPU, but not for a cold start.
     let slo: Vec<f64> = solo_p99.iter().map(|p| p * 5.0).collect();
-    eprintln!("smore demo: trainer alone {iter_alone:.2} ms/iteration, GPU {util_exclusive:.0} % busy");
+    eprintln!(
+        "smore demo: trainer alone {iter_alone:.2} ms/iteration, GPU {util_exclusive:.0} % busy"
+    );
 
     // 2. Co-located replay.
     let seconds = a.seconds.max(5) as usize;
@@ -428,6 +532,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         prewarm: Mutex::new(pm),
         t0: Instant::now(),
         refusals: std::sync::atomic::AtomicU64::new(0),
+        node: node.clone(),
+        socket: arb.1.clone(),
+        shim: shim.clone(),
     });
     let trainer_log = node.dir.join("trainer-colocated.log");
     let trainer = trainer_cmd(&node, &a, seconds as f64 + 2.0, false)?
@@ -440,8 +547,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
     for (i, f) in fs.iter().enumerate() {
         let (tx, rx) = mpsc::channel();
         txs.push(tx);
-        let (f, sh, node, socket, shim, slo) = (f.clone(), sh.clone(), node.clone(), arb.1.clone(), shim.clone(), slo[i]);
-        workers.push(std::thread::spawn(move || worker(i, f, slo, rx, sh, node, socket, shim)));
+        let (f, sh, slo) = (f.clone(), sh.clone(), slo[i]);
+        workers.push(std::thread::spawn(move || worker(i, f, slo, rx, sh)));
     }
     eprintln!(
         "smore demo: co-located — trainer + {} functions replaying {seconds} trace minutes (1 per second), prewarm {}",
@@ -452,7 +559,11 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut submitted = vec![0u64; seconds];
     let mut next_id = 0u64;
     for (sec, slot) in submitted.iter_mut().enumerate() {
-        let hints = sh.prewarm.lock().unwrap_or_else(|e| e.into_inner()).tick(sec as u64)?;
+        let hints = sh
+            .prewarm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .tick(sec as u64)?;
         for h in hints {
             if let Some(i) = fs.iter().position(|f| f.name == h.function) {
                 let _ = txs[i].send(match h.action {
@@ -461,8 +572,11 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 });
             }
         }
-        let mut arrivals: Vec<(f64, usize)> =
-            tr.iter().enumerate().flat_map(|(fi, s)| s[sec].iter().map(move |&o| (o, fi))).collect();
+        let mut arrivals: Vec<(f64, usize)> = tr
+            .iter()
+            .enumerate()
+            .flat_map(|(fi, s)| s[sec].iter().map(move |&o| (o, fi)))
+            .collect();
         arrivals.sort_by(|x, y| x.0.total_cmp(&y.0));
         for (off, fi) in arrivals {
             let due = start + Duration::from_secs_f64(sec as f64 + off);
@@ -470,8 +584,16 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 std::thread::sleep(w);
             }
             let t = sh.t0.elapsed().as_secs_f64() * 60.0;
-            let _ = sh.prewarm.lock().unwrap_or_else(|e| e.into_inner()).request_begin(fs[fi].name, t);
-            let _ = txs[fi].send(Msg::Request { id: next_id, arrival: Instant::now(), second: sec });
+            let _ = sh
+                .prewarm
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .request_begin(fs[fi].name, t);
+            let _ = txs[fi].send(Msg::Request {
+                id: next_id,
+                arrival: Instant::now(),
+                second: sec,
+            });
             next_id += 1;
             *slot += 1;
         }
@@ -488,7 +610,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         let _ = w.join();
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let colo_util = sampler.join().map_err(|_| anyhow::anyhow!("sampler panicked"))?;
+    let colo_util = sampler
+        .join()
+        .map_err(|_| anyhow::anyhow!("sampler panicked"))?;
     let out = trainer.wait_with_output()?;
     let _ = out;
     drop(arb);
@@ -502,15 +626,27 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let records = sh.records.lock().unwrap_or_else(|e| e.into_inner()).clone();
 
     // 3. Figures.
-    let util_colo = mean(colo_util.iter().filter(|x| x.0 > 1.0 && x.0 < seconds as f64).map(|x| x.1));
+    let util_colo = mean(
+        colo_util
+            .iter()
+            .filter(|x| x.0 > 1.0 && x.0 < seconds as f64)
+            .map(|x| x.1),
+    );
     let sfd = iter_colo / iter_alone - 1.0;
     let mut per_fn = Vec::new();
     for (i, f) in fs.iter().enumerate() {
         let mine: Vec<&Record> = records.iter().filter(|r| r.function == i).collect();
         // SLD compares the service time of admitted requests with the solo P99 (co-location's
         // effect); DSR judges end-to-end latency (queueing and cold starts included).
-        let mut warm: Vec<f64> = mine.iter().filter(|r| r.admitted).map(|r| r.service_ms).collect();
-        let met = mine.iter().filter(|r| r.admitted && r.latency_ms <= slo[i]).count();
+        let mut warm: Vec<f64> = mine
+            .iter()
+            .filter(|r| r.admitted)
+            .map(|r| r.service_ms)
+            .collect();
+        let met = mine
+            .iter()
+            .filter(|r| r.admitted && r.latency_ms <= slo[i])
+            .count();
         let cold = mine.iter().filter(|r| r.cold).count();
         let p = p99(&mut warm);
         per_fn.push(serde_json::json!({
@@ -520,9 +656,18 @@ pub fn run(a: DemoArgs) -> Result<()> {
         }));
     }
     let total = records.len().max(1) as f64;
-    let dsr = records.iter().filter(|r| r.admitted && r.latency_ms <= slo[r.function]).count() as f64 / total;
+    let dsr = records
+        .iter()
+        .filter(|r| r.admitted && r.latency_ms <= slo[r.function])
+        .count() as f64
+        / total;
     let cold = records.iter().filter(|r| r.cold).count();
-    let sld = mean(per_fn.iter().filter_map(|f| f["sld"].as_f64()).filter(|x| x.is_finite()));
+    let sld = mean(
+        per_fn
+            .iter()
+            .filter_map(|f| f["sld"].as_f64())
+            .filter(|x| x.is_finite()),
+    );
     let mut admitted_per_s = vec![0u64; seconds];
     for r in records.iter().filter(|r| r.admitted) {
         admitted_per_s[r.second] += 1;
@@ -536,27 +681,56 @@ pub fn run(a: DemoArgs) -> Result<()> {
         "cold_start_rate": cold as f64 / total, "refused_instances": sh.refusals.load(std::sync::atomic::Ordering::Relaxed),
         "functions": per_fn,
     });
-    std::fs::write(node.dir.join("summary.json"), serde_json::to_string_pretty(&summary)?)?;
+    std::fs::write(
+        node.dir.join("summary.json"),
+        serde_json::to_string_pretty(&summary)?,
+    )?;
     let mut csv = String::from("function,second,latency_ms,service_ms,admitted,cold\n");
     for r in &records {
         csv.push_str(&format!(
             "{},{},{:.3},{:.3},{},{}\n",
-            fs[r.function].name, r.second, r.latency_ms, r.service_ms, r.admitted as u8, r.cold as u8
+            fs[r.function].name,
+            r.second,
+            r.latency_ms,
+            r.service_ms,
+            r.admitted as u8,
+            r.cold as u8
         ));
     }
     std::fs::write(node.dir.join("requests.csv"), csv)?;
     let png = node.dir.join("demo.png");
-    plot(&png, &excl_util, &colo_util, &submitted, &admitted_per_s, util_exclusive)?;
+    plot(
+        &png,
+        &excl_util,
+        &colo_util,
+        &submitted,
+        &admitted_per_s,
+        util_exclusive,
+    )?;
 
     println!("smore demo — simulated GPU (interference is the simulator's time-slicing, not a real GPU's)");
     println!();
     println!("  GPU utilization (GUI)     exclusive {util_exclusive:5.1} %   co-located {util_colo:5.1} %");
     println!("  trainer slowdown (SFD)    {:5.1} %   ({iter_alone:.2} → {iter_colo:.2} ms/iteration, bound θ_train {:.0} %)", sfd * 100.0, a.theta_train * 100.0);
-    println!("  function P99 degr. (SLD)  {:5.1} %   (service time co-located vs solo)", sld * 100.0);
-    println!("  deadline satisfaction     {:5.1} %   (DSR: requests within SLO = 5 × solo P99)", dsr * 100.0);
-    println!("  cold starts               {cold} of {} requests ({:.2} %), prewarm {}", records.len(), cold as f64 / total * 100.0, prewarm_spec.name());
+    println!(
+        "  function P99 degr. (SLD)  {:5.1} %   (service time co-located vs solo)",
+        sld * 100.0
+    );
+    println!(
+        "  deadline satisfaction     {:5.1} %   (DSR: requests within SLO = 5 × solo P99)",
+        dsr * 100.0
+    );
+    println!(
+        "  cold starts               {cold} of {} requests ({:.2} %), prewarm {}",
+        records.len(),
+        cold as f64 / total * 100.0,
+        prewarm_spec.name()
+    );
     println!();
-    println!("  {:<10} {:>8} {:>9} {:>6} {:>10} {:>10} {:>8} {:>7}", "function", "requests", "admitted", "cold", "solo p99", "co p99", "SLO", "DSR");
+    println!(
+        "  {:<10} {:>8} {:>9} {:>6} {:>10} {:>10} {:>8} {:>7}",
+        "function", "requests", "admitted", "cold", "solo p99", "co p99", "SLO", "DSR"
+    );
     for f in &per_fn {
         println!(
             "  {:<10} {:>8} {:>9} {:>6} {:>8.2}ms {:>8.2}ms {:>6.1}ms {:>6.1}%",
@@ -585,11 +759,22 @@ fn mean(it: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
-fn plot(png: &Path, excl: &[(f64, f64)], colo: &[(f64, f64)], submitted: &[u64], admitted: &[u64], excl_mean: f64) -> Result<()> {
+fn plot(
+    png: &Path,
+    excl: &[(f64, f64)],
+    colo: &[(f64, f64)],
+    submitted: &[u64],
+    admitted: &[u64],
+    excl_mean: f64,
+) -> Result<()> {
     use plotters::prelude::*;
     static FONT: std::sync::Once = std::sync::Once::new();
     FONT.call_once(|| {
-        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular());
+        let _ = plotters::style::register_font(
+            "sans-serif",
+            FontStyle::Normal,
+            dejavu::sans::regular(),
+        );
     });
     let root = BitMapBackend::new(png, (1100, 700)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -602,7 +787,11 @@ fn plot(png: &Path, excl: &[(f64, f64)], colo: &[(f64, f64)], submitted: &[u64],
         .y_label_area_size(45)
         .build_cartesian_2d(0f64..secs, 0f64..105f64)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    c.configure_mesh().x_desc("seconds").y_desc("%").draw().map_err(|e| anyhow::anyhow!("{e}"))?;
+    c.configure_mesh()
+        .x_desc("seconds")
+        .y_desc("%")
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     c.draw_series(LineSeries::new(colo.iter().map(|&(t, u)| (t, u)), &BLUE))
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .label("co-located (trainer + functions)")
@@ -612,25 +801,52 @@ fn plot(png: &Path, excl: &[(f64, f64)], colo: &[(f64, f64)], submitted: &[u64],
         .label("trainer alone (mean)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
     let _ = excl;
-    c.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| anyhow::anyhow!("{e}"))?;
+    c.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let ymax = submitted.iter().copied().max().unwrap_or(1).max(1) as f64 * 1.1;
     let mut c = ChartBuilder::on(&bottom)
-        .caption("requests per second: submitted vs admitted", ("sans-serif", 20))
+        .caption(
+            "requests per second: submitted vs admitted",
+            ("sans-serif", 20),
+        )
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(45)
         .build_cartesian_2d(0f64..secs, 0f64..ymax)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    c.configure_mesh().x_desc("seconds (1 s = 1 trace minute)").y_desc("requests").draw().map_err(|e| anyhow::anyhow!("{e}"))?;
-    c.draw_series(LineSeries::new(submitted.iter().enumerate().map(|(i, &v)| (i as f64, v as f64)), &BLACK))
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-        .label("submitted")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-    c.draw_series(LineSeries::new(admitted.iter().enumerate().map(|(i, &v)| (i as f64, v as f64)), &GREEN))
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-        .label("admitted and served")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
-    c.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| anyhow::anyhow!("{e}"))?;
+    c.configure_mesh()
+        .x_desc("seconds (1 s = 1 trace minute)")
+        .y_desc("requests")
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    c.draw_series(LineSeries::new(
+        submitted
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as f64, v as f64)),
+        &BLACK,
+    ))
+    .map_err(|e| anyhow::anyhow!("{e}"))?
+    .label("submitted")
+    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    c.draw_series(LineSeries::new(
+        admitted
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as f64, v as f64)),
+        &GREEN,
+    ))
+    .map_err(|e| anyhow::anyhow!("{e}"))?
+    .label("admitted and served")
+    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
+    c.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
 }

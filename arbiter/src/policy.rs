@@ -290,7 +290,7 @@ mod tests {
         );
         let mut p = FitPolicy;
         assert!(matches!(
-            p.place(&cfg, &[g.clone()], &ask(2 << 30)),
+            p.place(&cfg, std::slice::from_ref(&g), &ask(2 << 30)),
             Decision::Admit { gpu: 0, .. }
         ));
         match p.place(&cfg, &[g], &ask(3 << 30)) {

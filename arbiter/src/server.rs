@@ -375,23 +375,33 @@ fn handle(
         Request::Attach { instance } => {
             if current.is_some() {
                 return (
-                    error(ErrorCode::AlreadyRegistered, "this connection already refers to an instance"),
+                    error(
+                        ErrorCode::AlreadyRegistered,
+                        "this connection already refers to an instance",
+                    ),
                     None,
                 );
             }
             match st.instances.get(&instance) {
                 Some(i)
                     if i.uid == peer.uid
-                        && (i.pid == peer.pid || crate::proc::is_descendant_of(peer.pid, i.pid)) =>
+                        && (i.pid == peer.pid
+                            || crate::proc::is_descendant_of(peer.pid, i.pid)) =>
                 {
                     *attached = Some(instance);
                     (Reply::Granted(st.grant_of(instance)), None)
                 }
                 Some(_) => (
-                    error(ErrorCode::Forbidden, format!("instance {instance} belongs to another process")),
+                    error(
+                        ErrorCode::Forbidden,
+                        format!("instance {instance} belongs to another process"),
+                    ),
                     None,
                 ),
-                None => (error(ErrorCode::NotRegistered, format!("no instance {instance}")), None),
+                None => (
+                    error(ErrorCode::NotRegistered, format!("no instance {instance}")),
+                    None,
+                ),
             }
         }
         Request::Report {

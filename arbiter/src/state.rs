@@ -232,7 +232,11 @@ impl State {
             .then(|| smore_prewarm::policy::PolicySpec::parse(&cfg.prewarm_policy).ok())
             .flatten()
             .and_then(|spec| {
-                smore_prewarm::PrewarmManager::new(spec, smore_prewarm::policy::PolicySettings::default()).ok()
+                smore_prewarm::PrewarmManager::new(
+                    spec,
+                    smore_prewarm::policy::PolicySettings::default(),
+                )
+                .ok()
             });
         let gpus = gpus
             .into_iter()
@@ -279,7 +283,9 @@ impl State {
             return;
         }
         self.prewarm_minute = Some(minute);
-        let Some(pm) = self.prewarm.as_mut() else { return };
+        let Some(pm) = self.prewarm.as_mut() else {
+            return;
+        };
         // Residency is what the node actually has: a function is loaded iff an instance runs.
         let names: Vec<String> = pm.status().iter().map(|f| f.function.clone()).collect();
         for n in names {
@@ -1125,11 +1131,27 @@ mod prewarm_tests {
 
     #[test]
     fn reported_requests_drive_prewarm_hints() {
-        let gpus = vec![GpuInfo { index: 0, uuid: "GPU-0".into(), name: "sim".into(), total: 10 << 30 }];
-        let cfg = Config { prewarm_policy: "fixed-10".into(), ..Config::default() };
+        let gpus = vec![GpuInfo {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "sim".into(),
+            total: 10 << 30,
+        }];
+        let cfg = Config {
+            prewarm_policy: "fixed-10".into(),
+            ..Config::default()
+        };
         let mut s = State::new(cfg, gpus, Box::new(FitPolicy));
-        let peer = Peer { pid: std::process::id(), uid: 0 };
-        let args = RegisterArgs { function: "f".into(), memory: Some(1 << 30), exec: true, ..Default::default() };
+        let peer = Peer {
+            pid: std::process::id(),
+            uid: 0,
+        };
+        let args = RegisterArgs {
+            function: "f".into(),
+            memory: Some(1 << 30),
+            exec: true,
+            ..Default::default()
+        };
         let (g, _) = s.register(peer, args).unwrap();
         s.report(g.instance, &[3.0, 4.0], None, None, None);
         // A new minute: the function is loaded and had requests ⇒ a fixed keep-alive keeps it.

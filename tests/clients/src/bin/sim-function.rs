@@ -137,7 +137,11 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
             s.sync(stream)?;
         }
         let ms = t.elapsed().as_secs_f64() * 1e3;
-        writeln!(out, "done id={id} service_ms={ms:.3} admitted={}", admitted as u8)?;
+        writeln!(
+            out,
+            "done id={id} service_ms={ms:.3} admitted={}",
+            admitted as u8
+        )?;
         out.flush()?;
         if admitted {
             done.push(ms);
