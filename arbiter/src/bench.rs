@@ -1,3 +1,6 @@
+//! `smore bench arbiter`: registration latency and throughput, and grant-change propagation
+//! time, against a real `smore arbiter` process on a simulated node.
+//!
 //! `smore bench shim`: runs the shim benchmark (`shim-bench`, built with the workspace) on a
 //! simulated node, or on the real driver with `--real-gpu`. It prints figures (ns added per
 //! launch and per allocation, shim vs bare on the same driver in the same run, and share
@@ -44,4 +47,138 @@ pub fn shim(a: BenchShimArgs) -> Result<()> {
         anyhow::bail!("shim-bench exited with {status}");
     }
     Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArbiterArgs {
+    /// Sequential registrations (and share changes) to time.
+    #[arg(long, default_value_t = 500)]
+    pub rounds: usize,
+    /// Clients registering at once for the throughput figure.
+    #[arg(long, default_value_t = 200)]
+    pub concurrent: usize,
+}
+
+fn percentiles(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    (q(0.5), q(0.99), v[v.len() - 1])
+}
+
+fn register(
+    c: &smore_protocol::conn::Client,
+    name: &str,
+) -> Result<(smore_protocol::wire::Grant, Option<std::os::fd::OwnedFd>)> {
+    use smore_protocol::wire::{Reply, Request};
+    let (r, fd) = c.call_with_fd(Request::Register {
+        function: name.into(),
+        model: None,
+        slo_ms: None,
+        memory: Some(1 << 20),
+        resume: None,
+        gpu: None,
+        exec: true,
+    })?;
+    match r {
+        Reply::Granted(g) => Ok((g, fd)),
+        other => anyhow::bail!("registration answered {other:?}"),
+    }
+}
+
+pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
+    use smore_protocol::conn::Client;
+    use smore_protocol::wire::{Reply, Request};
+    use std::time::{Duration, Instant};
+    let t = tempfile::Builder::new().prefix("smore-bench-").tempdir()?;
+    let node = crate::demo::simulated_node(t.path())?;
+    let socket = node.dir.join("arbiter.sock");
+    let mut child = node
+        .command(std::env::current_exe()?)
+        .args(["arbiter", "--socket"])
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(node.dir.join("state"))
+        .stderr(std::fs::File::create(node.dir.join("arbiter.log"))?)
+        .spawn()?;
+    let t0 = Instant::now();
+    while Client::connect(&socket).is_err() {
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            anyhow::bail!("the arbiter did not start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let result = (|| -> Result<()> {
+        println!(
+            "smore bench arbiter — simulated node, arbiter at {}",
+            socket.display()
+        );
+        // 1. Sequential: connect + register + receive the page fd, then close (release).
+        let mut lat = Vec::new();
+        for i in 0..a.rounds {
+            let s = Instant::now();
+            let c = Client::connect(&socket)?;
+            register(&c, &format!("seq{i}"))?;
+            lat.push(s.elapsed().as_secs_f64() * 1e6);
+        }
+        let (p50, p99, max) = percentiles(lat);
+        println!("  registration latency (connect + register + page fd), sequential: p50 {p50:.0} µs, p99 {p99:.0} µs, max {max:.0} µs");
+        // 2. Concurrent: N clients at once.
+        std::thread::sleep(Duration::from_millis(200));
+        let s = Instant::now();
+        let hs: Vec<_> = (0..a.concurrent)
+            .map(|i| {
+                let socket = socket.clone();
+                std::thread::spawn(move || -> Result<(Client, f64)> {
+                    let c = Client::connect(&socket)?;
+                    register(&c, &format!("par{i}"))?;
+                    Ok((c, s.elapsed().as_secs_f64()))
+                })
+            })
+            .collect();
+        let mut held = Vec::new();
+        let mut last: f64 = 0.0;
+        for h in hs {
+            let (c, t) = h
+                .join()
+                .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+            last = last.max(t);
+            held.push(c);
+        }
+        println!(
+            "  {} concurrent registrations: all served in {:.1} ms ({:.0} registrations/s)",
+            a.concurrent,
+            last * 1e3,
+            a.concurrent as f64 / last
+        );
+        drop(held);
+        // 3. Grant-change propagation: `set_share` sent → new value visible in the client's
+        // read-only mapping (what the shim reads on its next launch).
+        let holder = Client::connect(&socket)?;
+        let (g, fd) = register(&holder, "propagation")?;
+        let view = crate::grantpage::PageView::map(fd.context("no page fd")?)?;
+        let op = Client::connect(&socket)?;
+        let mut prop = Vec::new();
+        for i in 0..a.rounds {
+            let share = 10 + (i % 80) as u32;
+            let s = Instant::now();
+            match op.call(Request::SetShare {
+                instance: g.instance,
+                share,
+            })? {
+                Reply::Ok => {}
+                other => anyhow::bail!("set_share answered {other:?}"),
+            }
+            while view.page().share(0) != share {
+                std::hint::spin_loop();
+            }
+            prop.push(s.elapsed().as_secs_f64() * 1e6);
+        }
+        let (p50, p99, max) = percentiles(prop);
+        println!("  grant change → visible in the function's page (incl. the operator's round trip): p50 {p50:.0} µs, p99 {p99:.0} µs, max {max:.0} µs");
+        Ok(())
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    result
 }

@@ -65,6 +65,51 @@ impl PageHandle {
     }
 }
 
+/// A read-only mapping of a grant page received over the socket, as the shim makes it (used by
+/// `smore bench arbiter` to time grant propagation).
+pub struct PageView {
+    ptr: NonNull<GrantPage>,
+}
+
+impl PageView {
+    /// Maps `fd` read-only and checks it is a grant page.
+    pub fn map<F: AsFd>(fd: F) -> std::io::Result<PageView> {
+        // SAFETY: a fresh read-only shared mapping of PAGE_BYTES; the kernel picks the address.
+        let p = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                PAGE_BYTES,
+                rustix::mm::ProtFlags::READ,
+                rustix::mm::MapFlags::SHARED,
+                fd,
+                0,
+            )?
+        };
+        let ptr = NonNull::new(p.cast::<GrantPage>()).ok_or(std::io::ErrorKind::Other)?;
+        let v = PageView { ptr };
+        if !v.page().is_valid() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "not a grant page",
+            ));
+        }
+        Ok(v)
+    }
+
+    pub fn page(&self) -> &GrantPage {
+        // SAFETY: the mapping is PAGE_BYTES long, page-aligned, written only through atomics by
+        // the arbiter, and lives as long as `self`.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl Drop for PageView {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `map`; no reference outlives `self`.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), PAGE_BYTES) };
+    }
+}
+
 impl std::fmt::Debug for PageHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PageHandle")

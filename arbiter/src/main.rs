@@ -58,6 +58,8 @@ enum Cmd {
 enum BenchCmd {
     /// ns added per launch / allocation (shim vs bare, same driver, same run) and share accuracy.
     Shim(smore_arbiter::bench::BenchShimArgs),
+    /// Registration latency and throughput, and grant-change propagation time.
+    Arbiter(smore_arbiter::bench::BenchArbiterArgs),
 }
 
 fn init_logging() {
@@ -102,6 +104,7 @@ fn main() {
         Cmd::Share(a) => status::share(a),
         Cmd::Demo(a) => smore_arbiter::demo::run(a),
         Cmd::Bench(BenchCmd::Shim(a)) => smore_arbiter::bench::shim(a),
+        Cmd::Bench(BenchCmd::Arbiter(a)) => smore_arbiter::bench::arbiter(a),
         Cmd::Predictor(c) => smore_predictor::cli::run(c),
         Cmd::Prewarm(c) => smore_prewarm::cli::run(c),
     };
