@@ -326,13 +326,31 @@ impl State {
         if self.events.len() >= MAX_EVENTS {
             self.events.pop_front();
         }
-        self.events.push_back(Event {
+        let ev = Event {
             time: now(),
             kind: kind.into(),
             instance,
             pid,
             message,
-        });
+        };
+        // The decision log: every admission, refusal, release and enforcement, one JSON object
+        // per line, kept across restarts (status keeps only the last 256 events). Only a daemon
+        // with a state directory keeps one (unit tests' states have none).
+        if self.cfg.state_dir.is_dir() {
+            let line = serde_json::to_string(&ev).unwrap_or_default();
+            let path = self.cfg.state_dir.join("decisions.jsonl");
+            let r = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .and_then(|mut f| {
+                    std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes())
+                });
+            if let Err(e) = r {
+                tracing::debug!("decision log {}: {e}", path.display());
+            }
+        }
+        self.events.push_back(ev);
     }
 
     fn view(&self, g: &Gpu) -> GpuView {

@@ -336,6 +336,18 @@ fn a_sigkilled_function_is_released_within_a_second() {
     eprintln!("released {took:?} after SIGKILL");
     let ev = arb.status()["events"].to_string();
     assert!(ev.contains("released"), "{ev}");
+    // The decision log holds both decisions, one JSON object per line.
+    let log = std::fs::read_to_string(sim.dir().join("state/decisions.jsonl")).unwrap();
+    let kinds: Vec<String> = log
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["kind"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(kinds, ["admitted", "released"], "{log}");
 }
 
 #[test]
