@@ -58,6 +58,14 @@ pub struct DemoArgs {
     /// Scale of every function's request rate.
     #[arg(long, default_value_t = 1.0)]
     pub load: f64,
+    /// Run on this machine's real GPU 0 (real libcuda and NVML) with PyTorch workloads
+    /// (profiling/smore_profiling/demo_workers.py) instead of the simulated GPU.
+    #[arg(long)]
+    pub gpu: bool,
+    /// Directory holding the `smore_profiling` package (default: `profiling/` of the repository
+    /// the binary was built in, or ./profiling).
+    #[arg(long)]
+    pub profiling: Option<PathBuf>,
     /// Keep the node, logs, summary.json and demo.png here (default: ./smore-demo).
     #[arg(long, default_value = "smore-demo")]
     pub out: PathBuf,
@@ -74,6 +82,9 @@ struct FunctionSpec {
     class: TraceClass,
     /// Mean requests per second over the replay.
     rate: f64,
+    /// With `--gpu`: the PyTorch model (profiling/smore_profiling/models.py) and batch.
+    torch_model: &'static str,
+    torch_batch: u32,
 }
 
 fn functions() -> Vec<FunctionSpec> {
@@ -88,7 +99,9 @@ fn functions() -> Vec<FunctionSpec> {
             model_mib: 1024,
             load_ms: 150.0,
             class: TraceClass::Diurnal,
-            rate: 30.0,
+            rate: 20.0,
+            torch_model: "resnet50",
+            torch_batch: 8,
         },
         FunctionSpec {
             name: "bert",
@@ -98,6 +111,8 @@ fn functions() -> Vec<FunctionSpec> {
             load_ms: 200.0,
             class: TraceClass::Mixed,
             rate: 12.0,
+            torch_model: "bert_base",
+            torch_batch: 4,
         },
         FunctionSpec {
             name: "mobilenet",
@@ -107,6 +122,8 @@ fn functions() -> Vec<FunctionSpec> {
             load_ms: 100.0,
             class: TraceClass::Timer,
             rate: 6.0,
+            torch_model: "mobilenet_v2",
+            torch_batch: 1,
         },
     ]
 }
@@ -114,6 +131,8 @@ fn functions() -> Vec<FunctionSpec> {
 pub(crate) struct Node {
     pub(crate) dir: PathBuf,
     pub(crate) env: Vec<(String, String)>,
+    /// Real-GPU mode: the directory holding the `smore_profiling` package.
+    pub(crate) gpu: Option<PathBuf>,
 }
 
 impl Node {
@@ -150,7 +169,11 @@ pub(crate) fn simulated_node(dir: &Path) -> Result<Node> {
             "smore simulated GPU".to_string(),
         ),
     ];
-    Ok(Node { dir, env })
+    Ok(Node {
+        dir,
+        env,
+        gpu: None,
+    })
 }
 
 /// The arbiter process (killed on drop).
@@ -161,6 +184,72 @@ impl Drop for ArbiterProc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// A node on this machine's real GPU: real libcuda/NVML, PyTorch workloads.
+fn real_node(dir: &Path, profiling: Option<&Path>) -> Result<Node> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
+    let candidates: Vec<PathBuf> = match profiling {
+        Some(p) => vec![p.to_path_buf()],
+        None => {
+            let mut v = vec![
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../profiling"),
+                PathBuf::from("profiling"),
+            ];
+            if let Ok(exe) = std::env::current_exe() {
+                if let Some(d) = exe.parent() {
+                    v.push(d.join("../../profiling"));
+                    v.push(d.join("../share/smore/profiling"));
+                }
+            }
+            v
+        }
+    };
+    let prof = candidates
+        .into_iter()
+        .find(|d| d.join("smore_profiling/demo_workers.py").exists())
+        .context("profiling/smore_profiling not found: pass --profiling DIR")?;
+    let prof = prof.canonicalize()?;
+    Ok(Node {
+        dir,
+        env: vec![("PYTHONPATH".into(), prof.display().to_string())],
+        gpu: Some(prof),
+    })
+}
+
+/// The function program and its arguments (solo or `--serve`), for either backend.
+fn function_argv(node: &Node, f: &FunctionSpec, serve: bool) -> Result<Vec<String>> {
+    let mut v: Vec<String> = Vec::new();
+    if node.gpu.is_some() {
+        v.extend(["python3", "-m", "smore_profiling.demo_workers", "function"].map(String::from));
+        v.extend([
+            "--model".into(),
+            f.torch_model.into(),
+            "--batch".into(),
+            f.torch_batch.to_string(),
+        ]);
+        if serve {
+            v.push("--serve".into());
+        }
+    } else {
+        v.push(artifacts::require("sim-function")?.display().to_string());
+        v.extend([
+            "--kernel-us".into(),
+            f.kernel_us.to_string(),
+            "--kernels".into(),
+            f.kernels.to_string(),
+        ]);
+        if serve {
+            v.extend([
+                "--serve".into(),
+                "--model-memory-mib".into(),
+                f.model_mib.to_string(),
+            ]);
+            v.extend(["--load-ms".into(), f.load_ms.to_string()]);
+        }
+    }
+    Ok(v)
 }
 
 fn start_arbiter(node: &Node, a: &DemoArgs) -> Result<ArbiterProc> {
@@ -223,11 +312,15 @@ fn sample_util(
     node: &Node,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<std::thread::JoinHandle<Vec<(f64, f64)>>> {
-    // The demo process itself reads NVML: point it at the node.
-    for (k, v) in &node.env {
-        std::env::set_var(k, v);
-    }
-    let lib = node.dir.join("lib/libnvidia-ml.so.1").display().to_string();
+    // The demo process itself reads NVML: point it at the node (or the real library).
+    let lib = if node.gpu.is_some() {
+        "libnvidia-ml.so.1".to_string()
+    } else {
+        for (k, v) in &node.env {
+            std::env::set_var(k, v);
+        }
+        node.dir.join("lib/libnvidia-ml.so.1").display().to_string()
+    };
     let mut src = NvmlSource::open(&lib)?;
     Ok(std::thread::spawn(move || {
         let t0 = Instant::now();
@@ -243,6 +336,28 @@ fn sample_util(
 }
 
 fn trainer_cmd(node: &Node, a: &DemoArgs, seconds: f64, quiet: bool) -> Result<Command> {
+    if node.gpu.is_some() {
+        let mut c = node.command("python3");
+        c.args([
+            "-m",
+            "smore_profiling.demo_workers",
+            "trainer",
+            "--model",
+            "resnet50",
+            "--batch",
+            "32",
+        ])
+        .args([
+            "--host-ms",
+            &a.trainer_host_ms.to_string(),
+            "--seconds",
+            &seconds.to_string(),
+        ]);
+        if quiet {
+            c.arg("--quiet");
+        }
+        return Ok(c);
+    }
     let mut c = node.command(artifacts::require("sim-trainer")?);
     c.args([
         "--kernel-us",
@@ -279,25 +394,20 @@ impl Instance {
         c.env(smore_protocol::wire::ENV_SOCKET, socket)
             .args(["run", "--function", f.name, "--model", f.name])
             // The cap covers the model and the CUDA context (300 MiB on the simulated GPU, the
-            // order of a real CUDA 12 context), which the shim counts too.
-            .args(["--memory", &format!("{}MiB", f.model_mib + 384)])
+            // order of a real CUDA 12 context), which the shim counts too. PyTorch on a real GPU
+            // adds activations and its caching allocator's slack: 4 GiB is ample for these models.
+            .args([
+                "--memory",
+                &if node.gpu.is_some() {
+                    "4GiB".to_string()
+                } else {
+                    format!("{}MiB", f.model_mib + 384)
+                },
+            ])
             .args(["--slo", &format!("{slo_ms:.3}"), "--shim"])
             .arg(shim)
             .arg("--")
-            .arg(artifacts::require("sim-function")?)
-            .args([
-                "--serve",
-                "--kernel-us",
-                &f.kernel_us.to_string(),
-                "--kernels",
-                &f.kernels.to_string(),
-            ])
-            .args([
-                "--model-memory-mib",
-                &f.model_mib.to_string(),
-                "--load-ms",
-                &f.load_ms.to_string(),
-            ])
+            .args(function_argv(node, f, true)?)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(
@@ -480,13 +590,29 @@ fn p99(v: &mut [f64]) -> f64 {
 pub fn run(a: DemoArgs) -> Result<()> {
     let prewarm_spec =
         PolicySpec::parse(&a.prewarm).with_context(|| format!("--prewarm {:?}", a.prewarm))?;
-    let node = Arc::new(simulated_node(&a.out)?);
+    let node = Arc::new(if a.gpu {
+        real_node(&a.out, a.profiling.as_deref())?
+    } else {
+        simulated_node(&a.out)?
+    });
+    let label = if a.gpu {
+        "real GPU 0 (PyTorch workloads)"
+    } else {
+        "simulated GPU (interference is the simulator's time-slicing, not a real GPU's)"
+    };
     let shim = artifacts::require("libsmore_shim.so")?;
     let fs = functions();
-    eprintln!(
-        "smore demo: simulated node in {} (1 GPU, 16 GiB)",
-        node.dir.display()
-    );
+    if a.gpu {
+        eprintln!(
+            "smore demo: real GPU mode, output in {}",
+            node.dir.display()
+        );
+    } else {
+        eprintln!(
+            "smore demo: simulated node in {} (1 GPU, 16 GiB)",
+            node.dir.display()
+        );
+    }
     let arb = start_arbiter(&node, &a)?;
 
     // 1. Baselines.
@@ -502,14 +628,10 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let iter_alone = summary_field(&out, "trainer", "mean_ms")?;
     let mut solo_p99 = Vec::new();
     for f in &fs {
-        let mut c = node.command(artifacts::require("sim-function")?);
-        c.args([
-            "--kernel-us",
-            &f.kernel_us.to_string(),
-            "--kernels",
-            &f.kernels.to_string(),
-        ])
-        .args(["--interval-ms", "10", "--seconds", "1.5", "--quiet"]);
+        let argv = function_argv(&node, f, false)?;
+        let mut c = node.command(&argv[0]);
+        c.args(&argv[1..])
+            .args(["--interval-ms", "10", "--seconds", "1.5", "--quiet"]);
         let out = run_to_end(c, "a function alone")?;
         solo_p99.push(summary_field(&out, "function", "p99_ms")?);
     }
@@ -673,7 +795,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         admitted_per_s[r.second] += 1;
     }
     let summary = serde_json::json!({
-        "simulated": true,
+        "simulated": !a.gpu,
         "seconds": seconds, "prewarm": prewarm_spec.name(), "theta_train": a.theta_train, "seed": a.seed,
         "gui_exclusive_pct": util_exclusive, "gui_colocated_pct": util_colo,
         "trainer_iter_alone_ms": iter_alone, "trainer_iter_colocated_ms": iter_colo, "sfd": sfd,
@@ -701,14 +823,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let png = node.dir.join("demo.png");
     plot(
         &png,
-        &excl_util,
         &colo_util,
         &submitted,
         &admitted_per_s,
         util_exclusive,
+        !a.gpu,
     )?;
 
-    println!("smore demo — simulated GPU (interference is the simulator's time-slicing, not a real GPU's)");
+    println!("smore demo — {label}");
     println!();
     println!("  GPU utilization (GUI)     exclusive {util_exclusive:5.1} %   co-located {util_colo:5.1} %");
     println!("  trainer slowdown (SFD)    {:5.1} %   ({iter_alone:.2} → {iter_colo:.2} ms/iteration, bound θ_train {:.0} %)", sfd * 100.0, a.theta_train * 100.0);
@@ -761,11 +883,11 @@ fn mean(it: impl Iterator<Item = f64>) -> f64 {
 
 fn plot(
     png: &Path,
-    excl: &[(f64, f64)],
     colo: &[(f64, f64)],
     submitted: &[u64],
     admitted: &[u64],
     excl_mean: f64,
+    simulated: bool,
 ) -> Result<()> {
     use plotters::prelude::*;
     static FONT: std::sync::Once = std::sync::Once::new();
@@ -781,7 +903,17 @@ fn plot(
     let (top, bottom) = root.split_vertically(350);
     let secs = submitted.len() as f64;
     let mut c = ChartBuilder::on(&top)
-        .caption("GPU utilization (NVML) — simulated GPU", ("sans-serif", 20))
+        .caption(
+            format!(
+                "GPU utilization (NVML) — {}",
+                if simulated {
+                    "simulated GPU"
+                } else {
+                    "real GPU"
+                }
+            ),
+            ("sans-serif", 20),
+        )
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(45)
@@ -800,7 +932,6 @@ fn plot(
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .label("trainer alone (mean)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
-    let _ = excl;
     c.configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)

@@ -19,6 +19,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod eval;
 pub mod gpus;
 pub mod grantpage;
 pub mod metrics;

@@ -1,0 +1,948 @@
+//! `smore eval colocation`: SMORE's co-location comparison (Fig. 14 / thesis Fig. 5.10) replayed
+//! in a SIMULATION — the same seeded request trace under exclusive serving, Random, EDF with
+//! utilization admission, an ElasticFlow-like EDF with degradation-greedy placement, and SMORE.
+//!
+//! Owns: the time-stepped simulator (GPUs with one training job each, request arrivals, service
+//! with interference), the baseline policies, and the metrics table (DSR, GUI, SFD, SLD).
+//!
+//! Two models are kept strictly apart (docs/eval.md):
+//! - **ground truth**: the synthetic interference model of `smore_predictor::synth` (generalised
+//!   to several co-located functions, [`truth`]) plus log-normal noise — what "really" happens;
+//! - **predictions**: the predictor's random forests trained on a 20 % sample (α = 0.2, SMORE's
+//!   setting) of a noisy synthetic dataset, queried through the lookup table and the multi-way
+//!   weights — the only thing the degradation-aware policies see.
+//!
+//! Must never: present its figures as measurements (every output line says SIMULATED), let a
+//! policy read the ground truth, or depend on anything but the seed (no clocks, no threads).
+
+use anyhow::{bail, Context, Result};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use smore_predictor::catalog::Catalog;
+use smore_predictor::multiway::SgdConfig;
+use smore_predictor::pairwise::{ForestParams, PairModel};
+use smore_predictor::sched::{self, GpuSnapshot, PendingItem, Resident, SchedConfig};
+use smore_predictor::synth::{generate, pressure, Pressure, SynthParams};
+use smore_predictor::table::PairTable;
+use smore_predictor::{DegradationModel, ModelKey, Predictor, Role};
+use std::collections::VecDeque;
+use std::path::PathBuf;
+
+/// SMORE's reported figures at 16 000 requests/min on RTX 3090s (TPDS 2025 Fig. 14; thesis
+/// Fig. 5.10): (policy, DSR, GUI, SFD, SLD) in percent. Measured by the SMORE authors on real
+/// GPUs — printed for comparison only.
+pub const SMORE_REPORTED: [(&str, f64, f64, f64, f64); 4] = [
+    ("Random", 45.0, 29.0, 3.7, 33.0),
+    ("EDF-util", 50.0, 28.0, 1.1, 34.0),
+    ("ElasticFlow", 66.0, 19.0, 2.5, 21.0),
+    ("SMORE", 65.0, 20.0, 1.7, 19.0),
+];
+
+/// `smore eval colocation` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EvalArgs {
+    /// What to evaluate (only `colocation` for now).
+    #[arg(value_parser = ["colocation"], default_value = "colocation")]
+    pub what: String,
+    /// GPUs, each running one training job.
+    #[arg(long, default_value_t = 16)]
+    pub gpus: usize,
+    /// Dedicated inference GPUs of the exclusive (no co-location) baseline.
+    #[arg(long)]
+    pub exclusive_gpus: Option<usize>,
+    /// Request arrival rate (Poisson), requests per minute (SMORE's Fig. 14: 16 000).
+    #[arg(long, default_value_t = 16_000.0)]
+    pub rate: f64,
+    /// Simulated seconds of arrivals (the run then drains for the longest SLO).
+    #[arg(long, default_value_t = 60.0)]
+    pub seconds: f64,
+    /// Simulation step, milliseconds (scheduling rounds happen every step).
+    #[arg(long, default_value_t = 1.0)]
+    pub step_ms: f64,
+    /// GPU type of the catalog whose profiles are used.
+    #[arg(long, default_value = "rtx3090")]
+    pub gpu_type: String,
+    /// Catalog TOML (default: the built-in one).
+    #[arg(long)]
+    pub catalog: Option<PathBuf>,
+    /// SLO = solo latency × a factor drawn per function uniformly from [lo, hi].
+    #[arg(long, value_delimiter = ',', default_value = "1.5,3.0")]
+    pub slo_factor: Vec<f64>,
+    /// θ_train for SMORE.
+    #[arg(long, default_value_t = 0.10)]
+    pub theta_train: f64,
+    /// Power of d for SMORE.
+    #[arg(long, default_value_t = 2)]
+    pub power_of_d: usize,
+    /// σ of the log-normal noise on the ground truth (and on the predictor's training data).
+    #[arg(long, default_value_t = 0.15)]
+    pub noise: f64,
+    /// Trees per forest of the predictor.
+    #[arg(long, default_value_t = 100)]
+    pub trees: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print JSON lines instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl Default for EvalArgs {
+    fn default() -> Self {
+        EvalArgs {
+            what: "colocation".into(),
+            gpus: 16,
+            exclusive_gpus: None,
+            rate: 16_000.0,
+            seconds: 60.0,
+            step_ms: 1.0,
+            gpu_type: "rtx3090".into(),
+            catalog: None,
+            slo_factor: vec![1.5, 3.0],
+            theta_train: 0.10,
+            power_of_d: 2,
+            noise: 0.15,
+            trees: 100,
+            seed: 1,
+            json: false,
+        }
+    }
+}
+
+/// The policies compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyName {
+    /// No co-location: requests run one at a time on dedicated inference GPUs.
+    Exclusive,
+    /// A uniformly random GPU with memory; no admission control.
+    Random,
+    /// Earliest deadline first; admit on the least-utilized GPU while Σ solo utilization ≤ 1.
+    EdfUtil,
+    /// EDF; admit where the predicted latency meets the deadline; least predicted
+    /// D̂_train + D̂_fn (degradation-greedy), no bound on training slowdown.
+    ElasticFlow,
+    /// SMORE Algorithm 1 (priority, power of d, σ, θ_train, SLO, argmin λ, first fit when the
+    /// queue is long, requeue with back-off).
+    Smore,
+}
+
+impl PolicyName {
+    pub const ALL: [PolicyName; 5] = [
+        PolicyName::Exclusive,
+        PolicyName::Random,
+        PolicyName::EdfUtil,
+        PolicyName::ElasticFlow,
+        PolicyName::Smore,
+    ];
+    pub fn label(self) -> &'static str {
+        match self {
+            PolicyName::Exclusive => "exclusive",
+            PolicyName::Random => "random",
+            PolicyName::EdfUtil => "edf-util",
+            PolicyName::ElasticFlow => "elasticflow",
+            PolicyName::Smore => "smore",
+        }
+    }
+}
+
+/// One row of the table (fractions, not percent).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PolicyResult {
+    pub policy: &'static str,
+    /// Deadline satisfaction rate: requests done within their SLO / all requests.
+    pub dsr: f64,
+    /// GPU utilization improvement: mean SM utilization of the training GPUs minus training
+    /// alone (percentage points as a fraction).
+    pub gui: f64,
+    /// Serverful (training) degradation: mean over training jobs of wall time / work − 1.
+    pub sfd: f64,
+    /// Serverless latency degradation: mean over served requests of service time / solo − 1.
+    pub sld: f64,
+    pub requests: usize,
+    pub served: usize,
+    pub dropped: usize,
+}
+
+/// A function of the trace.
+#[derive(Debug, Clone)]
+struct Func {
+    key: ModelKey,
+    solo_ms: f64,
+    util: f64,
+    memory: u64,
+    slo_ms: f64,
+    press: Pressure,
+    /// E[D̂_fn] over the trainers of the cluster (SMORE's E[ΔLat]).
+    mean_pred_fn: f64,
+}
+
+#[derive(Debug, Clone)]
+struct Trainer {
+    key: ModelKey,
+    util: f64,
+    memory: u64,
+    press: Pressure,
+    /// Static ground-truth noise on this trainer's degradation.
+    noise: f64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Req {
+    id: u64,
+    func: usize,
+    arrival: f64,
+    deadline: f64,
+    /// SMORE's requeue back-off: not before this time, ms.
+    not_before: f64,
+    attempts: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Running {
+    req: Req,
+    start: f64,
+    /// Solo-time of work left, ms.
+    work_left: f64,
+    noise: f64,
+}
+
+struct SimGpu {
+    trainer: Option<usize>,
+    capacity: u64,
+    used: u64,
+    running: Vec<Running>,
+    /// What predictors see (training key, residents = running requests).
+    snap: GpuSnapshot,
+    train_work: f64,
+    util_sum: f64,
+    base_util_sum: f64,
+}
+
+impl SimGpu {
+    fn sum_util(&self, funcs: &[Func], trainers: &[Trainer]) -> f64 {
+        self.trainer.map_or(0.0, |t| trainers[t].util)
+            + self
+                .running
+                .iter()
+                .map(|r| funcs[r.req.func].util)
+                .sum::<f64>()
+    }
+}
+
+/// Ground truth: the synthetic interference model of `smore_predictor::synth` generalised to a
+/// set of different co-located functions. With c copies of one function it is exactly
+/// `synth::interference(t, f, c)`. Returns (δ_train, δ_fn of each function), noiseless.
+pub fn truth(train: Option<Pressure>, fns: &[Pressure]) -> (f64, Vec<f64>) {
+    if fns.is_empty() {
+        return (0.0, vec![]);
+    }
+    let t = train.unwrap_or(Pressure { sm: 0.0, bw: 0.0 });
+    let u_s = 1.0 - fns.iter().map(|f| 1.0 - f.sm).product::<f64>();
+    let b_s = fns.iter().map(|f| f.bw).sum::<f64>().min(1.0);
+    let o = (t.sm + u_s - 1.0).max(0.0);
+    let d_train = if train.is_some() {
+        0.35 * t.sm * u_s + 1.5 * o * o + 0.8 * t.bw * b_s
+    } else {
+        0.0
+    };
+    let sum_u: f64 = fns.iter().map(|f| f.sm).sum();
+    let d_fn = fns
+        .iter()
+        .map(|f| 0.8 * t.sm + 2.0 * o * o + t.bw * b_s + 0.3 * (sum_u - f.sm))
+        .collect();
+    (d_train, d_fn)
+}
+
+fn normal(rng: &mut StdRng) -> f64 {
+    // Box–Muller transform.
+    let u1: f64 = rng.gen_range(f64::EPSILON..1.0);
+    let u2: f64 = rng.gen();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+/// Everything a run shares across policies: cluster, functions, trace, predictor.
+struct Scenario {
+    trainers: Vec<Trainer>,
+    funcs: Vec<Func>,
+    /// (arrival ms, function), sorted.
+    trace: Vec<(f64, usize)>,
+    predictor: Predictor,
+    capacity: u64,
+    predictor_rows: usize,
+}
+
+fn scenario(a: &EvalArgs) -> Result<Scenario> {
+    if a.gpus == 0 {
+        bail!("--gpus must be ≥ 1");
+    }
+    if !(a.rate > 0.0 && a.seconds > 0.0 && a.step_ms > 0.0) {
+        bail!("--rate, --seconds and --step-ms must be > 0");
+    }
+    if a.slo_factor.len() != 2 || !(a.slo_factor[0] >= 1.0 && a.slo_factor[1] >= a.slo_factor[0]) {
+        bail!(
+            "--slo-factor {:?} must be LO,HI with 1 ≤ LO ≤ HI (e.g. 1.5,3.0)",
+            a.slo_factor
+        );
+    }
+    let cat = Catalog::load_or_builtin(a.catalog.as_deref())?;
+    let gpu = cat
+        .gpus
+        .iter()
+        .find(|g| g.name == a.gpu_type)
+        .cloned()
+        .with_context(|| format!("--gpu-type `{}` is not in the catalog", a.gpu_type))?;
+    let mut rng = StdRng::seed_from_u64(a.seed);
+    // Predictor: forests on an α = 0.2 sample of a noisy synthetic dataset (SMORE's α).
+    let ds = generate(
+        &cat,
+        &SynthParams {
+            gpu: gpu.name.clone(),
+            seed: a.seed.wrapping_add(1000),
+            noise: a.noise,
+            max_concurrency: 1,
+            date: "synthetic".into(),
+        },
+    )?;
+    let (train_rows, _) = ds.split(0.2, a.seed)?;
+    let model = PairModel::train(
+        &cat,
+        &train_rows,
+        &ForestParams {
+            n_trees: a.trees.max(1),
+            ..ForestParams::default()
+        },
+        0.2,
+        a.seed,
+    )?;
+    let table = PairTable::build(&cat, &model, &gpu.name)?;
+    let predictor = Predictor::new(table, SgdConfig::default());
+    let prof = |k: &ModelKey, role| {
+        let m = cat.model(&k.model).expect("configs() lists catalog models");
+        let p = cat.profile(&gpu.name, k, role).expect("profiled");
+        (
+            p.latency_ms,
+            p.sm_util,
+            p.memory_bytes,
+            pressure(&gpu, m, p),
+        )
+    };
+    // Trainers: every training configuration whose memory leaves room (≤ 60 % of the GPU),
+    // dealt round-robin after a seeded shuffle.
+    let mut tkeys: Vec<ModelKey> = cat
+        .configs(&gpu.name, Role::Training)
+        .into_iter()
+        .filter(|k| (prof(k, Role::Training).2 as f64) <= 0.6 * gpu.memory_bytes as f64)
+        .collect();
+    if tkeys.is_empty() {
+        bail!("no training configuration of `{}` fits", gpu.name);
+    }
+    tkeys.shuffle(&mut rng);
+    let trainers: Vec<Trainer> = (0..a.gpus)
+        .map(|i| {
+            let key = tkeys[i % tkeys.len()].clone();
+            let (_, util, memory, press) = prof(&key, Role::Training);
+            Trainer {
+                key,
+                util,
+                memory,
+                press,
+                noise: (a.noise * normal(&mut rng)).exp(),
+            }
+        })
+        .collect();
+    // Functions: every model at inference batches 1, 4 and 8.
+    let fkeys: Vec<ModelKey> = cat
+        .configs(&gpu.name, Role::Inference)
+        .into_iter()
+        .filter(|k| k.batch <= 8)
+        .collect();
+    let mut funcs: Vec<Func> = fkeys
+        .into_iter()
+        .map(|key| {
+            let (solo_ms, util, memory, press) = prof(&key, Role::Inference);
+            let f = rng.gen_range(a.slo_factor[0]..=a.slo_factor[1]);
+            let preds: Vec<f64> = trainers
+                .iter()
+                .filter_map(|t| predictor.fn_deg(Some(&t.key), &[&key], 0))
+                .collect();
+            Func {
+                mean_pred_fn: preds.iter().sum::<f64>() / preds.len().max(1) as f64,
+                key,
+                solo_ms,
+                util,
+                memory,
+                slo_ms: solo_ms * f,
+                press,
+            }
+        })
+        .collect();
+    funcs.shuffle(&mut rng);
+    // Popularity: Zipf(1) over the shuffled functions (serverless traces are heavy-tailed).
+    let weights: Vec<f64> = (1..=funcs.len()).map(|r| 1.0 / r as f64).collect();
+    let wsum: f64 = weights.iter().sum();
+    let rate_per_ms = a.rate / 60_000.0;
+    let horizon = a.seconds * 1e3;
+    let mut trace = Vec::new();
+    let mut t = 0.0;
+    loop {
+        let u: f64 = rng.gen_range(f64::EPSILON..1.0);
+        t += -u.ln() / rate_per_ms;
+        if t >= horizon {
+            break;
+        }
+        let mut x = rng.gen::<f64>() * wsum;
+        let mut f = 0;
+        while f + 1 < weights.len() && x >= weights[f] {
+            x -= weights[f];
+            f += 1;
+        }
+        trace.push((t, f));
+    }
+    Ok(Scenario {
+        trainers,
+        funcs,
+        trace,
+        predictor,
+        capacity: gpu.memory_bytes,
+        predictor_rows: train_rows.rows.len(),
+    })
+}
+
+fn new_gpu(index: u32, trainer: Option<usize>, sc: &Scenario) -> SimGpu {
+    let used = trainer.map_or(0, |t| sc.trainers[t].memory);
+    SimGpu {
+        trainer,
+        capacity: sc.capacity,
+        used,
+        running: Vec::new(),
+        snap: GpuSnapshot {
+            index,
+            capacity: sc.capacity,
+            used,
+            training: trainer.map(|t| sc.trainers[t].key.clone()),
+            functions: Vec::new(),
+            train_correction: 1.0,
+        },
+        train_work: 0.0,
+        util_sum: 0.0,
+        base_util_sum: 0.0,
+    }
+}
+
+/// σ (SMORE's memory safety factor, 0.95) for every policy: none may overcommit memory.
+const SIGMA: f64 = 0.95;
+
+fn fits(g: &SimGpu, mem: u64) -> bool {
+    (g.used + mem) as f64 <= SIGMA * g.capacity as f64
+}
+
+fn start(g: &mut SimGpu, req: Req, now: f64, sc: &Scenario, rng: &mut StdRng, noise: f64) {
+    let f = &sc.funcs[req.func];
+    g.used += f.memory;
+    g.snap.used = g.used;
+    g.snap.functions.push(Resident {
+        id: req.id,
+        key: f.key.clone(),
+        slo_ms: f.slo_ms,
+        solo_latency_ms: f.solo_ms,
+        sm_util: f.util,
+    });
+    g.running.push(Running {
+        req,
+        start: now.max(req.arrival),
+        work_left: f.solo_ms,
+        noise: (noise * normal(rng)).exp(),
+    });
+}
+
+/// Runs one policy over the scenario's trace.
+fn simulate(
+    policy: PolicyName,
+    sc: &Scenario,
+    a: &EvalArgs,
+    exclusive_gpus: usize,
+) -> PolicyResult {
+    let mut rng = StdRng::seed_from_u64(a.seed ^ 0x9e37_79b9_7f4a_7c15);
+    let mut gpus: Vec<SimGpu> = (0..a.gpus)
+        .map(|i| new_gpu(i as u32, Some(i), sc))
+        .collect();
+    // Exclusive serving runs requests on dedicated GPUs, one at a time.
+    let mut dedicated: Vec<SimGpu> = (0..exclusive_gpus)
+        .map(|i| new_gpu((a.gpus + i) as u32, None, sc))
+        .collect();
+    let cfg = SchedConfig {
+        d: a.power_of_d.max(1),
+        sigma: SIGMA,
+        theta_train: a.theta_train,
+        ..SchedConfig::default()
+    };
+    let dt = a.step_ms;
+    let horizon = a.seconds * 1e3;
+    let max_slo = sc.funcs.iter().map(|f| f.slo_ms).fold(0.0, f64::max);
+    let end = horizon + 2.0 * max_slo + dt;
+    let mut pending: VecDeque<Req> = VecDeque::new();
+    let mut next = 0usize;
+    let (mut ok, mut served, mut dropped) = (0usize, 0usize, 0usize);
+    let mut sld_sum = 0.0;
+    let mut now = 0.0;
+    let mut steps_in_horizon = 0u64;
+    while now < end {
+        // 1. arrivals of this step
+        while next < sc.trace.len() && sc.trace[next].0 < now + dt {
+            let (t, f) = sc.trace[next];
+            pending.push_back(Req {
+                id: next as u64,
+                func: f,
+                arrival: t,
+                deadline: t + sc.funcs[f].slo_ms,
+                not_before: t,
+                attempts: 0,
+            });
+            next += 1;
+        }
+        // 2. requests that can no longer start in time are dropped (missed)
+        pending.retain(|r| {
+            let keep = r.deadline - now >= sc.funcs[r.func].solo_ms;
+            if !keep {
+                dropped += 1;
+            }
+            keep
+        });
+        // 3. the policy places what it can
+        place(
+            policy,
+            &mut pending,
+            &mut gpus,
+            &mut dedicated,
+            sc,
+            &cfg,
+            now,
+            &mut rng,
+            a.noise,
+        );
+        // 4. service with ground-truth interference
+        for g in gpus.iter_mut().chain(dedicated.iter_mut()) {
+            let tp = g.trainer.map(|t| sc.trainers[t].press);
+            let ps: Vec<Pressure> = g
+                .running
+                .iter()
+                .map(|r| sc.funcs[r.req.func].press)
+                .collect();
+            let (d_train, d_fn) = truth(tp, &ps);
+            if let Some(t) = g.trainer {
+                let tr = &sc.trainers[t];
+                if now < horizon {
+                    g.train_work += dt / (1.0 + d_train * tr.noise);
+                    g.util_sum += g.sum_util(&sc.funcs, &sc.trainers).min(1.0);
+                    g.base_util_sum += tr.util;
+                }
+            }
+            // Each request progresses at 1/(1 + δ) of its solo speed from its start (which may
+            // lie inside this step); `slow` keeps the factor to interpolate its completion.
+            let mut slow = Vec::with_capacity(g.running.len());
+            for (i, r) in g.running.iter_mut().enumerate() {
+                let x = 1.0 + d_fn[i] * r.noise;
+                let from = r.start.max(now);
+                r.work_left -= (now + dt - from) / x;
+                slow.push(x);
+            }
+            let mut k = 0;
+            while k < g.running.len() {
+                if g.running[k].work_left <= 1e-12 {
+                    let r = g.running.swap_remove(k);
+                    let x = slow.swap_remove(k);
+                    let f = &sc.funcs[r.req.func];
+                    // Completion inside this step, interpolated at this step's speed.
+                    let done = now + dt + r.work_left.min(0.0) * x;
+                    served += 1;
+                    if done <= r.req.deadline + 1e-9 {
+                        ok += 1;
+                    }
+                    let d = (done - r.start) / f.solo_ms - 1.0;
+                    // Float rounding of an undisturbed request is not degradation.
+                    sld_sum += if d > 1e-9 { d } else { 0.0 };
+                    g.used -= f.memory;
+                    g.snap.used = g.used;
+                    if let Some(p) = g.snap.functions.iter().position(|x| x.id == r.req.id) {
+                        g.snap.functions.swap_remove(p);
+                    }
+                } else {
+                    k += 1;
+                }
+            }
+        }
+        if now < horizon {
+            steps_in_horizon += 1;
+        }
+        now += dt;
+    }
+    dropped += pending.len();
+    let n = sc.trace.len();
+    let horizon_ms = steps_in_horizon as f64 * dt;
+    let sfd = gpus
+        .iter()
+        .map(|g| (horizon_ms / g.train_work.max(1e-9) - 1.0).max(0.0))
+        .sum::<f64>()
+        / gpus.len() as f64;
+    let gui = gpus
+        .iter()
+        .map(|g| (g.util_sum - g.base_util_sum) / steps_in_horizon.max(1) as f64)
+        .sum::<f64>()
+        / gpus.len() as f64;
+    PolicyResult {
+        policy: policy.label(),
+        dsr: ok as f64 / n.max(1) as f64,
+        gui,
+        sfd,
+        sld: if served > 0 {
+            sld_sum / served as f64
+        } else {
+            0.0
+        },
+        requests: n,
+        served,
+        dropped,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn place(
+    policy: PolicyName,
+    pending: &mut VecDeque<Req>,
+    gpus: &mut [SimGpu],
+    dedicated: &mut [SimGpu],
+    sc: &Scenario,
+    cfg: &SchedConfig,
+    now: f64,
+    rng: &mut StdRng,
+    noise: f64,
+) {
+    let edf = |p: &mut VecDeque<Req>| {
+        p.make_contiguous()
+            .sort_by(|a, b| a.deadline.total_cmp(&b.deadline).then(a.id.cmp(&b.id)));
+    };
+    let mut left = VecDeque::with_capacity(pending.len());
+    match policy {
+        PolicyName::Exclusive => {
+            edf(pending);
+            while let Some(r) = pending.pop_front() {
+                match dedicated
+                    .iter_mut()
+                    .find(|g| g.running.is_empty() && fits(g, sc.funcs[r.func].memory))
+                {
+                    Some(g) => start(g, r, now, sc, rng, noise),
+                    None => left.push_back(r),
+                }
+            }
+        }
+        PolicyName::Random => {
+            while let Some(r) = pending.pop_front() {
+                let mem = sc.funcs[r.func].memory;
+                let ok: Vec<usize> = (0..gpus.len()).filter(|&i| fits(&gpus[i], mem)).collect();
+                match ok.choose(rng) {
+                    Some(&i) => start(&mut gpus[i], r, now, sc, rng, noise),
+                    None => left.push_back(r),
+                }
+            }
+        }
+        PolicyName::EdfUtil => {
+            edf(pending);
+            while let Some(r) = pending.pop_front() {
+                let f = &sc.funcs[r.func];
+                let best = (0..gpus.len())
+                    .filter(|&i| fits(&gpus[i], f.memory))
+                    .map(|i| (i, gpus[i].sum_util(&sc.funcs, &sc.trainers)))
+                    .filter(|&(_, u)| u + f.util <= 1.0)
+                    .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+                match best {
+                    Some((i, _)) => start(&mut gpus[i], r, now, sc, rng, noise),
+                    None => left.push_back(r),
+                }
+            }
+        }
+        PolicyName::ElasticFlow => {
+            edf(pending);
+            while let Some(r) = pending.pop_front() {
+                let f = &sc.funcs[r.func];
+                let item = item_of(&r, f, now);
+                let mut best: Option<(usize, f64)> = None;
+                for (i, g) in gpus.iter().enumerate() {
+                    if !fits(g, f.memory) {
+                        continue;
+                    }
+                    let mut keys: Vec<&ModelKey> =
+                        g.snap.functions.iter().map(|x| &x.key).collect();
+                    keys.push(&item.key);
+                    let j = keys.len() - 1;
+                    let (Some(dt), Some(df)) = (
+                        g.snap
+                            .training
+                            .as_ref()
+                            .map_or(Some(0.0), |t| sc.predictor.train_deg(t, &keys)),
+                        sc.predictor.fn_deg(g.snap.training.as_ref(), &keys, j),
+                    ) else {
+                        continue;
+                    };
+                    if f.solo_ms * (1.0 + df) > item.slo_ms {
+                        continue;
+                    }
+                    let s = dt + df;
+                    if best.is_none_or(|(_, b)| s < b) {
+                        best = Some((i, s));
+                    }
+                }
+                match best {
+                    Some((i, _)) => start(&mut gpus[i], r, now, sc, rng, noise),
+                    None => left.push_back(r),
+                }
+            }
+        }
+        PolicyName::Smore => {
+            // Eligible items in priority order (SMORE eq. 5), ties by id; first fit when the
+            // eligible queue is longer than the threshold; refused items back off.
+            let (mut ready, wait): (Vec<Req>, Vec<Req>) =
+                pending.drain(..).partition(|r| r.not_before <= now);
+            left.extend(wait);
+            let prio = |r: &Req| {
+                let f = &sc.funcs[r.func];
+                f.util / (f.mean_pred_fn.max(0.0) + cfg.epsilon)
+            };
+            ready.sort_by(|a, b| prio(b).total_cmp(&prio(a)).then(a.id.cmp(&b.id)));
+            let fast = ready.len() > cfg.first_fit_queue;
+            for mut r in ready {
+                let f = &sc.funcs[r.func];
+                let item = item_of(&r, f, now);
+                let cand = sched::sample_candidates(rng, gpus.len(), cfg.d);
+                let chosen = {
+                    // allocate() over the live snapshots (borrowed, not cloned).
+                    let views: Vec<&GpuSnapshot> = gpus.iter().map(|g| &g.snap).collect();
+                    choose(cfg, &item, &views, &cand, fast, &sc.predictor)
+                };
+                match chosen {
+                    Some(i) => start(&mut gpus[i], r, now, sc, rng, noise),
+                    None => {
+                        r.attempts += 1;
+                        let wait = (cfg.backoff_base << (r.attempts - 1).min(16))
+                            .min(cfg.backoff_max)
+                            .max(1);
+                        r.not_before = now + wait as f64;
+                        left.push_back(r);
+                    }
+                }
+            }
+        }
+    }
+    *pending = left;
+}
+
+/// Algorithm 1's choice among sampled candidates (the same rules as `sched::allocate`, over
+/// borrowed snapshots).
+fn choose(
+    cfg: &SchedConfig,
+    item: &PendingItem,
+    gpus: &[&GpuSnapshot],
+    cand: &[usize],
+    fast: bool,
+    model: &dyn DegradationModel,
+) -> Option<usize> {
+    let mut best: Option<(usize, f64)> = None;
+    for &g in cand {
+        let e = sched::evaluate_candidate(cfg, gpus[g], item, model);
+        if let Some(s) = e.score {
+            if fast {
+                return Some(g);
+            }
+            let better = match best {
+                None => true,
+                Some((bg, bs)) => s < bs || (s == bs && gpus[g].index < gpus[bg].index),
+            };
+            if better {
+                best = Some((g, s));
+            }
+        }
+    }
+    best.map(|(g, _)| g)
+}
+
+/// A pending request as Algorithm 1 sees it: its SLO is the time left to its deadline.
+fn item_of(r: &Req, f: &Func, now: f64) -> PendingItem {
+    PendingItem {
+        id: r.id,
+        key: f.key.clone(),
+        slo_ms: r.deadline - now,
+        solo_latency_ms: f.solo_ms,
+        sm_util: f.util,
+        memory: f.memory,
+        expected_util_gain: f.util,
+        expected_degradation: f.mean_pred_fn,
+    }
+}
+
+/// The whole comparison: one row per policy, same trace.
+pub fn evaluate(a: &EvalArgs) -> Result<(Vec<PolicyResult>, String)> {
+    let sc = scenario(a)?;
+    let excl = a.exclusive_gpus.unwrap_or(a.gpus.div_ceil(4)).max(1);
+    let rows = PolicyName::ALL
+        .iter()
+        .map(|&p| simulate(p, &sc, a, excl))
+        .collect();
+    let header = format!(
+        "SIMULATED — ground truth = synthetic interference model (predictor::synth), not a GPU \
+         measurement.\n{} GPUs ({} profiles, estimated) each running one training job; {} \
+         requests/min for {} s ({} requests) over {} functions; SLO = solo × U[{}, {}]; \
+         exclusive serves on {} dedicated GPUs; seed {}.\nPredictions: random forests ({} trees) \
+         on {} SYNTHETIC rows (α = 0.2); θ_train = {}, d = {}.",
+        a.gpus,
+        a.gpu_type,
+        a.rate,
+        a.seconds,
+        sc.trace.len(),
+        sc.funcs.len(),
+        a.slo_factor[0],
+        a.slo_factor[1],
+        excl,
+        a.seed,
+        a.trees,
+        sc.predictor_rows,
+        a.theta_train,
+        a.power_of_d
+    );
+    Ok((rows, header))
+}
+
+/// Formats the table (percent).
+pub fn table(rows: &[PolicyResult], header: &str) -> String {
+    let mut s = String::new();
+    s.push_str(header);
+    s.push('\n');
+    s.push_str(&format!(
+        "{:<12} {:>7} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9}\n",
+        "policy", "DSR", "GUI", "SFD", "SLD", "requests", "served", "dropped"
+    ));
+    for r in rows {
+        s.push_str(&format!(
+            "{:<12} {:>6.1}% {:>6.1}% {:>6.1}% {:>6.1}% {:>9} {:>9} {:>9}\n",
+            r.policy,
+            r.dsr * 100.0,
+            r.gui * 100.0,
+            r.sfd * 100.0,
+            r.sld * 100.0,
+            r.requests,
+            r.served,
+            r.dropped
+        ));
+    }
+    s.push_str("SMORE's reported figures (measured by its authors, RTX 3090, 16 000 req/min; DSR/GUI/SFD/SLD): ");
+    let rep: Vec<String> = SMORE_REPORTED
+        .iter()
+        .map(|(n, d, g, f, l)| format!("{n} {d}/{g}/{f}/{l} %"))
+        .collect();
+    s.push_str(&rep.join(", "));
+    s.push('\n');
+    s
+}
+
+/// `smore eval colocation`.
+pub fn run(a: EvalArgs) -> Result<()> {
+    let (rows, header) = evaluate(&a)?;
+    if a.json {
+        for r in &rows {
+            let mut v = serde_json::to_value(r)?;
+            v["simulated"] = serde_json::json!(true);
+            println!("{v}");
+        }
+    } else {
+        print!("{}", table(&rows, &header));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smore_predictor::synth::interference;
+
+    fn small() -> EvalArgs {
+        EvalArgs {
+            gpus: 4,
+            rate: 3000.0,
+            seconds: 4.0,
+            trees: 10,
+            ..EvalArgs::default()
+        }
+    }
+
+    #[test]
+    fn ground_truth_is_the_synthetic_model() {
+        let t = Pressure { sm: 0.7, bw: 0.3 };
+        let f = Pressure { sm: 0.4, bw: 0.2 };
+        for c in 1..=3u32 {
+            let (dt, df) = truth(Some(t), &vec![f; c as usize]);
+            let (et, ef) = interference(t, f, c);
+            assert!(
+                (dt - et).abs() < 1e-12 && (df[0] - ef).abs() < 1e-12,
+                "c = {c}"
+            );
+        }
+        assert_eq!(truth(None, &[f]).1, vec![0.0]);
+        assert_eq!(truth(Some(t), &[]).0, 0.0);
+    }
+
+    #[test]
+    fn the_table_is_produced_and_exclusive_costs_training_nothing() {
+        let a = small();
+        let (rows, header) = evaluate(&a).unwrap();
+        assert_eq!(rows.len(), 5);
+        let ex = &rows[0];
+        assert_eq!(ex.policy, "exclusive");
+        assert_eq!(ex.sfd, 0.0);
+        assert_eq!(ex.gui, 0.0);
+        assert_eq!(ex.sld, 0.0);
+        for r in &rows {
+            assert!(r.requests > 0);
+            assert_eq!(r.served + r.dropped, r.requests, "{r:?}");
+            assert!((0.0..=1.0).contains(&r.dsr), "{r:?}");
+        }
+        // Co-location raises utilization of the training GPUs; SMORE keeps training within θ.
+        let sm = rows.iter().find(|r| r.policy == "smore").unwrap();
+        assert!(sm.gui > 0.0, "{sm:?}");
+        let text = table(&rows, &header);
+        assert!(text.contains("SIMULATED"));
+        for p in [
+            "exclusive",
+            "random",
+            "edf-util",
+            "elasticflow",
+            "smore",
+            "DSR",
+            "SLD",
+        ] {
+            assert!(text.contains(p), "{text}");
+        }
+    }
+
+    #[test]
+    fn runs_are_reproducible() {
+        let a = EvalArgs {
+            seconds: 2.0,
+            ..small()
+        };
+        assert_eq!(evaluate(&a).unwrap().0, evaluate(&a).unwrap().0);
+    }
+
+    #[test]
+    fn bad_arguments_name_the_flag() {
+        let a = EvalArgs {
+            slo_factor: vec![0.5, 2.0],
+            ..small()
+        };
+        let e = format!("{:#}", evaluate(&a).err().unwrap());
+        assert!(e.contains("--slo-factor"), "{e}");
+        let a = EvalArgs {
+            gpu_type: "tpu".into(),
+            ..small()
+        };
+        assert!(format!("{:#}", evaluate(&a).err().unwrap()).contains("--gpu-type"));
+    }
+}
