@@ -52,6 +52,8 @@ enum Cmd {
     /// Request forecasting and prewarm policies: replay traces, generate the synthetic suite.
     #[command(subcommand)]
     Prewarm(smore_prewarm::cli::PrewarmCommand),
+    /// SIMULATED comparison of co-location policies (`smore eval colocation`): DSR, GUI, SFD, SLD.
+    Eval(smore_arbiter::eval::EvalArgs),
 }
 
 #[derive(Subcommand)]
@@ -107,6 +109,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Arbiter(a)) => smore_arbiter::bench::arbiter(a),
         Cmd::Predictor(c) => smore_predictor::cli::run(c),
         Cmd::Prewarm(c) => smore_prewarm::cli::run(c),
+        Cmd::Eval(a) => smore_arbiter::eval::run(a),
     };
     if let Err(e) = r {
         eprintln!("smore: {e:#}");

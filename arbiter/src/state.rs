@@ -28,6 +28,9 @@ const MAX_LATENCIES: usize = 1024;
 /// Smoothing of training's solo utilization (EWMA weight of a new sample). Reasoning: samples
 /// come every reconcile period (250 ms); 0.2 averages over ~1 s, enough to ride out one sample.
 const SOLO_UTIL_ALPHA: f64 = 0.2;
+/// Reconcile rounds between two observations fed to the policy's online learning (20 × 250 ms
+/// = 5 s: long enough for NVML's 1/6 s samples and the reported latencies to average out).
+const OBSERVE_EVERY: u64 = 20;
 /// Training utilization change (fraction) that makes the arbiter re-split shares.
 const RESHARE_DELTA: f64 = 0.05;
 
@@ -224,6 +227,8 @@ pub struct State {
     /// Online prewarm over request reports (None when `[prewarm] policy = "off"`).
     prewarm: Option<smore_prewarm::PrewarmManager>,
     prewarm_minute: Option<u64>,
+    /// Reconcile rounds so far (observations go to the policy every OBSERVE_EVERY rounds).
+    rounds: u64,
 }
 
 impl State {
@@ -268,6 +273,7 @@ impl State {
             hints: Vec::new(),
             prewarm,
             prewarm_minute: None,
+            rounds: 0,
         }
     }
 
@@ -845,6 +851,10 @@ impl State {
         for gpu in reshare {
             self.reshare(gpu);
         }
+        self.rounds += 1;
+        if self.rounds.is_multiple_of(OBSERVE_EVERY) {
+            self.observe();
+        }
         for a in &actions {
             self.counters.watchdog_actions += 1;
             self.event(
@@ -860,6 +870,36 @@ impl State {
     /// The latest pre-warm hints.
     pub fn hints(&self) -> Vec<smore_protocol::wire::Hint> {
         self.hints.clone()
+    }
+
+    /// Feeds observed degradations to the policy (online learning): per GPU with functions and a
+    /// training job, the training slowdown estimated from NVML — the job's utilization now
+    /// against its solo utilization (a time-sliced job that keeps its work per iteration and gets
+    /// less of the GPU shows proportionally lower utilization) — and each function's median
+    /// reported latency.
+    fn observe(&mut self) {
+        let views = self.views();
+        for (g, view) in self.gpus.iter().zip(views) {
+            if view.grants.is_empty() {
+                continue;
+            }
+            let now: Option<u32> = g.training.iter().map(|t| t.sm_util).sum();
+            let slowdown = match (g.training_solo_util, now) {
+                (Some(solo), Some(u)) if u > 0 && !g.training.is_empty() => {
+                    Some((solo * 100.0 / u as f64 - 1.0).clamp(0.0, 5.0))
+                }
+                _ => None,
+            };
+            let lat: Vec<(u64, f64)> = self
+                .instances
+                .values()
+                .filter(|i| i.gpu == g.info.index)
+                .filter_map(|i| Some((i.id, i.latency_percentile(0.5)?)))
+                .collect();
+            if slowdown.is_some() || !lat.is_empty() {
+                self.policy.observe(&view, slowdown, &lat);
+            }
+        }
     }
 
     /// What survives a restart.

@@ -170,9 +170,9 @@ fn smore_policy_prefers_the_gpu_without_training() {
         .spawn()
         .unwrap();
     let t0 = Instant::now();
-    while !arb.status()["gpus"][1]["training"]
+    while arb.status()["gpus"][1]["training"]
         .as_array()
-        .is_some_and(|t| !t.is_empty())
+        .is_none_or(|t| t.is_empty())
     {
         assert!(t0.elapsed() < Duration::from_secs(10), "training not seen");
         std::thread::sleep(Duration::from_millis(20));
