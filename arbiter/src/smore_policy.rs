@@ -723,6 +723,16 @@ impl Policy for SmorePolicy {
             }
         }
         let per = theta.max(0.0) / free.max(1) as f64;
+        // Belt and braces: the predictor sizes a share from the function's *declared* model, but
+        // the shim cannot check what the process really runs. Each share is therefore also capped
+        // by the model-free time budget of the fit policy (D ≤ u·S/(1−S) whatever the function
+        // does), so a mis-declared or greedy function still cannot push training past θ_train.
+        // Measured on the simulated GPU: without the cap, a greedy process declared as
+        // mobilenet_v2:1 got 100 % and slowed the trainer by 31 % (test `colocation_loop`).
+        let bound: std::collections::HashMap<u64, u32> = crate::policy::FitPolicy
+            .shares(cfg, g)
+            .into_iter()
+            .collect();
         g.grants
             .iter()
             .map(|x| {
@@ -741,7 +751,8 @@ impl Policy for SmorePolicy {
                         .share
                     })
                     .unwrap_or(cfg.min_share);
-                (x.instance, share.clamp(cfg.min_share, 100))
+                let cap = bound.get(&x.instance).copied().unwrap_or(100);
+                (x.instance, share.min(cap).clamp(cfg.min_share, 100))
             })
             .collect()
     }
@@ -1089,11 +1100,18 @@ mod tests {
             .map(|(r, &(_, x))| deg(r, x))
             .sum();
         assert!(total <= cfg.theta_train + 1e-9, "total {total} for {s:?}");
-        for (r, &(_, x)) in snap.functions.iter().zip(&s) {
+        // … or the share sits at the model-free time-budget cap (see `shares`).
+        let caps = crate::policy::FitPolicy.shares(&cfg, &g);
+        for ((r, &(_, x)), &(_, cap)) in snap.functions.iter().zip(&s).zip(&caps) {
+            assert!(
+                x <= cap.max(cfg.min_share),
+                "{x} above the time-budget cap {cap}"
+            );
             assert!(
                 deg(r, x + 5) > cfg.theta_train / 2.0
                     || x + 5 > 100
-                    || r.sm_util <= x as f64 / 100.0,
+                    || r.sm_util <= x as f64 / 100.0
+                    || x >= cap,
                 "{} could have had more than {x} %",
                 r.key
             );

@@ -1111,7 +1111,7 @@ mod tests {
         let gpu = &s.gpus[g.gpu_index as usize];
         assert_eq!(gpu.training.len(), 1);
         assert_eq!(gpu.training_used, 2 << 30);
-        // budget for u = 1, θ = 0.1: 0.0909 ⇒ 9 %.
+        // budget for u = 1, θ = 0.1: 0.1/1.1 = 0.0909 ⇒ 9 %.
         assert_eq!(page.page().share(0), 9);
     }
 

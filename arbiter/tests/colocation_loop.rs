@@ -1,0 +1,212 @@
+//! The whole loop on the simulated GPU: an unmodified trainer, an arbiter that discovers it
+//! through NVML, and greedy functions (back-to-back requests) admitted under `smore run` — the
+//! shares the arbiter grants must keep the trainer's slowdown within θ_train while the functions
+//! get real GPU time. Run once per policy behind the seam.
+
+use smore_e2e::{bin, num, summary, SimGpu};
+use smore_protocol::conn::Client;
+use smore_protocol::wire::{self, Reply, Request};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+const SMORE: &str = env!("CARGO_BIN_EXE_smore");
+/// θ_train given to the arbiter.
+const THETA: f64 = 0.10;
+/// Measurement slack on the slowdown (iteration times on a 2-core CI machine are noisy).
+const SLACK: f64 = 0.04;
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn trainer(sim: &SimGpu, seconds: f64) -> std::process::Command {
+    let mut c = sim.command(bin("sim-trainer"));
+    c.args([
+        "--kernels",
+        "8",
+        "--kernel-us",
+        "5000",
+        "--host-ms",
+        "15",
+        "--seconds",
+        &seconds.to_string(),
+    ]);
+    c
+}
+
+fn mean_iter(out: &str, from: usize) -> f64 {
+    let v: Vec<f64> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("iter="))
+        .filter_map(|l| l.split("ms=").nth(1)?.trim().parse().ok())
+        .skip(from)
+        .collect();
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+fn run_loop(policy_toml: &str) -> (f64, Vec<u32>, f64) {
+    let sim = SimGpu::builder()
+        .devices(1)
+        .memory("16GiB")
+        .build()
+        .unwrap();
+    let socket = sim.dir().join("arbiter.sock");
+    let cfg = sim.dir().join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[arbiter]\nsocket = {socket:?}\nstate_dir = {:?}\nreconcile_ms = 50\n\n[policy]\ntheta_train = {THETA}\n{policy_toml}\n",
+            sim.dir().join("state")
+        ),
+    )
+    .unwrap();
+    let _arb = Kill(
+        sim.command(SMORE)
+            .args(["arbiter", "--config"])
+            .arg(&cfg)
+            .stderr(std::fs::File::create(sim.dir().join("arbiter.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let t0 = Instant::now();
+    while Client::connect(&socket).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "arbiter did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Baseline: the trainer alone.
+    let alone = trainer(&sim, 3.0).output().unwrap();
+    let alone = mean_iter(&String::from_utf8_lossy(&alone.stdout), 5);
+    // Co-located: the trainer runs; after the arbiter has seen it alone, two greedy functions.
+    let tr = trainer(&sim, 9.0).stdout(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(2000));
+    let fns: Vec<Child> = ["resnet50:8", "mobilenet_v2:1"]
+        .iter()
+        .map(|model| {
+            sim.command(SMORE)
+                .env("SMORE_ARBITER_SOCKET", &socket)
+                .args([
+                    "run",
+                    "--function",
+                    model,
+                    "--model",
+                    model,
+                    "--slo",
+                    "200",
+                    "--memory",
+                    "1GiB",
+                    "--shim",
+                ])
+                .arg(smore_e2e::shim_lib())
+                .arg("--")
+                .arg(bin("sim-function"))
+                .args([
+                    "--kernels",
+                    "4",
+                    "--kernel-us",
+                    "400",
+                    "--interval-ms",
+                    "0",
+                    "--seconds",
+                    "5",
+                    "--quiet",
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let Reply::Status { snapshot } = Client::connect(&socket)
+        .unwrap()
+        .call(Request::Status)
+        .unwrap()
+    else {
+        panic!()
+    };
+    let shares: Vec<u32> = snapshot["gpus"][0]["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["share"].as_u64().unwrap() as u32)
+        .collect();
+    let mut served = 0.0;
+    for f in fns {
+        let out = f.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let refused_for_training =
+            out.status.code() == Some(wire::RefuseCode::TrainingBound.exit_code());
+        if refused_for_training {
+            // A predicted violation of θ_train is a legitimate refusal (smore policy).
+            continue;
+        }
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        served += num(&summary(&stdout, "function"), "requests");
+    }
+    let out = tr.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    // Iterations while the functions ran: from ~2.5 s to ~7.5 s of the 9 s run (≈ 55 ms each).
+    let v: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("iter="))
+        .filter_map(|l| l.split("ms=").nth(1)?.trim().parse().ok())
+        .collect();
+    let during: Vec<f64> = v.iter().copied().skip(50).take(80).collect();
+    let colocated = during.iter().sum::<f64>() / during.len().max(1) as f64;
+    (colocated / alone - 1.0, shares, served)
+}
+
+#[test]
+fn the_fit_policy_keeps_the_trainer_within_theta_while_functions_run() {
+    let (slowdown, shares, served) = run_loop("name = \"fit\"");
+    eprintln!(
+        "fit: trainer slowdown {:.1} %, shares {shares:?}, function requests served {served}",
+        slowdown * 100.0
+    );
+    assert_eq!(shares.len(), 2, "both functions admitted");
+    assert!(
+        shares.iter().all(|&s| s < 100),
+        "a training job is present: shares are bounded {shares:?}"
+    );
+    assert!(
+        served > 100.0,
+        "the functions got GPU time ({served} requests)"
+    );
+    assert!(
+        slowdown <= THETA + SLACK,
+        "trainer slowed by {:.1} % > θ_train {:.0} %",
+        slowdown * 100.0,
+        THETA * 100.0
+    );
+}
+
+#[test]
+fn the_smore_policy_keeps_the_trainer_within_theta_while_functions_run() {
+    let (slowdown, shares, served) = run_loop("name = \"smore\"");
+    eprintln!(
+        "smore: trainer slowdown {:.1} %, shares {shares:?}, function requests served {served}",
+        slowdown * 100.0
+    );
+    assert!(
+        !shares.is_empty(),
+        "at least one function admitted (the other may be refused by θ_train)"
+    );
+    assert!(served > 0.0);
+    assert!(
+        slowdown <= THETA + SLACK,
+        "trainer slowed by {:.1} % > θ_train {:.0} %",
+        slowdown * 100.0,
+        THETA * 100.0
+    );
+}
