@@ -170,8 +170,10 @@ impl Default for Config {
             // σ = 0.95 and θ_train = 0.10: SMORE's defaults (paper §V; DESIGN.md).
             memory_safety: 0.95,
             theta_train: 0.10,
-            // 5 %: below this a function's kernels wait whole windows; reasoning, not measured.
-            min_share: 5,
+            // 2 %: 2 ms of GPU time per 100 ms window still runs a few small kernels per window;
+            // a higher floor admits fewer functions beside a busy trainer (the floors of all
+            // functions must fit the θ_train time budget). Reasoning, not measured.
+            min_share: 2,
             power_of_d: 2,
             lambda: 0.5,
             first_fit_queue: 64,

@@ -53,7 +53,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 8)]
     pub trainer_kernels: u32,
     /// Host time between trainer iterations (data loading), ms: the idle GPU time smore harvests.
-    #[arg(long, default_value_t = 15.0)]
+    #[arg(long, default_value_t = 25.0)]
     pub trainer_host_ms: f64,
     /// Scale of every function's request rate.
     #[arg(long, default_value_t = 1.0)]

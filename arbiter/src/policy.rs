@@ -161,7 +161,15 @@ impl Policy for FitPolicy {
                 reason: "memory need of 0 bytes".into(),
             };
         }
-        let fits = |g: &&GpuView| ask.memory <= g.free_for_functions(cfg.memory_safety);
+        // Time: one more function at `min_share` must still fit the training budget, else every
+        // function's floor together would push training past θ_train.
+        let time_ok = |g: &GpuView| {
+            !g.has_training
+                || (g.grants.len() + 1) as f64 * cfg.min_share as f64 / 100.0
+                    <= function_time_budget(Self::solo(g), cfg.theta_train) + 1e-9
+        };
+        let fits =
+            |g: &&GpuView| ask.memory <= g.free_for_functions(cfg.memory_safety) && time_ok(g);
         let chosen = ask
             .prefer_gpu
             .and_then(|p| gpus.iter().find(|g| g.index == p).filter(fits))
@@ -174,6 +182,19 @@ impl Policy for FitPolicy {
                 })
             });
         let Some(g) = chosen else {
+            let memory_ok: Vec<&GpuView> = gpus
+                .iter()
+                .filter(|g| ask.memory <= g.free_for_functions(cfg.memory_safety))
+                .collect();
+            if !memory_ok.is_empty() {
+                return Decision::Refuse {
+                    code: RefuseCode::TrainingBound,
+                    reason: format!(
+                        "every GPU with the memory already holds as many functions as θ_train = {} allows at the {} % minimum share (budget θ/(u+θ) of the training job's time)",
+                        cfg.theta_train, cfg.min_share
+                    ),
+                };
+            }
             let best = gpus
                 .iter()
                 .map(|g| g.free_for_functions(cfg.memory_safety))
@@ -309,7 +330,7 @@ mod tests {
     #[test]
     fn least_loaded_gpu_wins_and_preference_is_kept() {
         let cfg = Config::default();
-        let gpus = [gpu(0, 40 << 30, 1 << 30, 2), gpu(1, 40 << 30, 1 << 30, 0)];
+        let gpus = [gpu(0, 40 << 30, 1 << 30, 1), gpu(1, 40 << 30, 1 << 30, 0)];
         let mut p = FitPolicy;
         assert!(matches!(
             p.place(&cfg, &gpus, &ask(1 << 30)),
@@ -330,13 +351,33 @@ mod tests {
         // u = 0.6, θ = 0.1: budget = 0.1/0.7 = 0.1428… ⇒ 7 % each.
         let s = FitPolicy.shares(&cfg, &g);
         assert_eq!(s, vec![(100, 7), (101, 7)]);
-        // An override of 10 % leaves 4 % for the other, raised to min_share (5 %).
-        g.grants[0].share_override = Some(10);
+        // An override of 13 % leaves 1 % for the other, raised to min_share (2 %).
+        g.grants[0].share_override = Some(13);
         let s = FitPolicy.shares(&cfg, &g);
-        assert_eq!(s, vec![(100, 10), (101, 5)]);
+        assert_eq!(s, vec![(100, 13), (101, 2)]);
         // No training: functions run unthrottled.
         let g = gpu(0, 40 << 30, 0, 2);
         assert_eq!(FitPolicy.shares(&cfg, &g), vec![(100, 100), (101, 100)]);
+    }
+
+    #[test]
+    fn functions_beyond_the_time_budget_are_refused_for_training() {
+        let cfg = Config::default();
+        // u = 0.6: budget 0.1/0.7 = 14.3 % ⇒ seven functions at the 2 % floor fit, an eighth not.
+        let mut p = FitPolicy;
+        assert!(matches!(
+            p.place(&cfg, &[gpu(0, 40 << 30, 1 << 30, 6)], &ask(1 << 20)),
+            Decision::Admit { .. }
+        ));
+        match p.place(&cfg, &[gpu(0, 40 << 30, 1 << 30, 7)], &ask(1 << 20)) {
+            Decision::Refuse { code, .. } => assert_eq!(code, RefuseCode::TrainingBound),
+            d => panic!("{d:?}"),
+        }
+        // Without training there is no time bound.
+        assert!(matches!(
+            p.place(&cfg, &[gpu(0, 40 << 30, 0, 6)], &ask(1 << 20)),
+            Decision::Admit { .. }
+        ));
     }
 
     #[test]
