@@ -417,6 +417,19 @@ impl State {
             if let Some(r) = self.try_resume(peer, id) {
                 return Ok(r);
             }
+            // An instance that exists but cannot be resumed by this peer (attached elsewhere, or
+            // another process's): a fresh registration would count its memory twice.
+            if let Some(i) = self.instances.get(&id) {
+                let why = if i.attached {
+                    "it is attached to a live connection"
+                } else {
+                    "it belongs to another process"
+                };
+                return Err((
+                    RefuseCode::Invalid,
+                    format!("instance {id} cannot be resumed by pid {}: {why}", peer.pid),
+                ));
+            }
         }
         if args.function.trim().is_empty() {
             return Err((RefuseCode::Invalid, "empty function name".into()));
@@ -1132,6 +1145,11 @@ mod tests {
         assert_eq!(g2.instance, g.instance);
         assert_eq!(s2.instances.len(), 1, "no double counting");
         assert_eq!(page.page().cap(0), 2 << 30);
+        // Resuming an attached instance again is refused, not registered twice.
+        let mut again = args(2 << 30);
+        again.resume = Some(g.instance);
+        assert_eq!(s2.register(me(), again).unwrap_err().0, RefuseCode::Invalid);
+        assert_eq!(s2.instances.len(), 1);
         // A dead process is not restored.
         let mut file = s2.persisted();
         file.instances[0].start += 1;

@@ -1,25 +1,34 @@
-//! Arbiter mode: where the live grant page comes from when an arbiter runs the node.
+//! Arbiter mode: where the live grant page comes from when an arbiter runs the node, and what
+//! the shim needs to re-register after an arbiter restart.
 //!
 //! - `SMORE_GRANT_FD=<n>`: an inherited fd of the arbiter's sealed memfd (`smore run` passes it);
-//!   mapped read-only, nothing else to do (the registration is held by whoever holds the arbiter
-//!   connection, e.g. `SMORE_ARBITER_FD`).
+//!   mapped read-only. The registration is held by the connection `smore run` made
+//!   (`SMORE_ARBITER_FD`, inherited); the shim only watches a duplicate of it for the hang-up.
 //! - else `SMORE_ARBITER_SOCKET=<path>`: on the first CUDA call, connect, send
 //!   `Register { function, model, slo_ms, memory }`, receive `Granted` with the page fd as
 //!   `SCM_RIGHTS`, map it, and keep the connection open for the process lifetime (closing it is
 //!   the release).
 //!
-//! Owns the registration exchange and its failure reasons. Must never: block the host longer
-//! than [`ARBITER_TIMEOUT`], trust anything but the page the arbiter sent, or send identity
-//! (the arbiter reads it from `SO_PEERCRED`).
+//! Either way a [`Resume`] says how to re-register with `resume` after the arbiter restarts
+//! (`watch` does it); [`reregister`] is that exchange.
+//!
+//! Owns the registration exchanges and their failure reasons. Must never: block the host longer
+//! than [`ARBITER_TIMEOUT`], trust anything but the page the arbiter sent, send identity (the
+//! arbiter reads it from `SO_PEERCRED`), or write on an inherited connection (other holders may
+//! use it; re-registration always opens a new one).
 
 use crate::config::Config;
 use crate::ffi::grant;
 use crate::limits::GrantPage;
 use smore_protocol::conn::Client;
-use smore_protocol::wire::{Reply, Request, ENV_GRANT_FD, ENV_SOCKET};
-use std::os::fd::{AsRawFd, RawFd};
+use smore_protocol::wire::{Grant, Reply, Request, ENV_CONN_FD, ENV_GRANT_FD, ENV_SOCKET};
+use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::time::Duration;
+
+/// Environment variable with the instance id `smore run` registered (set by `smore run`).
+pub const ENV_INSTANCE: &str = "SMORE_INSTANCE";
 
 /// Longest the first CUDA call waits for the arbiter's answer: 5 s (reasoning: admission is a
 /// lookup plus a predictor call, milliseconds; a busy arbiter may queue a few hundred
@@ -63,37 +72,105 @@ pub fn register_request(get: &impl Fn(&str) -> Option<String>, config: &Config) 
     }
 }
 
-/// Resolves the limits source from the environment.
-pub fn source(get: impl Fn(&str) -> Option<String>, config: &Config) -> Source {
+/// How to re-register after the arbiter restarts: the connection whose hang-up says the arbiter
+/// is gone, where to reconnect, and which instance to resume.
+#[derive(Debug)]
+pub struct Resume {
+    /// An fd this process owns for the life of the watcher (socket mode: the registration's own
+    /// connection; `smore run` mode: a close-on-exec duplicate of `SMORE_ARBITER_FD`). Only
+    /// polled for the hang-up, never read or written. Raw on purpose: dropping it must never
+    /// close a live registration.
+    pub conn: RawFd,
+    /// `SMORE_ARBITER_SOCKET`.
+    pub socket: PathBuf,
+    pub instance: u64,
+    /// NVML index of the GPU, when known (socket mode: from the grant; `smore run` mode: looked
+    /// up at re-registration from the arbiter's GPU list and `CUDA_VISIBLE_DEVICES`).
+    pub gpu: Option<u32>,
+    /// The grant came from `smore run` (page slot 0, device pinned by `CUDA_VISIBLE_DEVICES`).
+    /// The registration then belongs to the process `smore run` exec'd, not necessarily to this
+    /// one: the watcher checks the instance's pid before re-registering.
+    pub exec: bool,
+    /// Page slot of the grant (0 under `smore run`, else the GPU's NVML index).
+    pub slot: usize,
+    /// The registration to send again (with `resume`, `gpu`, `exec` filled in at the time).
+    pub request: Request,
+}
+
+/// Resolves the limits source from the environment, and how to resume the grant after an
+/// arbiter restart when the environment allows it.
+pub fn source(get: impl Fn(&str) -> Option<String>, config: &Config) -> (Source, Option<Resume>) {
     if let Some(v) = get(ENV_GRANT_FD) {
         let Ok(fd) = v.trim().parse::<RawFd>() else {
-            return Source::Unavailable(format!(
-                "{ENV_GRANT_FD}={v:?} is not a file descriptor number"
-            ));
+            return (
+                Source::Unavailable(format!(
+                    "{ENV_GRANT_FD}={v:?} is not a file descriptor number"
+                )),
+                None,
+            );
         };
         return match grant::map_fd(fd) {
-            Ok(p) => Source::Arbiter(p),
-            Err(e) => Source::Unavailable(format!("{ENV_GRANT_FD}: {e}")),
+            Ok(p) => (Source::Arbiter(p), inherited_resume(&get, config)),
+            Err(e) => (Source::Unavailable(format!("{ENV_GRANT_FD}: {e}")), None),
         };
     }
     let Some(path) = get(ENV_SOCKET).filter(|p| !p.is_empty()) else {
-        return Source::Standalone;
+        return (Source::Standalone, None);
     };
     match register(&path, register_request(&get, config)) {
-        Ok(p) => Source::Arbiter(p),
-        Err(e) => Source::Unavailable(format!("arbiter at {path}: {e}")),
+        Ok((page, resume)) => (Source::Arbiter(page), Some(resume)),
+        Err(e) => (Source::Unavailable(format!("arbiter at {path}: {e}")), None),
     }
 }
 
-fn register(path: &str, req: Request) -> Result<&'static GrantPage, String> {
+/// The [`Resume`] of a grant inherited from `smore run`: needs `SMORE_ARBITER_FD` (an open
+/// socket), `SMORE_INSTANCE` and `SMORE_ARBITER_SOCKET`. Without them the process keeps its grant
+/// page but cannot re-register (reported at info level: a hand-made `SMORE_GRANT_FD` is legal).
+fn inherited_resume(get: &impl Fn(&str) -> Option<String>, config: &Config) -> Option<Resume> {
+    let why_not = |why: String| {
+        crate::log::line(
+            crate::config::Level::Info,
+            format_args!("no re-registration after an arbiter restart: {why}"),
+        );
+        None
+    };
+    let Some(instance) = get(ENV_INSTANCE).and_then(|v| v.trim().parse::<u64>().ok()) else {
+        return why_not(format!("{ENV_INSTANCE} is not set to an instance id"));
+    };
+    let Some(socket) = get(ENV_SOCKET).filter(|p| !p.is_empty()) else {
+        return why_not(format!("{ENV_SOCKET} is not set"));
+    };
+    let Some(fd) = get(ENV_CONN_FD).and_then(|v| v.trim().parse::<RawFd>().ok()) else {
+        return why_not(format!("{ENV_CONN_FD} is not set to a file descriptor"));
+    };
+    let conn = match crate::ffi::sys::dup_socket(fd) {
+        Ok(c) => c,
+        Err(e) => return why_not(format!("{ENV_CONN_FD}: {e}")),
+    };
+    Some(Resume {
+        conn,
+        socket: socket.into(),
+        instance,
+        gpu: None,
+        exec: true,
+        slot: 0,
+        request: register_request(get, config),
+    })
+}
+
+fn connect(path: &std::path::Path) -> Result<UnixStream, String> {
     let stream = UnixStream::connect(path).map_err(|e| format!("connect failed: {e}"))?;
     stream
         .set_read_timeout(Some(ARBITER_TIMEOUT))
         .and_then(|_| stream.set_write_timeout(Some(ARBITER_TIMEOUT)))
         .map_err(|e| format!("socket options: {e}"))?;
-    let client = Client::from_stream(stream);
+    Ok(stream)
+}
+
+fn register(path: &str, req: Request) -> Result<(&'static GrantPage, Resume), String> {
+    let client = Client::from_stream(connect(path.as_ref())?);
     let (reply, fd) = client
-        .call_with_fd(req)
+        .call_with_fd(req.clone())
         .map_err(|e| format!("registration failed: {e}"))?;
     match reply {
         Reply::Granted(g) => {
@@ -101,9 +178,10 @@ fn register(path: &str, req: Request) -> Result<&'static GrantPage, String> {
             let page = grant::map_fd(fd.as_raw_fd())?;
             // The mapping keeps the memfd alive; the fd itself can go.
             drop(fd);
-            // Held for the process lifetime: leaked on purpose (closing it releases the grant).
-            // Its fd is close-on-exec, so exec'd programs do not hold the grant.
-            std::mem::forget(client.into_stream());
+            // Held for the process lifetime: its raw fd goes to the watcher and is never closed
+            // while it lives (closing it releases the grant). Close-on-exec, so exec'd programs
+            // do not hold the grant.
+            let conn = client.into_stream().into_raw_fd();
             crate::log::line(
                 crate::config::Level::Info,
                 format_args!(
@@ -111,13 +189,155 @@ fn register(path: &str, req: Request) -> Result<&'static GrantPage, String> {
                     g.instance, g.gpu_index, g.gpu_uuid, g.memory_cap, g.sm_share
                 ),
             );
-            Ok(page)
+            let resume = Resume {
+                conn,
+                socket: path.into(),
+                instance: g.instance,
+                gpu: Some(g.gpu_index),
+                exec: false,
+                slot: (g.gpu_index as usize).min(crate::limits::MAX_DEVICES - 1),
+                request: req,
+            };
+            Ok((page, resume))
         }
         Reply::Refused { code, reason } => {
             Err(format!("registration refused ({code:?}): {reason}"))
         }
         Reply::Error { code, message } => Err(format!("arbiter error ({code:?}): {message}")),
         other => Err(format!("unexpected reply {other:?}")),
+    }
+}
+
+/// What one re-registration attempt came to.
+pub enum Rejoin {
+    /// Granted: the new connection (held for the process lifetime), its page, the grant.
+    Granted {
+        conn: RawFd,
+        page: &'static GrantPage,
+        grant: Grant,
+    },
+    /// Not this process's to resume (the reason, for one log line): stop trying.
+    NotOurs(String),
+    /// The arbiter answered but did not grant (refused, or an error reply): try again later.
+    Refused(String),
+    /// The arbiter could not be reached or the exchange broke off: retry soon.
+    Unreachable(String),
+}
+
+/// The instance as the arbiter's status snapshot shows it.
+#[derive(Debug, PartialEq)]
+pub struct Listed {
+    pub pid: u32,
+    pub attached: bool,
+    /// NVML index of the GPU this process runs on: the GPU whose UUID `CUDA_VISIBLE_DEVICES`
+    /// names (what `smore run` set), else the GPU the arbiter lists the instance under.
+    pub gpu: u32,
+}
+
+/// Finds `instance` in a status snapshot (`{"gpus": [{"index", "uuid", "functions": [{"id",
+/// "pid", "attached"}]}]}`, see docs/cli.md). `None`: not listed.
+pub fn find_listed(
+    snapshot: &serde_json::Value,
+    instance: u64,
+    visible: Option<&str>,
+) -> Option<Listed> {
+    let gpus = snapshot["gpus"].as_array()?;
+    let by_uuid = visible.and_then(|v| {
+        gpus.iter()
+            .find(|g| g["uuid"].as_str() == Some(v.trim()))
+            .and_then(|g| g["index"].as_u64())
+    });
+    gpus.iter().find_map(|g| {
+        let f = g["functions"]
+            .as_array()?
+            .iter()
+            .find(|f| f["id"].as_u64() == Some(instance))?;
+        Some(Listed {
+            pid: f["pid"].as_u64()? as u32,
+            attached: f["attached"].as_bool().unwrap_or(true),
+            gpu: by_uuid.or_else(|| g["index"].as_u64())? as u32,
+        })
+    })
+}
+
+/// One re-registration attempt after the arbiter connection was lost: connect anew, and send
+/// `Register { resume: instance, gpu, exec }`. Under `smore run` (`exec`) the instance may belong
+/// to another process of the tree (the one `smore run` exec'd): the arbiter's status is read
+/// first, and only the instance's own process, while the instance is detached, re-registers —
+/// a descendant would otherwise be granted a second instance (counted twice). `last_cap` is the
+/// cap of the last grant (asked for again should the arbiter not know the instance any more).
+pub fn reregister(r: &Resume, last_cap: u64, visible: Option<&str>) -> Rejoin {
+    let client = match connect(&r.socket) {
+        Ok(s) => Client::from_stream(s),
+        Err(e) => return Rejoin::Unreachable(e),
+    };
+    let mut gpu = r.gpu;
+    if r.exec {
+        let snapshot = match client.call(Request::Status) {
+            Ok(Reply::Status { snapshot }) => snapshot,
+            Ok(other) => return Rejoin::Refused(format!("status request answered {other:?}")),
+            Err(e) => return Rejoin::Unreachable(format!("status request failed: {e}")),
+        };
+        let me = crate::ffi::sys::pid();
+        match find_listed(&snapshot, r.instance, visible) {
+            None => {
+                return Rejoin::NotOurs(format!(
+                    "the arbiter does not list instance {} (it found the process gone or lost its state); not registering afresh, which could count the process twice",
+                    r.instance
+                ))
+            }
+            Some(l) if l.pid != me => {
+                return Rejoin::NotOurs(format!(
+                    "instance {} belongs to pid {} (this is pid {me}): that process re-registers",
+                    r.instance, l.pid
+                ))
+            }
+            Some(l) if l.attached => {
+                return Rejoin::NotOurs(format!(
+                    "instance {} is attached already",
+                    r.instance
+                ))
+            }
+            Some(l) => gpu = Some(l.gpu),
+        }
+    }
+    let mut req = r.request.clone();
+    if let Request::Register {
+        resume,
+        gpu: g,
+        exec,
+        memory,
+        ..
+    } = &mut req
+    {
+        *resume = Some(r.instance);
+        *g = gpu;
+        *exec = r.exec;
+        if last_cap != u64::MAX && last_cap != 0 {
+            *memory = Some(last_cap);
+        }
+    }
+    match client.call_with_fd(req) {
+        Ok((Reply::Granted(grant), Some(fd))) => match grant::map_fd(fd.as_raw_fd()) {
+            Ok(page) => Rejoin::Granted {
+                conn: client.into_stream().into_raw_fd(),
+                page,
+                grant,
+            },
+            // The connection closes here: the arbiter releases what it just granted.
+            Err(e) => Rejoin::Refused(format!("the new grant page is unusable: {e}")),
+        },
+        Ok((Reply::Granted(_), None)) => {
+            Rejoin::Refused("the Granted reply carried no grant page fd".into())
+        }
+        Ok((Reply::Refused { code, reason }, _)) => {
+            Rejoin::Refused(format!("re-registration refused ({code:?}): {reason}"))
+        }
+        Ok((Reply::Error { code, message }, _)) => {
+            Rejoin::Refused(format!("arbiter error ({code:?}): {message}"))
+        }
+        Ok((other, _)) => Rejoin::Refused(format!("unexpected reply {other:?}")),
+        Err(e) => Rejoin::Unreachable(format!("re-registration failed: {e}")),
     }
 }
 
@@ -180,23 +400,77 @@ mod tests {
     fn no_arbiter_variables_means_standalone_and_bad_ones_are_reported() {
         assert!(matches!(
             source(env(&[]), &Config::default()),
-            Source::Standalone
+            (Source::Standalone, None)
         ));
         match source(env(&[("SMORE_GRANT_FD", "seven")]), &Config::default()) {
-            Source::Unavailable(why) => assert!(why.contains("SMORE_GRANT_FD"), "{why}"),
+            (Source::Unavailable(why), None) => assert!(why.contains("SMORE_GRANT_FD"), "{why}"),
             _ => panic!("a non-number fd must be refused"),
         }
         // A descriptor number that is not open.
         match source(env(&[("SMORE_GRANT_FD", "987654")]), &Config::default()) {
-            Source::Unavailable(why) => assert!(why.contains("not open"), "{why}"),
+            (Source::Unavailable(why), None) => assert!(why.contains("not open"), "{why}"),
             _ => panic!("a closed fd must be refused"),
         }
         match source(
             env(&[("SMORE_ARBITER_SOCKET", "/nonexistent/smore.sock")]),
             &Config::default(),
         ) {
-            Source::Unavailable(why) => assert!(why.contains("connect failed"), "{why}"),
+            (Source::Unavailable(why), None) => assert!(why.contains("connect failed"), "{why}"),
             _ => panic!("an unreachable socket must be reported"),
         }
+    }
+
+    fn snapshot() -> serde_json::Value {
+        serde_json::json!({
+            "arbiter": {"version": "x"},
+            "gpus": [
+                {"index": 0, "uuid": "GPU-aaaa", "functions": [
+                    {"id": 3, "pid": 100, "attached": true}
+                ]},
+                {"index": 1, "uuid": "GPU-bbbb", "functions": [
+                    {"id": 7, "pid": 200, "attached": false},
+                    {"id": 8, "pid": 300}
+                ]}
+            ]
+        })
+    }
+
+    #[test]
+    fn the_instance_is_found_in_the_status_snapshot() {
+        let s = snapshot();
+        assert_eq!(
+            find_listed(&s, 7, None),
+            Some(Listed {
+                pid: 200,
+                attached: false,
+                gpu: 1
+            })
+        );
+        // The GPU is the one CUDA_VISIBLE_DEVICES names when it is a listed UUID …
+        assert_eq!(find_listed(&s, 7, Some("GPU-aaaa")).unwrap().gpu, 0);
+        // … else the one the arbiter lists the instance under.
+        assert_eq!(find_listed(&s, 7, Some("0")).unwrap().gpu, 1);
+        assert!(find_listed(&s, 3, None).unwrap().attached);
+        // Without an `attached` field the instance is taken as attached (do not re-register).
+        assert!(find_listed(&s, 8, None).unwrap().attached);
+        assert_eq!(find_listed(&s, 9, None), None);
+        assert_eq!(find_listed(&serde_json::json!({}), 7, None), None);
+    }
+
+    #[test]
+    fn an_unreachable_arbiter_is_retried_not_given_up() {
+        let r = Resume {
+            conn: -1,
+            socket: "/nonexistent/smore.sock".into(),
+            instance: 7,
+            gpu: Some(0),
+            exec: true,
+            slot: 0,
+            request: register_request(&env(&[]), &Config::default()),
+        };
+        assert!(matches!(
+            reregister(&r, 1 << 30, None),
+            Rejoin::Unreachable(_)
+        ));
     }
 }

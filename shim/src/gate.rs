@@ -314,9 +314,15 @@ mod tests {
     fn estimates_fall_fast_and_rise_slowly() {
         // A 1 ms kernel sampled while a co-runner inflates some samples to 6 ms.
         let mut e = 0;
-        for (i, s) in [MS, 6 * MS, MS, 6 * MS, 6 * MS, MS, MS, 6 * MS].iter().enumerate() {
+        for (i, s) in [MS, 6 * MS, MS, 6 * MS, 6 * MS, MS, MS, 6 * MS]
+            .iter()
+            .enumerate()
+        {
             e = ewma(e, *s);
-            assert!(e < 2 * MS, "sample {i}: estimate {e} chased an inflated sample");
+            assert!(
+                e < 2 * MS,
+                "sample {i}: estimate {e} chased an inflated sample"
+            );
         }
         // A kernel that really became 4 ms is followed within a few dozen samples.
         for _ in 0..48 {

@@ -9,7 +9,8 @@
 //! entry points; `ffi::exports` — the `#[no_mangle]` hooks; `ffi::sys` — clocks, sleep, stderr,
 //! fork). Everything else is safe Rust: [`config`] (env contract), [`limits`] (the atomic view of
 //! caps and shares), [`ledger`] (memory accounting), [`gate`] (launch pacing and cost table),
-//! [`variants`] (the hooked export table), [`log`] (rate-limited stderr), [`runtime`] (glue).
+//! [`variants`] (the hooked export table), [`log`] (rate-limited stderr), [`runtime`] (glue),
+//! [`watch`] (the arbiter watcher thread: re-registration after an arbiter restart).
 //!
 //! Must never: crash, hang or corrupt its host process; let a panic cross the FFI boundary; take a
 //! lock, allocate or make a syscall on the unthrottled launch path; recurse through `dlsym`; write
@@ -26,3 +27,4 @@ pub mod limits;
 pub mod log;
 pub mod runtime;
 pub mod variants;
+pub mod watch;

@@ -6,7 +6,6 @@
 //! lines it suppressed).
 
 use crate::config::Level;
-use std::io::Write;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::*};
 
 /// One line per call site per second at most (reasoning: an allocation loop hitting the cap must
@@ -76,8 +75,9 @@ pub fn line(l: Level, msg: std::fmt::Arguments<'_>) {
         return;
     }
     let s = format!("smore-shim[{}] {}: {}\n", std::process::id(), tag(l), msg);
-    // One write(2) per line so lines of concurrent threads/processes do not interleave.
-    let _ = std::io::stderr().lock().write_all(s.as_bytes());
+    // One write(2) per line so lines of concurrent threads/processes do not interleave, and no
+    // lock (std's stderr lock held by one thread at a fork would wedge the child's logging).
+    crate::ffi::sys::write_stderr(s.as_bytes());
 }
 
 /// Writes one line if `rl` allows it now.

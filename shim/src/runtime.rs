@@ -37,7 +37,10 @@ pub struct Runtime {
     pub config: Config,
     /// False when the configuration was invalid under the fail-open policy: pure pass-through.
     pub enforcing: bool,
-    pub limits: &'static GrantPage,
+    /// The live limits page (standalone: process-local; arbiter mode: the arbiter's mapping).
+    /// Swapped whole by the arbiter watcher (`watch`) after a re-registration or a fail-closed
+    /// transition; pages are leaked, never unmapped, so a reader's reference stays valid.
+    limits: sys::StaticRef<GrantPage>,
     pub ledger: Ledger,
     gates: [Gate; MAX_DEVICES],
     pub costs: CostTable,
@@ -110,7 +113,7 @@ pub fn enforcing() -> Option<&'static Runtime> {
 #[inline]
 pub fn throttling() -> Option<&'static Runtime> {
     let r = get();
-    (r.enforcing && !limits::none_throttled(r.limits)).then_some(r)
+    (r.enforcing && !limits::none_throttled(r.limits())).then_some(r)
 }
 
 /// 0: not initialised; 1: a thread is initialising; 2: done. Reset in a fork child.
@@ -131,17 +134,34 @@ fn init() -> &'static Runtime {
     }
     let env = |k: &str| std::env::var(k).ok();
     let parsed = config::parse(env);
-    let source = arbiter::source(env, &parsed.config);
+    let (source, resume) = arbiter::source(env, &parsed.config);
     let rt = Runtime::build(parsed.config, &parsed.errors, source);
     let rt = RUNTIME.install(Box::new(rt));
     INIT.store(2, Release);
     sys::register_atfork();
+    if let Some(r) = resume {
+        if r.exec && FORKED.load(Acquire) {
+            // A fork child of the process `smore run` registered: it shares that process's
+            // grant page, but the registration (and its resumption) is the parent's.
+            sys::close_fd(r.conn);
+        } else {
+            crate::watch::spawn(rt, r);
+        }
+    }
     rt
 }
 
+/// Set in a fork child (until it execs): such a process does not own an inherited grant.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
 /// Fork child: forget the parent's runtime (its allocations, contexts and events are not the
-/// child's) without locking or freeing; the next hook call initialises a fresh one.
+/// child's) without locking or freeing; the next hook call initialises a fresh one. The parent's
+/// arbiter watcher thread does not exist in the child: a child that registers itself
+/// (`SMORE_ARBITER_SOCKET`) gets its own watcher; a child sharing an inherited `smore run` grant
+/// gets none (its parent re-registers; the child keeps the page it mapped — the parent's last
+/// grant — after an arbiter restart).
 pub fn after_fork_child() {
+    FORKED.store(true, Release);
     RUNTIME.clear();
     INIT.store(0, Release);
 }
@@ -253,7 +273,7 @@ impl Runtime {
             window_ns: config.window_ms * 1_000_000,
             config,
             enforcing,
-            limits,
+            limits: sys::StaticRef::new(limits),
             ledger: Ledger::new(),
             gates: std::array::from_fn(|_| Gate::new()),
             costs: CostTable::new(),
@@ -263,6 +283,19 @@ impl Runtime {
             refusals: AtomicU64::new(0),
             unmeasured: AtomicU64::new(0),
         }
+    }
+
+    /// The live limits page.
+    #[inline]
+    pub fn limits(&self) -> &'static GrantPage {
+        self.limits.get()
+    }
+
+    /// Makes `page` the live limits page: the next allocation, information call and launch read
+    /// it. The previous page is leaked (never freed or unmapped), so a thread still reading it
+    /// reads valid memory.
+    pub fn swap_limits(&self, page: &'static GrantPage) {
+        self.limits.set(page);
     }
 
     /// What to do when an allocation cannot be accounted (device unknown).
@@ -325,7 +358,7 @@ impl Runtime {
             return call().0;
         }
         self.ensure_context_charged(dev);
-        let cap = self.limits.cap(dev);
+        let cap = self.limits().cap(dev);
         match self.ledger.reserve(dev, estimate, cap) {
             Err(e) => {
                 self.refused(e.dev, e.request, e.cap, e.used);
@@ -373,7 +406,7 @@ impl Runtime {
     /// The memory view of a capped device: total = min(cap, physical total), free =
     /// min(physical free, cap − used). Uncapped devices are reported as they are.
     pub fn virtual_info(&self, dev: usize, phys_free: u64, phys_total: u64) -> (u64, u64) {
-        let cap = self.limits.cap(dev);
+        let cap = self.limits().cap(dev);
         if cap == u64::MAX {
             return (phys_free, phys_total);
         }
@@ -389,7 +422,7 @@ impl Runtime {
         let Some(flag) = self.ctx_charged.get(dev) else {
             return;
         };
-        if flag.load(Acquire) || self.limits.cap(dev) == u64::MAX {
+        if flag.load(Acquire) || self.limits().cap(dev) == u64::MAX {
             return;
         }
         if flag.swap(true, AcqRel) {
@@ -422,7 +455,7 @@ impl Runtime {
         let Some(dev) = real::ctx_device().filter(|&d| d < MAX_DEVICES) else {
             return call();
         };
-        let share = limits::share(self.limits, dev);
+        let share = limits::share(self.limits(), dev);
         if share >= 100 {
             return call();
         }
@@ -528,7 +561,7 @@ impl Runtime {
                             let ns = (ms as f64 * 1e6) as u64;
                             self.costs.record(p.meta.key, ns);
                             if p.meta.unmeasured && ns > p.meta.charged {
-                                let share = limits::share(self.limits, p.meta.dev);
+                                let share = limits::share(self.limits(), p.meta.dev);
                                 self.gates[p.meta.dev].charge(
                                     p.meta.admitted,
                                     ns - p.meta.charged,
@@ -675,7 +708,7 @@ mod tests {
         );
         assert!(closed.enforcing);
         assert_eq!(closed.alloc(Some(0), 1, Kind::Ptr, || (0, 1)), 2);
-        assert!(limits::none_throttled(closed.limits));
+        assert!(limits::none_throttled(closed.limits()));
     }
 
     #[test]

@@ -165,7 +165,7 @@ unsafe fn out<T: Copy + Into<u64>>(rc: u32, p: *const T) -> u64 {
 #[inline(always)]
 fn unthrottled() -> bool {
     match runtime::peek() {
-        Some(r) => !r.enforcing || limits::none_throttled(r.limits),
+        Some(r) => !r.enforcing || limits::none_throttled(r.limits()),
         None => false,
     }
 }
@@ -594,7 +594,7 @@ pub unsafe extern "C" fn cuArrayDestroy(arr: CUarray) -> u32 {
 fn capped_info(dev: Option<usize>, free: u64, total: u64) -> Option<(u64, u64)> {
     let rt = runtime::enforcing()?;
     let dev = dev.or_else(real::ctx_device)?;
-    if rt.limits.cap(dev) == u64::MAX {
+    if rt.limits().cap(dev) == u64::MAX {
         return None;
     }
     rt.ensure_context_charged(dev);
@@ -647,7 +647,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 fn cap_of(dev: CUdevice) -> Option<u64> {
     let rt = runtime::enforcing()?;
     let dev = usize::try_from(dev).ok()?;
-    Some(rt.limits.cap(dev)).filter(|&c| c != u64::MAX)
+    Some(rt.limits().cap(dev)).filter(|&c| c != u64::MAX)
 }
 
 /// # Safety

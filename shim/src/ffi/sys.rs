@@ -1,7 +1,9 @@
 //! Clock, sleep, fork hook and the runtime slot: thin, audited wrappers over libc.
 //!
-//! Must never: block except in [`sleep_until`], or take a lock in the fork-child handler.
+//! Must never: block except in [`sleep_until`] and [`wait_hangup`] (the arbiter watcher thread
+//! only), or take a lock in the fork-child handler.
 
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
 
 /// CLOCK_MONOTONIC in ns (a vDSO read, no syscall on Linux x86-64/aarch64).
@@ -87,6 +89,27 @@ impl<T> Default for LeakedSlot<T> {
     }
 }
 
+/// An atomically replaceable `&'static T` (the live limits page): one acquire load to read.
+pub struct StaticRef<T>(AtomicPtr<T>);
+
+impl<T> StaticRef<T> {
+    pub fn new(v: &'static T) -> Self {
+        StaticRef(AtomicPtr::new(std::ptr::from_ref(v).cast_mut()))
+    }
+
+    #[inline]
+    pub fn get(&self) -> &'static T {
+        // SAFETY: the pointer only ever comes from a `&'static T` (`new`, `set`), so it is
+        // non-null and valid for 'static.
+        unsafe { &*self.0.load(Acquire) }
+    }
+
+    /// Replaces the reference; readers see either the old or the new one, both valid forever.
+    pub fn set(&self, v: &'static T) {
+        self.0.store(std::ptr::from_ref(v).cast_mut(), Release);
+    }
+}
+
 static ATFORK: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn child_after_fork() {
@@ -106,4 +129,86 @@ pub fn register_atfork() {
 /// This process's id (getpid: cheap, not cached across fork by glibc ≥ 2.25).
 pub fn pid() -> u32 {
     std::process::id()
+}
+
+/// Blocks until the peer of the stream socket `fd` hangs up (or `fd` errs or is not open), without
+/// reading from it: `poll(POLLRDHUP)` never consumes data another holder of the connection may be
+/// waiting for, and does not wake for data (`POLLIN` is not asked for). Retries on EINTR.
+pub fn wait_hangup(fd: RawFd) {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd; an infinite timeout is this thread's purpose.
+        let r = unsafe { libc::poll(&mut p, 1, -1) };
+        let gone = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
+        if r > 0 && p.revents & gone != 0 {
+            return;
+        }
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+    }
+}
+
+/// Closes an fd this crate owns (a dead arbiter connection).
+pub fn close_fd(fd: RawFd) {
+    // SAFETY: the caller owns `fd` and nothing else uses it afterwards.
+    unsafe { libc::close(fd) };
+}
+
+/// A close-on-exec duplicate of `fd` if it is an open socket (an inherited arbiter connection):
+/// the shim then owns its own reference, whatever the host later does with `fd`.
+pub fn dup_socket(fd: RawFd) -> Result<RawFd, String> {
+    // SAFETY: `stat` is plain old data; all-zero is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on any integer is safe (EBADF for a non-fd); `st` is a valid out pointer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(format!(
+            "fd {fd} is not open ({})",
+            std::io::Error::last_os_error()
+        ));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(format!("fd {fd} is not a socket"));
+    }
+    // SAFETY: duplicating an open fd onto the lowest free number ≥ 3; the result is checked.
+    let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if d < 0 {
+        return Err(format!(
+            "dup of fd {fd} failed: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(d)
+}
+
+/// Writes `bytes` to fd 2 with write(2), retrying on EINTR and short writes; errors are dropped
+/// (a closed stderr must not break the host). Takes no lock.
+pub fn write_stderr(mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        // SAFETY: `bytes` is a valid buffer of `bytes.len()` bytes; fd 2 may be closed (EBADF).
+        let n = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+        if n > 0 {
+            bytes = &bytes[n as usize..];
+        } else if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        } else {
+            return;
+        }
+    }
+}
+
+/// Blocks every blockable signal in the calling thread (the shim's own background thread), so
+/// signals meant for the host's threads are never delivered to it.
+pub fn block_signals() {
+    // SAFETY: `set` is initialised by sigfillset before use; pthread_sigmask on the calling
+    // thread with a valid set and a null old-set pointer.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
 }

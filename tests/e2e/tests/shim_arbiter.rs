@@ -299,3 +299,388 @@ fn a_refused_registration_applies_the_failure_policy() {
         server.join().unwrap();
     }
 }
+
+/// A real `smore arbiter` on the simulated node, restartable with the same configuration.
+struct RealArbiter {
+    sim_cmd: Box<dyn Fn() -> Command>,
+    cfg: std::path::PathBuf,
+    socket: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    child: Option<std::process::Child>,
+    starts: u32,
+}
+
+impl RealArbiter {
+    fn new(sim: &SimGpu) -> RealArbiter {
+        let dir = sim.dir().to_path_buf();
+        let socket = dir.join("arbiter.sock");
+        let cfg = dir.join("node.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 50\n",
+                socket,
+                dir.join("state")
+            ),
+        )
+        .unwrap();
+        let env: Vec<(String, String)> = sim.env().to_vec();
+        RealArbiter {
+            sim_cmd: Box::new(move || {
+                let mut c = Command::new(bin("smore"));
+                c.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+                c
+            }),
+            cfg,
+            socket,
+            dir,
+            child: None,
+            starts: 0,
+        }
+    }
+
+    fn log_path(&self, n: u32) -> std::path::PathBuf {
+        self.dir.join(format!("arbiter-{n}.log"))
+    }
+
+    fn logs(&self) -> String {
+        (1..=self.starts)
+            .map(|n| std::fs::read_to_string(self.log_path(n)).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n--- restart ---\n")
+    }
+
+    fn start(&mut self) {
+        self.starts += 1;
+        let log = std::fs::File::create(self.log_path(self.starts)).unwrap();
+        let child = (self.sim_cmd)()
+            .args(["arbiter", "--config"])
+            .arg(&self.cfg)
+            .env("RUST_LOG", "info")
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let t0 = std::time::Instant::now();
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(20),
+                "arbiter did not start:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL: no chance to clean anything up.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn call(&self, req: Request) -> Reply {
+        smore_protocol::conn::Client::connect(&self.socket)
+            .unwrap()
+            .call(req)
+            .unwrap()
+    }
+
+    /// GPU 0 from a `Status` request: the bytes granted there and its functions.
+    fn gpu0(&self) -> (Option<u64>, Vec<Listed>) {
+        match self.call(Request::Status) {
+            Reply::Status { snapshot } => {
+                let g = &snapshot["gpus"][0];
+                let fns = g["functions"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|f| Listed {
+                                id: f["id"].as_u64(),
+                                pid: f["pid"].as_u64(),
+                                attached: f["attached"].as_bool(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (g["granted"].as_u64(), fns)
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+}
+
+impl Drop for RealArbiter {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One function as `status` lists it.
+#[derive(Debug)]
+struct Listed {
+    id: Option<u64>,
+    pid: Option<u64>,
+    attached: Option<bool>,
+}
+
+/// A `shim-client hold` process driven line by line.
+struct Held {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    out: BufReader<std::process::ChildStdout>,
+    /// Its stderr (a file, readable while it runs).
+    err: std::path::PathBuf,
+}
+
+impl Held {
+    fn spawn(mut cmd: Command, err: std::path::PathBuf) -> Held {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut h = Held {
+            child,
+            stdin,
+            out,
+            err,
+        };
+        assert_eq!(h.line(), "op=ready");
+        h
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.out.read_line(&mut l).unwrap();
+        assert!(!l.is_empty(), "the held function ended early");
+        l.trim().to_string()
+    }
+
+    fn ask(&mut self, cmd: &str) -> String {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{cmd}").unwrap();
+        stdin.flush().unwrap();
+        self.line()
+    }
+
+    fn alloc(&mut self, size: &str) -> String {
+        let l = self.ask(&format!("alloc {size}"));
+        parse_lines(&l)[0]["rc"].clone()
+    }
+
+    fn total(&mut self) -> u64 {
+        let l = self.ask("meminfo");
+        num(&parse_lines(&l)[0], "total") as u64
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// Closes stdin (the function exits) and returns its stderr.
+    fn finish(mut self) -> String {
+        drop(self.stdin.take());
+        let mut rest = String::new();
+        self.out.read_to_string(&mut rest).unwrap();
+        let status = self.child.wait().unwrap();
+        let err = self.stderr();
+        assert!(status.success(), "{status}: {rest}\n{err}");
+        err
+    }
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(15),
+            "{what}: not within 15 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Mode {
+    /// `smore run` registered and exec'd the function (inherited SMORE_ARBITER_FD/GRANT_FD).
+    SmoreRun,
+    /// The shim registered itself on the first CUDA call (SMORE_ARBITER_SOCKET only).
+    Socket,
+}
+
+/// The arbiter is SIGKILLed and restarted while a function runs: the function keeps its last
+/// grant (open) or refuses allocations (closed) meanwhile, re-registers by itself as the same
+/// instance, is counted once, and its cap holds throughout; the re-attached page is live.
+fn arbiter_restart(mode: Mode, policy: &str) {
+    let sim = SimGpu::builder()
+        .memory("16GiB")
+        .context_memory("0")
+        .build()
+        .expect("simulated node");
+    let mut arb = RealArbiter::new(&sim);
+    arb.start();
+    let cmd = match mode {
+        Mode::SmoreRun => {
+            let mut c = sim.command(bin("smore"));
+            c.args(["run", "--function", "held", "--memory", "64MiB", "--shim"])
+                .arg(shim_lib())
+                .arg("--")
+                .arg(bin("shim-client"))
+                .arg("hold");
+            c
+        }
+        Mode::Socket => {
+            let mut c = sim.command(bin("shim-client"));
+            c.arg("hold")
+                .env("LD_PRELOAD", shim_lib())
+                .env("SMORE_FUNCTION", "held")
+                .env("SMORE_MEMORY_LIMIT", "64MiB");
+            c
+        }
+    };
+    let mut cmd = cmd;
+    cmd.env("SMORE_ARBITER_SOCKET", &arb.socket)
+        .env("SMORE_FAILURE", policy)
+        .env("SMORE_LOG", "info");
+    let mut f = Held::spawn(cmd, sim.dir().join("function.err"));
+    let pid = f.child.id() as u64;
+    let ctx = format!("{mode:?}, SMORE_FAILURE={policy}");
+    assert_eq!(f.alloc("48MiB"), "0", "{ctx}");
+    assert_eq!(f.alloc("32MiB"), "2", "the grant's 64 MiB cap: {ctx}");
+    let (_, fns) = arb.gpu0();
+    assert_eq!(fns.len(), 1, "{ctx}: {fns:?}");
+    let id = fns[0].id.unwrap();
+    assert_eq!(fns[0].pid, Some(pid), "{ctx}");
+    assert_eq!(fns[0].attached, Some(true), "{ctx}");
+
+    arb.kill();
+    let mut used = 48;
+    if policy == "closed" {
+        // Once the shim has seen the hang-up, its view is a 0-byte cap and nothing is allocated.
+        wait_for("fail-closed after the arbiter died", || f.total() == 0);
+        assert_eq!(f.alloc("8MiB"), "2", "{ctx}");
+    } else {
+        // The last grant stays in force, cap included.
+        assert_eq!(f.alloc("8MiB"), "0", "{ctx}");
+        assert_eq!(f.alloc("16MiB"), "2", "{ctx}");
+        assert_eq!(f.total(), 64 << 20, "{ctx}");
+        used += 8;
+    }
+
+    arb.start();
+    wait_for("the function re-attached", || {
+        let (_, fns) = arb.gpu0();
+        fns.len() == 1 && fns[0].attached == Some(true)
+    });
+    let (granted, fns) = arb.gpu0();
+    assert_eq!(fns.len(), 1, "counted once: {ctx}: {fns:?}");
+    assert_eq!(fns[0].id, Some(id), "same instance: {ctx}");
+    assert_eq!(fns[0].pid, Some(pid), "{ctx}");
+    assert_eq!(
+        granted,
+        Some(64 << 20),
+        "the GPU counts its cap once: {ctx}"
+    );
+    // The new page is swapped in right after the reply that marks it attached.
+    wait_for("the re-attached grant applies", || f.total() == 64 << 20);
+    let room = 64 - used;
+    assert_eq!(f.alloc(&format!("{room}MiB")), "0", "{ctx}");
+    assert_eq!(f.alloc("1MiB"), "2", "the cap is still enforced: {ctx}");
+
+    // The page now mapped is the restarted arbiter's live page: an operator change reaches it.
+    assert_eq!(
+        arb.call(Request::SetMemory {
+            instance: id,
+            bytes: 128 << 20
+        }),
+        Reply::Ok
+    );
+    assert_eq!(f.total(), 128 << 20, "{ctx}");
+    assert_eq!(f.alloc("32MiB"), "0", "{ctx}");
+    assert_eq!(f.alloc("48MiB"), "2", "{ctx}");
+
+    let err = f.finish();
+    assert!(
+        err.contains("arbiter connection lost") && err.contains("re-attached as instance"),
+        "{ctx}: {err}"
+    );
+    // Exit closes the new connection: the grant is released.
+    wait_for("the grant released at exit", || arb.gpu0().1.is_empty());
+    let logs = arb.logs();
+    assert!(
+        logs.contains("re-attached"),
+        "the arbiter logged the resumption: {logs}"
+    );
+}
+
+#[test]
+fn an_arbiter_restart_under_smore_run_keeps_the_grant_and_resumes_it() {
+    arbiter_restart(Mode::SmoreRun, "open");
+}
+
+#[test]
+fn an_arbiter_restart_fails_closed_then_the_shim_re_registers_itself() {
+    arbiter_restart(Mode::Socket, "closed");
+}
+
+/// Under `smore run` the registration belongs to the process `smore run` exec'd. A descendant
+/// that inherited the grant (here: a wrapper shell forks the function) must not re-register after
+/// a restart — the arbiter would grant it a second instance. It keeps the last grant; the
+/// instance stays listed once (detached, its memory still counted).
+#[test]
+fn a_descendant_sharing_a_smore_run_grant_does_not_re_register() {
+    let sim = SimGpu::builder()
+        .memory("16GiB")
+        .context_memory("0")
+        .build()
+        .expect("simulated node");
+    let mut arb = RealArbiter::new(&sim);
+    arb.start();
+    let mut cmd = sim.command(bin("smore"));
+    // `; true` makes the shell fork the function instead of exec'ing it.
+    let script = format!("{:?} hold; true", bin("shim-client"));
+    cmd.args([
+        "run",
+        "--function",
+        "wrapped",
+        "--memory",
+        "64MiB",
+        "--shim",
+    ])
+    .arg(shim_lib())
+    .args(["--", "sh", "-c", &script])
+    .env("SMORE_ARBITER_SOCKET", &arb.socket);
+    let mut f = Held::spawn(cmd, sim.dir().join("function.err"));
+    let shell = f.child.id() as u64;
+    assert_eq!(f.alloc("48MiB"), "0");
+    let (_, fns) = arb.gpu0();
+    assert_eq!((fns.len(), fns[0].pid), (1, Some(shell)), "{fns:?}");
+    let id = fns[0].id.unwrap();
+
+    arb.kill();
+    arb.start();
+    wait_for("the descendant gave up re-registering", || {
+        f.stderr().contains("not re-registering")
+    });
+    let err = f.stderr();
+    assert!(
+        err.contains(&format!("instance {id} belongs to pid {shell}")),
+        "{err}"
+    );
+    let (granted, fns) = arb.gpu0();
+    assert_eq!(fns.len(), 1, "counted once: {fns:?}");
+    assert_eq!(fns[0].id, Some(id));
+    assert_eq!(fns[0].attached, Some(false), "nobody re-attached it");
+    assert_eq!(granted, Some(64 << 20), "its memory still counts");
+    // The last grant still caps the function.
+    assert_eq!(f.alloc("16MiB"), "0");
+    assert_eq!(f.alloc("1MiB"), "2");
+    f.finish();
+    wait_for("released when the shell exits", || arb.gpu0().1.is_empty());
+}

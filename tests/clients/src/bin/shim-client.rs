@@ -7,6 +7,9 @@
 //!   info (a re-initialised shim sees the new cap and none of the parent's allocations).
 //! - `rtld-next`: `dlsym(RTLD_NEXT, …)` and `dlsym(RTLD_DEFAULT, …)` of a hooked name from the
 //!   executable must agree (the shim's `dlsym` keeps the caller's `RTLD_NEXT` context).
+//! - `hold`: stays alive, reading commands from stdin — `alloc <size>` (kept until exit), `meminfo`
+//!   — and answering each with one line (`op=ready` first); exits at EOF. The arbiter-restart
+//!   test drives a long-lived function with it.
 //! - `v1`: the CUDA < 3.2 ABI (32-bit pointers and sizes) as a program built for it gets it:
 //!   `cuGetProcAddress(name, 3000, 0)`. The shim must hand back its v1 hooks, not the `_v2` ones
 //!   a name-based mapping would pick (which would read 64-bit out parameters into 32-bit slots).
@@ -54,6 +57,8 @@ enum Cmd {
         #[arg(long)]
         index: u32,
     },
+    /// Stay alive and answer `alloc <size>` / `meminfo` lines from stdin until EOF.
+    Hold,
     /// Compare dlsym(RTLD_NEXT) and dlsym(RTLD_DEFAULT) of a hooked name.
     RtldNext {
         #[arg(long, default_value = "cuMemAlloc_v2")]
@@ -169,6 +174,36 @@ fn fork(s: &Session, resolve: &ResolveArgs, parent_alloc: u64, child_cap: &str) 
     unsafe { libc::waitpid(pid, &mut status, 0) };
     emit(format!("op=child-exit status={status}"));
     emit(format!("op=meminfo who=parent {}", meminfo(s)));
+    Ok(())
+}
+
+fn hold(s: &Session) -> Result<()> {
+    use std::io::BufRead;
+    emit("op=ready".into());
+    let mut kept = Vec::new();
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["alloc", size] => {
+                let bytes = parse_size(size)? as usize;
+                let mut p = 0u64;
+                // SAFETY: out-pointer to a local.
+                let rc = unsafe { (s.drv.cuMemAlloc)(&mut p, bytes) };
+                if rc == 0 {
+                    kept.push(p);
+                }
+                emit(format!("op=alloc size={bytes} rc={rc}"));
+            }
+            ["meminfo"] => emit(format!("op=meminfo {}", meminfo(s))),
+            [] => {}
+            other => bail!("unknown hold command {other:?}: expected `alloc <size>` or `meminfo`"),
+        }
+    }
+    for p in kept {
+        // SAFETY: pointers this process allocated.
+        unsafe { (s.drv.cuMemFree)(p) };
+    }
     Ok(())
 }
 
@@ -381,6 +416,7 @@ fn main() -> Result<()> {
             emit(format!("op=alloc rc={rc}"));
             nvml_info(index)
         }
+        Cmd::Hold => hold(&s),
         Cmd::RtldNext { .. } => unreachable!("handled above"),
     }
 }

@@ -1,0 +1,143 @@
+//! The arbiter watcher: one background thread per process image holding an arbiter grant. It
+//! blocks on the arbiter connection for the hang-up (the arbiter died or restarted), applies the
+//! failure policy to the grant meanwhile, reconnects with back-off and re-registers with `resume`,
+//! then swaps the new grant page in.
+//!
+//! While the arbiter is away:
+//! - `SMORE_FAILURE=open` (default): the last grant stays in force — the old page stays mapped
+//!   and keeps the values the arbiter last wrote.
+//! - `SMORE_FAILURE=closed`: a process-local page with cap 0 on every device (shares copied from
+//!   the last grant) replaces it: every new allocation is refused, launches keep their pacing.
+//!
+//! On a re-registration (same instance id, a new page) the new page is swapped in with one atomic
+//! store; the old mapping is leaked (4 KiB), so a hook still reading it reads valid memory.
+//!
+//! Owns the thread and its back-off. Must never: take a lock the hooks take (it only loads and
+//! stores the runtime's page pointer and writes log lines), read or write the inherited
+//! `smore run` connection (it only polls it for the hang-up), panic across its boundary, or
+//! keep the host alive (the thread is detached; process exit ends it).
+
+use crate::arbiter::{self, Rejoin, Resume};
+use crate::config::{FailurePolicy, Level};
+use crate::ffi::sys;
+use crate::limits::{GrantPage, MAX_DEVICES};
+use crate::log;
+use crate::runtime::Runtime;
+use std::time::Duration;
+
+/// First retry delay after the connection is lost: 50 ms (reasoning: a restarting arbiter binds
+/// its socket within tens of ms of starting; sooner retries would only find it down).
+pub const FIRST_RETRY: Duration = Duration::from_millis(50);
+/// Longest delay between connection attempts: 1 s (reasoning: how long a function may run on a
+/// stale or fail-closed grant after the arbiter is back; one connect per second is nothing).
+pub const MAX_RETRY: Duration = Duration::from_secs(1);
+/// Delay after the arbiter answered but did not grant: 10 s (reasoning: a refusal is a placement
+/// decision; asking every second would flood the arbiter's event log with the same refusal).
+pub const REFUSED_RETRY: Duration = Duration::from_secs(10);
+
+/// Starts the watcher for `rt`. If the thread cannot be created the connection stays open (its
+/// fd is never closed) and the grant simply cannot be resumed after a restart.
+pub fn spawn(rt: &'static Runtime, r: Resume) {
+    let started = std::thread::Builder::new()
+        .name("smore-arbiter".into())
+        .stack_size(256 << 10)
+        .spawn(move || {
+            sys::block_signals();
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| watch(rt, r)));
+        });
+    if let Err(e) = started {
+        log::line(
+            Level::Warn,
+            format_args!("cannot start the arbiter watcher thread ({e}): the grant will not be resumed if the arbiter restarts"),
+        );
+    }
+}
+
+/// A process-local page refusing every allocation, with the shares of `last`.
+fn closed_page(last: &GrantPage) -> &'static GrantPage {
+    let page: &'static GrantPage = Box::leak(Box::new(GrantPage::unlimited()));
+    for d in 0..MAX_DEVICES {
+        page.set(d, 0, last.share(d).clamp(1, 100));
+    }
+    page
+}
+
+fn watch(rt: &'static Runtime, mut r: Resume) {
+    let policy = rt.config.policy;
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    loop {
+        sys::wait_hangup(r.conn);
+        sys::close_fd(r.conn);
+        let granted = rt.limits();
+        let last_cap = granted.cap(r.slot);
+        match policy {
+            FailurePolicy::Open => log::line(
+                Level::Warn,
+                format_args!(
+                    "arbiter connection lost (instance {}): keeping the last grant (SMORE_FAILURE=open) and re-registering",
+                    r.instance
+                ),
+            ),
+            FailurePolicy::Closed => {
+                rt.swap_limits(closed_page(granted));
+                log::line(
+                    Level::Warn,
+                    format_args!(
+                        "arbiter connection lost (instance {}): every device allocation is refused until it re-registers (SMORE_FAILURE=closed)",
+                        r.instance
+                    ),
+                );
+            }
+        }
+        let mut delay = FIRST_RETRY;
+        let mut last_refusal = String::new();
+        let (conn, page, grant) = loop {
+            std::thread::sleep(delay);
+            match arbiter::reregister(&r, last_cap, visible.as_deref()) {
+                Rejoin::Granted { conn, page, grant } => break (conn, page, grant),
+                Rejoin::Unreachable(why) => {
+                    log::line(Level::Debug, format_args!("arbiter not back yet: {why}"));
+                    delay = (delay * 2).min(MAX_RETRY);
+                }
+                Rejoin::Refused(why) => {
+                    if why != last_refusal {
+                        log::line(
+                            Level::Error,
+                            format_args!("{why}; retrying every {} s", REFUSED_RETRY.as_secs()),
+                        );
+                        last_refusal = why;
+                    }
+                    delay = REFUSED_RETRY;
+                }
+                Rejoin::NotOurs(why) => {
+                    // Not ours to resume: the last arbiter page is what this process was granted.
+                    rt.swap_limits(granted);
+                    log::line(
+                        Level::Warn,
+                        format_args!("not re-registering: {why}; keeping the last grant"),
+                    );
+                    return;
+                }
+            }
+        };
+        rt.swap_limits(page);
+        let how = if grant.instance == r.instance {
+            "re-attached as instance"
+        } else {
+            "registered afresh (the arbiter no longer knew the old instance) as instance"
+        };
+        log::line(
+            Level::Warn,
+            format_args!(
+                "arbiter back: {how} {} on GPU {}, cap {} B, share {} %",
+                grant.instance, grant.gpu_index, grant.memory_cap, grant.sm_share
+            ),
+        );
+        r.conn = conn;
+        r.instance = grant.instance;
+        r.gpu = Some(grant.gpu_index);
+        if !r.exec {
+            r.slot = (grant.gpu_index as usize).min(MAX_DEVICES - 1);
+        }
+    }
+}

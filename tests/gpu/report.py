@@ -1,0 +1,112 @@
+"""Merges the step results of tests/gpu/run_all.sh into results.json and results.md.
+
+    python3 tests/gpu/report.py --meta meta.json --out DIR step1.json step2.json ...
+
+Each step file holds the `RESULT` object of one script (or {"test": name, "error": ...} when it
+produced none). The markdown states the date, device, driver and the exact commands, then one
+table per test.
+"""
+
+import argparse
+import json
+import os
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        return {"test": os.path.basename(path), "pass": False, "error": f"unreadable: {e}"}
+
+
+def fmt_bytes(b):
+    return f"{b / (1 << 30):.2f} GiB" if isinstance(b, (int, float)) else str(b)
+
+
+def mem_md(r):
+    out = ["## (a) Memory cap under PyTorch's caching allocator", "",
+           f"Cap: {fmt_bytes(r.get('cap'))}. Pass: **{r.get('pass')}**", "",
+           "| case | mem_get_info total | free at start | over-cap tensor | allocated until stop "
+           "(stopped by) | reserved at stop | checks failed |",
+           "|---|---|---|---|---|---|---|"]
+    for name, c in (r.get("cases") or {}).items():
+        failed = [k for k, v in (c.get("checks") or {}).items() if not v]
+        out.append(f"| {name} | {fmt_bytes(c.get('total_reported'))} | "
+                   f"{fmt_bytes(c.get('free_at_start'))} | {c.get('over_cap_single')} | "
+                   f"{fmt_bytes(c.get('allocated_until_stop'))} ({c.get('stopped_by')}) | "
+                   f"{fmt_bytes(c.get('reserved_at_stop'))} | {', '.join(failed) or '-'} |")
+    out += ["", "Commands:", ""] + [f"- `{c.get('command')}`" for c in
+                                    (r.get("cases") or {}).values()]
+    return out
+
+
+def share_md(r):
+    out = ["## (b) SM share: shimmed inference beside unshimmed training", "",
+           f"Window {r.get('seconds')} s per run. Training alone: {r.get('train_solo_sps')} "
+           f"steps/s; inference alone (no shim): {r.get('infer_solo_rps')} requests/s. "
+           f"All runs completed: **{r.get('pass')}**", "",
+           "| share % | inference alone, shimmed (rps, fraction of solo) | inference beside "
+           "training (rps, fraction) | inference p99 beside training (ms) | training beside "
+           "inference (steps/s) | training slowdown |",
+           "|---|---|---|---|---|---|"]
+    for t in r.get("table") or []:
+        out.append(f"| {t['share']} | {t['infer_alone_rps']} ({t['infer_alone_fraction']:.3f}) |"
+                   f" {t['infer_with_train_rps']} ({t['infer_with_train_fraction']:.3f}) | "
+                   f"{t['infer_with_train_p99_ms']} | {t['train_with_sps']} | "
+                   f"{100 * t['train_slowdown']:.1f} % |")
+    cmds = r.get("commands") or {}
+    out += ["", "Commands:", ""] + [f"- {k}: `{v}`" for k, v in cmds.items()]
+    if r.get("error"):
+        out += ["", f"Error: {r['error']}"]
+    return out
+
+
+def arbiter_md(r):
+    out = ["## (c) Arbiter path: `smore arbiter` (real NVML) + `smore run` a PyTorch function", "",
+           f"Pass: **{r.get('pass')}**", "", "| check | result |", "|---|---|"]
+    for k, v in (r.get("checks") or {}).items():
+        out.append(f"| {k} | {v} |")
+    f = r.get("function") or {}
+    adm = (r.get("snapshots") or {}).get("admitted") or {}
+    out += ["", f"Admitted: cap {fmt_bytes(adm.get('cap'))}, share {adm.get('share')} %, "
+            f"GPU {adm.get('gpu')}. Killed at {r.get('killed_at_s')} s, re-attached by "
+            f"{r.get('reattached_at_s')} s.",
+            f"Requests per second through the restart: {f.get('requests_per_second')}", "",
+            f"Command: `{r.get('function_command')}`", "", "Config:", "", "```toml",
+            (r.get("config") or "").rstrip(), "```"]
+    if r.get("error"):
+        out += ["", f"Error: {r['error']}"]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--meta", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("steps", nargs="*")
+    a = ap.parse_args()
+    meta = load(a.meta)
+    steps = [load(p) for p in a.steps]
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump({"meta": meta, "results": steps}, f, indent=2, sort_keys=True)
+    md = ["# smore on a real GPU", "",
+          f"- date (UTC): {meta.get('date')}",
+          f"- device: {meta.get('gpu')} ({meta.get('memory')}), driver {meta.get('driver')}",
+          f"- host: {meta.get('uname')}; torch {meta.get('torch')}; smore commit "
+          f"{meta.get('commit')}",
+          f"- driver script: `{meta.get('command')}`", ""]
+    md += ["| test | pass |", "|---|---|"]
+    md += [f"| {s.get('test')} | {s.get('pass')} |" for s in steps]
+    md.append("")
+    for s in steps:
+        kind = s.get("test")
+        body = {"mem_cap": mem_md, "sm_share": share_md, "arbiter_e2e": arbiter_md}.get(kind)
+        md += (body(s) if body else [f"## {kind}", "", f"Error: {s.get('error')}"]) + [""]
+    with open(os.path.join(a.out, "results.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
