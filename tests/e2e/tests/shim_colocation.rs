@@ -10,11 +10,24 @@ use std::process::Stdio;
 
 #[test]
 fn a_light_function_under_a_small_share_serves_its_offered_load() {
-    let sim = SimGpu::builder().memory("8GiB").build().expect("simulated node");
+    let sim = SimGpu::builder()
+        .memory("8GiB")
+        .build()
+        .expect("simulated node");
     // Trainer: 8 × 5 ms kernels + 15 ms host time per iteration (≈ 72 % busy).
     let trainer = sim
         .command(bin("sim-trainer"))
-        .args(["--kernels", "8", "--kernel-us", "5000", "--host-ms", "15", "--seconds", "6", "--quiet"])
+        .args([
+            "--kernels",
+            "8",
+            "--kernel-us",
+            "5000",
+            "--host-ms",
+            "15",
+            "--seconds",
+            "6",
+            "--quiet",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -24,7 +37,17 @@ fn a_light_function_under_a_small_share_serves_its_offered_load() {
         sim.command(bin("sim-function"))
             .env("LD_PRELOAD", shim_lib())
             .env("SMORE_SM_SHARE", "15")
-            .args(["--kernels", "4", "--kernel-us", "400", "--interval-ms", "33", "--seconds", "4", "--quiet"]),
+            .args([
+                "--kernels",
+                "4",
+                "--kernel-us",
+                "400",
+                "--interval-ms",
+                "33",
+                "--seconds",
+                "4",
+                "--quiet",
+            ]),
     )
     .unwrap();
     let f = summary(&out, "function");
