@@ -40,10 +40,10 @@ enum Cmd {
     Top(status::TopArgs),
     /// Change a function instance's SM share live (operator).
     Share(status::ShareArgs),
-    /// Run a trainer and a shimmed function on the simulated GPU (or a real one) and summarize
-    /// what co-location bought and cost.
+    /// End-to-end demo: an arbiter, a training job and functions under `smore run` replaying a
+    /// request trace on the simulated GPU (or `--gpu`), with a summary and a plot.
     Demo(smore_arbiter::demo::DemoArgs),
-    /// Benchmarks that print figures (shim overhead and share accuracy).
+    /// Benchmarks that print figures (shim overhead and share accuracy; arbiter latency).
     #[command(subcommand)]
     Bench(BenchCmd),
     /// SMORE's degradation predictor: train, evaluate, query, precompute the lookup table.
