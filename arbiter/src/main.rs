@@ -62,6 +62,8 @@ enum BenchCmd {
     Shim(smore_arbiter::bench::BenchShimArgs),
     /// Registration latency and throughput, and grant-change propagation time.
     Arbiter(smore_arbiter::bench::BenchArbiterArgs),
+    /// Decision latency of SMORE Algorithm 1 at 8–1024 GPUs, multi-way query latency.
+    Predictor,
 }
 
 fn init_logging() {
@@ -107,6 +109,7 @@ fn main() {
         Cmd::Demo(a) => smore_arbiter::demo::run(a),
         Cmd::Bench(BenchCmd::Shim(a)) => smore_arbiter::bench::shim(a),
         Cmd::Bench(BenchCmd::Arbiter(a)) => smore_arbiter::bench::arbiter(a),
+        Cmd::Bench(BenchCmd::Predictor) => smore_predictor::bench::run(),
         Cmd::Predictor(c) => smore_predictor::cli::run(c),
         Cmd::Prewarm(c) => smore_prewarm::cli::run(c),
         Cmd::Eval(a) => smore_arbiter::eval::run(a),

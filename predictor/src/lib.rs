@@ -10,6 +10,7 @@
 //! do I/O inside [`sched`].
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod catalog;
 pub mod cli;
 pub mod dataset;
