@@ -102,8 +102,23 @@ const REPORT_PERIOD: Duration = Duration::from_secs(1);
 /// Socket timeout of every exchange (a dead or wedged arbiter costs at most this).
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How this handle refers to its instance, to re-establish it after an arbiter restart.
+#[derive(Clone)]
+enum Binding {
+    /// Attached to an instance `smore run` registered (connection not ours to release).
+    Attached(u64),
+    /// Registered on this handle's connection: re-registered with `resume` after a restart.
+    Registered {
+        instance: u64,
+        gpu: u32,
+        request: Request,
+    },
+}
+
 struct Inner {
     client: Client,
+    socket: PathBuf,
+    binding: Option<Binding>,
     instance: Option<u64>,
     next_request: u64,
     open: HashMap<u64, Instant>,
@@ -211,6 +226,8 @@ pub unsafe extern "C" fn smore_connect(
         let h = Box::new(SmoreClient {
             inner: Mutex::new(Inner {
                 client,
+                socket: path,
+                binding: None,
                 instance: None,
                 next_request: 1,
                 open: HashMap::new(),
@@ -300,9 +317,17 @@ pub unsafe extern "C" fn smore_register(
                 exec: false,
             },
         };
-        match inner.client.call(req) {
+        match inner.client.call(req.clone()) {
             Ok(Reply::Granted(g)) => {
                 inner.instance = Some(g.instance);
+                inner.binding = Some(match req {
+                    Request::Attach { instance } => Binding::Attached(instance),
+                    request => Binding::Registered {
+                        instance: g.instance,
+                        gpu: g.gpu_index,
+                        request,
+                    },
+                });
                 if !grant.is_null() {
                     // SAFETY: `grant` is non-null and valid per the contract.
                     unsafe {
@@ -330,13 +355,72 @@ pub unsafe extern "C" fn smore_register(
     })
 }
 
+impl Inner {
+    /// One exchange; if the connection is gone (an arbiter restart), reconnects once, re-binds
+    /// the instance — attach again, or re-register with `resume` so the arbiter re-attaches the
+    /// instance it kept instead of counting a second one — and retries.
+    fn call(&mut self, req: Request) -> Result<Reply, WireError> {
+        match self.client.call(req.clone()) {
+            Err(WireError::Closed) | Err(WireError::Io(_)) if self.binding.is_some() => {
+                self.reconnect()?;
+                self.client.call(req)
+            }
+            r => r,
+        }
+    }
+
+    fn reconnect(&mut self) -> Result<(), WireError> {
+        let client = Client::connect(&self.socket).map_err(WireError::Io)?;
+        let _ = client.stream().set_read_timeout(Some(IO_TIMEOUT));
+        let _ = client.stream().set_write_timeout(Some(IO_TIMEOUT));
+        let req = match self.binding.clone() {
+            Some(Binding::Attached(instance)) => Request::Attach { instance },
+            Some(Binding::Registered {
+                instance,
+                gpu,
+                request:
+                    Request::Register {
+                        function,
+                        model,
+                        slo_ms,
+                        memory,
+                        ..
+                    },
+            }) => Request::Register {
+                function,
+                model,
+                slo_ms,
+                memory,
+                resume: Some(instance),
+                gpu: Some(gpu),
+                exec: false,
+            },
+            _ => return Err(WireError::Closed),
+        };
+        match client.call(req)? {
+            Reply::Granted(g) => {
+                self.instance = Some(g.instance);
+                if let Some(Binding::Registered { instance, gpu, .. }) = self.binding.as_mut() {
+                    *instance = g.instance;
+                    *gpu = g.gpu_index;
+                }
+                self.client = client;
+                Ok(())
+            }
+            other => Err(WireError::Malformed(format!(
+                "re-binding after reconnect answered {other:?}"
+            ))),
+        }
+    }
+}
+
 fn flush(inner: &mut Inner) -> SmoreStatus {
     if inner.latencies.is_empty() || inner.instance.is_none() {
         return SmoreStatus::Ok;
     }
     let lat = std::mem::take(&mut inner.latencies);
     inner.since = Instant::now();
-    match inner.client.call(Request::Report {
+    match inner.call(Request::Report {
         latencies_ms: lat,
         used_bytes: None,
         throttled_ns: None,
@@ -440,11 +524,11 @@ pub unsafe extern "C" fn smore_admit(
         if out.is_null() {
             return fail(SmoreStatus::InvalidArgument, "out is null");
         }
-        let inner = lock(h);
+        let mut inner = lock(h);
         if inner.instance.is_none() {
             return fail(SmoreStatus::NotRegistered, "call smore_register first");
         }
-        match inner.client.call(Request::Admit {
+        match inner.call(Request::Admit {
             request: Some(request_id),
         }) {
             Ok(Reply::Admission {
@@ -494,7 +578,7 @@ pub unsafe extern "C" fn smore_poll_hints(
         if count.is_null() || (out.is_null() && cap > 0) {
             return fail(SmoreStatus::InvalidArgument, "out/count is null");
         }
-        let hints = match lock(h).client.call(Request::Hints) {
+        let hints = match lock(h).call(Request::Hints) {
             Ok(Reply::Hints { hints }) => hints,
             Ok(r) => return fail(SmoreStatus::Protocol, format!("unexpected reply {r:?}")),
             Err(e) => return wire_err(e),

@@ -155,3 +155,64 @@ fn the_python_ctypes_runtime_works_under_smore_run() {
         "one instance only:\n{log}"
     );
 }
+
+#[test]
+fn a_registered_runtime_survives_an_arbiter_restart() {
+    use smore::*;
+    use std::ffi::CString;
+    let sim = SimGpu::builder().devices(1).memory("8GiB").build().unwrap();
+    let arb = arbiter(&sim);
+    let socket = arb.1.clone();
+    let path = CString::new(socket.display().to_string()).unwrap();
+    let name = CString::new("survivor").unwrap();
+    let mut h = std::ptr::null_mut();
+    let mut g = SmoreGrant {
+        instance: 0,
+        gpu_index: 0,
+        sm_share: 0,
+        memory_cap: 0,
+    };
+    // SAFETY: valid C strings and out-pointers; the handle is disconnected at the end.
+    unsafe {
+        assert_eq!(smore_connect(path.as_ptr(), &mut h), SmoreStatus::Ok);
+        assert_eq!(
+            smore_register(h, name.as_ptr(), std::ptr::null(), 50.0, 64 << 20, &mut g),
+            SmoreStatus::Ok
+        );
+    }
+    // The arbiter dies and comes back with the same state directory.
+    drop(arb);
+    let arb = arbiter(&sim);
+    // The next call reconnects and re-attaches the same instance (register with `resume`).
+    let mut id = 0;
+    // SAFETY: live handle, valid out-pointer.
+    unsafe {
+        assert_eq!(smore_request_begin(h, &mut id), SmoreStatus::Ok);
+        assert_eq!(smore_request_end(h, id), SmoreStatus::Ok);
+        assert_eq!(
+            smore_flush(h),
+            SmoreStatus::Ok,
+            "{:?}",
+            std::ffi::CStr::from_ptr(smore_last_error())
+        );
+    }
+    let Reply::Status { snapshot } = Client::connect(&arb.1)
+        .unwrap()
+        .call(Request::Status)
+        .unwrap()
+    else {
+        panic!()
+    };
+    let fns = snapshot["gpus"][0]["functions"].as_array().unwrap().clone();
+    assert_eq!(fns.len(), 1, "{snapshot}");
+    assert_eq!(fns[0]["id"], g.instance);
+    assert_eq!(fns[0]["attached"], true);
+    assert_eq!(fns[0]["requests"], 1);
+    // SAFETY: disconnecting the live handle once.
+    unsafe { smore_disconnect(h) };
+    assert_eq!(
+        requests_reported(&arb.1, "survivor"),
+        0,
+        "released on disconnect"
+    );
+}
