@@ -107,6 +107,23 @@ pub trait Policy: Send {
     }
 }
 
+/// The refusals every policy makes before deciding anything: no GPU, or a request for nothing.
+pub fn refuse_impossible(gpus: &[GpuView], ask: &Ask) -> Option<Decision> {
+    if gpus.is_empty() {
+        return Some(Decision::Refuse {
+            code: RefuseCode::NoGpu,
+            reason: "the arbiter manages no GPU on this node".into(),
+        });
+    }
+    if ask.memory == 0 {
+        return Some(Decision::Refuse {
+            code: RefuseCode::Invalid,
+            reason: "memory need of 0 bytes".into(),
+        });
+    }
+    None
+}
+
 /// Total SM time S (fraction of the GPU) functions on a GPU may take while training is slowed by
 /// at most θ. The shim spreads a function's time evenly over its window; it does not know when
 /// training idles, so function time lands in training's busy phases as often as anywhere. A busy
@@ -149,17 +166,8 @@ impl Policy for FitPolicy {
     }
 
     fn place(&mut self, cfg: &Config, gpus: &[GpuView], ask: &Ask) -> Decision {
-        if gpus.is_empty() {
-            return Decision::Refuse {
-                code: RefuseCode::NoGpu,
-                reason: "the arbiter manages no GPU on this node".into(),
-            };
-        }
-        if ask.memory == 0 {
-            return Decision::Refuse {
-                code: RefuseCode::Invalid,
-                reason: "memory need of 0 bytes".into(),
-            };
+        if let Some(refusal) = refuse_impossible(gpus, ask) {
+            return refusal;
         }
         // Time: one more function at `min_share` must still fit the training budget, else every
         // function's floor together would push training past θ_train.

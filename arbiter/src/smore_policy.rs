@@ -488,17 +488,8 @@ impl Policy for SmorePolicy {
     }
 
     fn place(&mut self, _cfg: &Config, gpus: &[GpuView], ask: &Ask) -> Decision {
-        if gpus.is_empty() {
-            return Decision::Refuse {
-                code: RefuseCode::NoGpu,
-                reason: "the arbiter manages no GPU on this node".into(),
-            };
-        }
-        if ask.memory == 0 {
-            return Decision::Refuse {
-                code: RefuseCode::Invalid,
-                reason: "memory need of 0 bytes".into(),
-            };
+        if let Some(refusal) = crate::policy::refuse_impossible(gpus, ask) {
+            return refusal;
         }
         let fast = self.fast_mode();
         // Candidate order: the preferred GPU first (re-registration), then d sampled GPUs

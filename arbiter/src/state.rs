@@ -104,6 +104,41 @@ pub struct Instance {
 }
 
 impl Instance {
+    /// An instance from what persists of it; `page` None = detached (restored after a restart,
+    /// waiting for the process to re-register). Runtime counters start at zero.
+    fn from_persisted(p: Persisted, page: Option<Arc<PageHandle>>, rule: String) -> Instance {
+        Instance {
+            id: p.id,
+            pid: p.pid,
+            start: p.start,
+            uid: p.uid,
+            function: p.function,
+            model: p.model,
+            slo_ms: p.slo_ms,
+            gpu: p.gpu,
+            slot: p.slot,
+            cap: p.cap,
+            share: p.share,
+            share_override: p.share_override,
+            attached: page.is_some(),
+            page,
+            predicted_train: None,
+            predicted_fn: None,
+            rule,
+            registered_at: now(),
+            nvml_used: 0,
+            used_hint: None,
+            throttled_ns: 0,
+            refusals: 0,
+            requests: 0,
+            deferred: 0,
+            sm_used: None,
+            shim_loaded: None,
+            latencies: VecDeque::new(),
+            acted_on: false,
+        }
+    }
+
     /// Latency percentile `q` (0..=1) over the kept samples, ms.
     pub fn latency_percentile(&self, q: f64) -> Option<f64> {
         if self.latencies.is_empty() {
@@ -482,36 +517,26 @@ impl State {
         } else {
             gpu.min(MAX_DEVICES as u32 - 1)
         };
-        let inst = Instance {
-            id,
-            pid: peer.pid,
-            start: proc::start_time(peer.pid).unwrap_or(0),
-            uid: peer.uid,
-            function: ask.function.clone(),
-            model: ask.model.clone(),
-            slo_ms: ask.slo_ms,
-            gpu,
-            slot,
-            cap,
-            share: 100,
-            share_override: None,
-            attached: true,
-            page: Some(page.clone()),
-            predicted_train: pt,
-            predicted_fn: pf,
-            rule: rule.clone(),
-            registered_at: now(),
-            nvml_used: 0,
-            used_hint: None,
-            throttled_ns: 0,
-            refusals: 0,
-            requests: 0,
-            deferred: 0,
-            sm_used: None,
-            shim_loaded: None,
-            latencies: VecDeque::new(),
-            acted_on: false,
-        };
+        let mut inst = Instance::from_persisted(
+            Persisted {
+                id,
+                pid: peer.pid,
+                start: proc::start_time(peer.pid).unwrap_or(0),
+                uid: peer.uid,
+                function: ask.function.clone(),
+                model: ask.model.clone(),
+                slo_ms: ask.slo_ms,
+                gpu,
+                slot,
+                cap,
+                share: 100,
+                share_override: None,
+            },
+            Some(page.clone()),
+            rule.clone(),
+        );
+        inst.predicted_train = pt;
+        inst.predicted_fn = pf;
         inst.write_page();
         if let Some(pm) = self.prewarm.as_mut() {
             if !pm.status().iter().any(|f| f.function == ask.function) {
@@ -953,40 +978,13 @@ impl State {
             }
             self.next_id = self.next_id.max(p.id + 1);
             let msg = format!("function {} (pid {}) kept from the previous arbiter; waiting for it to re-register", p.function, p.pid);
+            let id = p.id;
             self.instances.insert(
-                p.id,
-                Instance {
-                    id: p.id,
-                    pid: p.pid,
-                    start: p.start,
-                    uid: p.uid,
-                    function: p.function,
-                    model: p.model,
-                    slo_ms: p.slo_ms,
-                    gpu: p.gpu,
-                    slot: p.slot,
-                    cap: p.cap,
-                    share: p.share,
-                    share_override: p.share_override,
-                    attached: false,
-                    page: None,
-                    predicted_train: None,
-                    predicted_fn: None,
-                    rule: "restored after arbiter restart".into(),
-                    registered_at: now(),
-                    nvml_used: 0,
-                    used_hint: None,
-                    throttled_ns: 0,
-                    refusals: 0,
-                    requests: 0,
-                    deferred: 0,
-                    sm_used: None,
-                    shim_loaded: None,
-                    latencies: VecDeque::new(),
-                    acted_on: false,
-                },
+                id,
+                Instance::from_persisted(p, None, "restored after arbiter restart".into()),
             );
-            self.event("restored", Some(p.id), Some(p.pid), msg);
+            let pid = self.instances[&id].pid;
+            self.event("restored", Some(id), Some(pid), msg);
         }
     }
 
