@@ -3,25 +3,17 @@
 //! shares the arbiter grants must keep the trainer's slowdown within θ_train while the functions
 //! get real GPU time. Run once per policy behind the seam.
 
-use smore_e2e::{bin, num, summary, SimGpu};
+use smore_e2e::{bin, num, summary, Arbiter, SimGpu};
 use smore_protocol::conn::Client;
 use smore_protocol::wire::{self, Reply, Request};
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const SMORE: &str = env!("CARGO_BIN_EXE_smore");
 /// θ_train given to the arbiter.
 const THETA: f64 = 0.10;
 /// Measurement slack on the slowdown (iteration times on a 2-core CI machine are noisy).
 const SLACK: f64 = 0.04;
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn trainer(sim: &SimGpu, seconds: f64) -> std::process::Command {
     let mut c = sim.command(bin("sim-trainer"));
@@ -54,32 +46,12 @@ fn run_loop(policy_toml: &str) -> (f64, Vec<u32>, f64) {
         .memory("16GiB")
         .build()
         .unwrap();
-    let socket = sim.dir().join("arbiter.sock");
-    let cfg = sim.dir().join("node.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[arbiter]\nsocket = {socket:?}\nstate_dir = {:?}\nreconcile_ms = 50\n\n[policy]\ntheta_train = {THETA}\n{policy_toml}\n",
-            sim.dir().join("state")
-        ),
-    )
-    .unwrap();
-    let _arb = Kill(
-        sim.command(SMORE)
-            .args(["arbiter", "--config"])
-            .arg(&cfg)
-            .stderr(std::fs::File::create(sim.dir().join("arbiter.log")).unwrap())
-            .spawn()
-            .unwrap(),
+    let arb = Arbiter::start(
+        &sim,
+        std::path::Path::new(SMORE),
+        &format!("\n[policy]\ntheta_train = {THETA}\n{policy_toml}\n"),
     );
-    let t0 = Instant::now();
-    while Client::connect(&socket).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "arbiter did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let socket = arb.socket.clone();
     // Baseline: the trainer alone.
     let alone = trainer(&sim, 3.0).output().unwrap();
     let alone = mean_iter(&String::from_utf8_lossy(&alone.stdout), 5);

@@ -1,112 +1,21 @@
 //! The arbiter as an operator runs it: a real `smore arbiter` process on the simulated GPU, real
 //! clients over its Unix socket, real processes under `smore run`.
 
-use smore_e2e::SimGpu;
+use smore_e2e::{Arbiter, SimGpu};
 use smore_protocol::conn::{recv_with_fd, send_with_fd, Client};
 use smore_protocol::grant::{GrantPage, PAGE_BYTES};
 use smore_protocol::wire::{self, Envelope, ErrorCode, Reply, Request, MAX_FRAME};
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const SMORE: &str = env!("CARGO_BIN_EXE_smore");
 
-struct Arbiter {
-    child: Child,
-    socket: PathBuf,
-    log: PathBuf,
-}
-
-impl Arbiter {
-    fn start(sim: &SimGpu, extra: &str) -> Arbiter {
-        let dir = sim.dir();
-        let socket = dir.join("arbiter.sock");
-        let cfg = dir.join("node.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 50\n{extra}",
-                socket,
-                dir.join("state")
-            ),
-        )
-        .unwrap();
-        Self::start_with(sim, &cfg, &socket)
-    }
-
-    fn start_with(sim: &SimGpu, cfg: &Path, socket: &Path) -> Arbiter {
-        let log = sim.dir().join(format!(
-            "arbiter-{}.log",
-            Instant::now().elapsed().as_nanos()
-        ));
-        let child = sim
-            .command(SMORE)
-            .args(["arbiter", "--config"])
-            .arg(cfg)
-            .env("RUST_LOG", "debug")
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let a = Arbiter {
-            child,
-            socket: socket.to_path_buf(),
-            log,
-        };
-        let t0 = Instant::now();
-        while UnixStream::connect(&a.socket).is_err() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "arbiter did not start:\n{}",
-                a.logs()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        a
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.socket).unwrap()
-    }
-
-    fn status(&self) -> serde_json::Value {
-        match self.client().call(Request::Status).unwrap() {
-            Reply::Status { snapshot } => snapshot,
-            r => panic!("{r:?}"),
-        }
-    }
-
-    fn functions(&self) -> Vec<serde_json::Value> {
-        self.status()["gpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|g| g["functions"].as_array().unwrap().clone())
-            .collect()
-    }
-
-    fn smore(&self, sim: &SimGpu) -> Command {
-        let mut c = sim.command(SMORE);
-        c.env(wire::ENV_SOCKET, &self.socket);
-        c
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Arbiter {
-    fn drop(&mut self) {
-        self.kill();
-    }
+fn start(sim: &SimGpu, extra: &str) -> Arbiter {
+    Arbiter::start(sim, Path::new(SMORE), extra)
 }
 
 fn sim(devices: u32) -> SimGpu {
@@ -175,7 +84,7 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Durat
 #[test]
 fn registration_gets_a_grant_page_it_cannot_write() {
     let sim = sim(2);
-    let arb = Arbiter::start(&sim, "");
+    let arb = start(&sim, "");
     let c = arb.client();
     let (reply, fd) = register(&c, "resnet", 3 << 30);
     let Reply::Granted(g) = reply else {
@@ -263,7 +172,7 @@ fn registration_gets_a_grant_page_it_cannot_write() {
 #[test]
 fn live_share_changes_reach_the_page_before_the_reply() {
     let sim = sim(1);
-    let arb = Arbiter::start(&sim, "");
+    let arb = start(&sim, "");
     let c = arb.client();
     let (Reply::Granted(g), Some(fd)) = register(&c, "f", 1 << 30) else {
         panic!()
@@ -272,7 +181,7 @@ fn live_share_changes_reach_the_page_before_the_reply() {
     let gen0 = view.page().generation(0);
     let t0 = Instant::now();
     let out = arb
-        .smore(&sim)
+        .smore()
         .args(["share", &g.instance.to_string(), "25"])
         .output()
         .unwrap();
@@ -290,7 +199,7 @@ fn live_share_changes_reach_the_page_before_the_reply() {
     );
     // Back to the policy's share.
     let out = arb
-        .smore(&sim)
+        .smore()
         .args(["share", &g.instance.to_string(), "auto"])
         .output()
         .unwrap();
@@ -298,7 +207,7 @@ fn live_share_changes_reach_the_page_before_the_reply() {
     assert_eq!(view.page().share(0), 100);
     // Bad values are refused with a message.
     let out = arb
-        .smore(&sim)
+        .smore()
         .args(["share", &g.instance.to_string(), "140"])
         .output()
         .unwrap();
@@ -309,9 +218,9 @@ fn live_share_changes_reach_the_page_before_the_reply() {
 #[test]
 fn a_sigkilled_function_is_released_within_a_second() {
     let sim = sim(1);
-    let arb = Arbiter::start(&sim, "");
+    let arb = start(&sim, "");
     let mut child = arb
-        .smore(&sim)
+        .smore()
         .args(["run", "--function", "sleeper", "--memory", "1GiB", "--shim"])
         .arg(smore_e2e::shim_lib())
         .args(["--", "sleep", "60"])
@@ -353,9 +262,9 @@ fn a_sigkilled_function_is_released_within_a_second() {
 #[test]
 fn smore_run_refusal_exits_with_a_distinct_code() {
     let sim = sim(1);
-    let arb = Arbiter::start(&sim, "");
+    let arb = start(&sim, "");
     let out = arb
-        .smore(&sim)
+        .smore()
         .args(["run", "--memory", "100GiB", "--shim"])
         .arg(smore_e2e::shim_lib())
         .args(["--", "true"])
@@ -382,7 +291,7 @@ fn smore_run_refusal_exits_with_a_distinct_code() {
 #[test]
 fn an_arbiter_restart_loses_nothing_and_counts_nothing_twice() {
     let sim = sim(1);
-    let mut arb = Arbiter::start(&sim, "");
+    let mut arb = start(&sim, "");
     let c = arb.client();
     let (Reply::Granted(g), Some(fd)) = register(&c, "survivor", 8 << 30) else {
         panic!()
@@ -392,8 +301,7 @@ fn an_arbiter_restart_loses_nothing_and_counts_nothing_twice() {
     drop(c);
     // The client keeps its last grant while the arbiter is away.
     assert_eq!(view.page().cap(0), 8 << 30);
-    let cfg = sim.dir().join("node.toml");
-    let arb = Arbiter::start_with(&sim, &cfg, &arb.socket.clone());
+    arb.restart();
     let fns = arb.functions();
     assert_eq!(fns.len(), 1, "restored from the state dir");
     assert_eq!(fns[0]["attached"], false);
@@ -429,7 +337,7 @@ fn an_arbiter_restart_loses_nothing_and_counts_nothing_twice() {
 #[test]
 fn two_hundred_concurrent_registrations_are_served() {
     let sim = sim(2);
-    let arb = Arbiter::start(&sim, "");
+    let arb = start(&sim, "");
     let socket = arb.socket.clone();
     let t0 = Instant::now();
     let handles: Vec<_> = (0..200)
@@ -491,7 +399,7 @@ fn config_errors_name_the_file_line_and_key() {
 #[test]
 fn malformed_messages_get_errors_and_do_not_disturb_others() {
     let sim = sim(1);
-    let arb = Arbiter::start(&sim, "");
+    let arb = start(&sim, "");
     let good = arb.client();
     let (Reply::Granted(_), _) = register(&good, "good", 1 << 20) else {
         panic!()
@@ -583,7 +491,7 @@ fn nvml_discovery_and_training_detection_feed_status_and_metrics() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let arb = Arbiter::start(&sim, &format!("metrics_addr = \"127.0.0.1:{port}\"\n"));
+    let arb = start(&sim, &format!("metrics_addr = \"127.0.0.1:{port}\"\n"));
     // An unregistered process holding memory on GPU 1: training, never touched.
     let mut trainer = sim
         .command(smore_e2e::bin("sim-probe"))
@@ -608,7 +516,7 @@ fn nvml_discovery_and_training_detection_feed_status_and_metrics() {
     };
     assert_eq!(g.gpu_index, 0);
     // Human-readable status and metrics.
-    let out = arb.smore(&sim).arg("status").output().unwrap();
+    let out = arb.smore().arg("status").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("training pid") && text.contains("big"),
@@ -630,10 +538,10 @@ fn nvml_discovery_and_training_detection_feed_status_and_metrics() {
 #[test]
 fn a_function_without_the_shim_gets_the_watchdog() {
     let sim = sim(1);
-    let arb = Arbiter::start(&sim, "[watchdog]\naction = \"sigkill\"\n");
+    let arb = start(&sim, "[watchdog]\naction = \"sigkill\"\n");
     // Registered through `smore run`, but the preload names no shim: the GPU process bypasses it.
     let mut child = arb
-        .smore(&sim)
+        .smore()
         .args([
             "run",
             "--function",

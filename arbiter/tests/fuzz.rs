@@ -4,45 +4,18 @@
 //! client, whose grant must survive every case.
 
 use proptest::prelude::*;
-use smore_e2e::SimGpu;
-use smore_protocol::conn::{recv_with_fd, Client};
+use smore_e2e::{Arbiter, SimGpu};
+use smore_protocol::conn::recv_with_fd;
 use smore_protocol::wire::{Reply, Request, WireError, MAX_FRAME};
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::process::Child;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
-struct Arbiter(Child, PathBuf, SimGpu);
-
-impl Drop for Arbiter {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn arbiter() -> Arbiter {
+fn arbiter() -> (Arbiter, SimGpu) {
     let sim = SimGpu::builder().devices(1).memory("8GiB").build().unwrap();
-    let socket = sim.dir().join("arbiter.sock");
-    let child = sim
-        .command(env!("CARGO_BIN_EXE_smore"))
-        .args(["arbiter", "--socket"])
-        .arg(&socket)
-        .arg("--state-dir")
-        .arg(sim.dir().join("state"))
-        .stderr(std::fs::File::create(sim.dir().join("arbiter.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while UnixStream::connect(&socket).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "arbiter did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Arbiter(child, socket, sim)
+    let arb = Arbiter::start(&sim, Path::new(env!("CARGO_BIN_EXE_smore")), "");
+    (arb, sim)
 }
 
 /// Error replies received over all cases (the fuzzing must actually reach the arbiter's parser).
@@ -50,7 +23,7 @@ static ERRORS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::
 
 /// Sends `bytes`, half-closes, and reads replies until the arbiter closes: every reply must be a
 /// well-formed message (an error, or a status/ok for frames that happened to be valid).
-fn poke(socket: &PathBuf, bytes: &[u8]) {
+fn poke(socket: &Path, bytes: &[u8]) {
     let s = UnixStream::connect(socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let _ = (&s).write_all(bytes);
@@ -98,9 +71,9 @@ fn json_like() -> impl Strategy<Value = Vec<u8>> {
 
 #[test]
 fn the_arbiter_survives_arbitrary_input() {
-    let arb = arbiter();
+    let (arb, _sim) = arbiter();
     // A registered client whose grant must survive everything below.
-    let good = Client::connect(&arb.1).unwrap();
+    let good = arb.client();
     let r = good
         .call(Request::Register {
             function: "survivor".into(),
@@ -137,7 +110,7 @@ fn the_arbiter_survives_arbitrary_input() {
     ];
     runner
         .run(&input, |bytes| {
-            poke(&arb.1, &bytes);
+            poke(&arb.socket, &bytes);
             Ok(())
         })
         .unwrap();
@@ -155,6 +128,6 @@ fn the_arbiter_survives_arbitrary_input() {
         fns.iter().any(|f| f["function"] == "survivor"),
         "{snapshot}"
     );
-    let log = std::fs::read_to_string(arb.2.dir().join("arbiter.log")).unwrap();
+    let log = arb.logs();
     assert!(!log.contains("panicked"), "{log}");
 }

@@ -3,79 +3,21 @@
 //! `[policy] model` is unset (logged as SYNTHETIC), so these tests check the decision path and its
 //! explanations, not prediction accuracy.
 
-use smore_e2e::SimGpu;
+use smore_e2e::{Arbiter, SimGpu};
 use smore_protocol::conn::Client;
 use smore_protocol::wire::{RefuseCode, Reply, Request};
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const SMORE: &str = env!("CARGO_BIN_EXE_smore");
 
-struct Arbiter {
-    child: Child,
-    socket: PathBuf,
-    log: PathBuf,
-}
-
-impl Arbiter {
-    fn start(sim: &SimGpu, policy: &str) -> Arbiter {
-        let dir = sim.dir();
-        let socket = dir.join("arbiter.sock");
-        let cfg = dir.join("node.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 50\n\n[policy]\n{policy}",
-                socket,
-                dir.join("state")
-            ),
-        )
-        .unwrap();
-        let log = dir.join("arbiter.log");
-        let child = sim
-            .command(SMORE)
-            .args(["arbiter", "--config"])
-            .arg(&cfg)
-            .env("RUST_LOG", "info")
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let a = Arbiter { child, socket, log };
-        let t0 = Instant::now();
-        while UnixStream::connect(&a.socket).is_err() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "arbiter did not start:\n{}",
-                a.logs()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        a
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.socket).unwrap()
-    }
-
-    fn status(&self) -> serde_json::Value {
-        match self.client().call(Request::Status).unwrap() {
-            Reply::Status { snapshot } => snapshot,
-            r => panic!("{r:?}"),
-        }
-    }
-}
-
-impl Drop for Arbiter {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The arbiter with `policy` as its `[policy]` section.
+fn start(sim: &SimGpu, policy: &str) -> Arbiter {
+    Arbiter::start(
+        sim,
+        std::path::Path::new(SMORE),
+        &format!("\n[policy]\n{policy}"),
+    )
 }
 
 fn sim(devices: u32) -> SimGpu {
@@ -104,7 +46,7 @@ fn register(c: &Client, function: &str, model: &str, slo_ms: f64) -> Reply {
 #[test]
 fn smore_policy_grants_with_predictions_and_refuses_an_impossible_slo() {
     let sim = sim(2);
-    let arb = Arbiter::start(&sim, "name = \"smore\"\n");
+    let arb = start(&sim, "name = \"smore\"\n");
     assert!(
         arb.logs().contains("SYNTHETIC"),
         "a synthetic predictor must be announced as such:\n{}",
@@ -160,7 +102,7 @@ fn smore_policy_grants_with_predictions_and_refuses_an_impossible_slo() {
 #[test]
 fn smore_policy_prefers_the_gpu_without_training() {
     let sim = sim(2);
-    let arb = Arbiter::start(&sim, "name = \"smore\"\npower_of_d = 2\n");
+    let arb = start(&sim, "name = \"smore\"\npower_of_d = 2\n");
     // An unregistered process holding memory on GPU 1: training (never touched).
     let mut trainer = sim
         .command(smore_e2e::bin("sim-probe"))

@@ -1,42 +1,14 @@
 //! The C and Python example runtimes, built and run against a real `smore arbiter` on the
 //! simulated GPU; the arbiter's status must show what they reported.
 
-use smore_e2e::{ops, parse_lines, SimGpu};
+use smore_e2e::{ops, parse_lines, Arbiter, SimGpu};
 use smore_protocol::conn::Client;
 use smore_protocol::wire::{Reply, Request};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
-
-struct Arbiter(Child, PathBuf);
-
-impl Drop for Arbiter {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use std::process::Command;
 
 fn arbiter(sim: &SimGpu) -> Arbiter {
-    let socket = sim.dir().join("arbiter.sock");
-    let child = sim
-        .command(smore_e2e::bin("smore"))
-        .args(["arbiter", "--socket"])
-        .arg(&socket)
-        .arg("--state-dir")
-        .arg(sim.dir().join("state"))
-        .stderr(std::fs::File::create(sim.dir().join("arbiter.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while Client::connect(&socket).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "arbiter did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Arbiter(child, socket)
+    Arbiter::start(sim, &smore_e2e::bin("smore"), "")
 }
 
 fn requests_reported(socket: &Path, function: &str) -> u64 {
@@ -84,7 +56,12 @@ fn the_c_example_runtime_registers_reports_and_is_admitted() {
     );
     // The runtime holds its connection while it runs; check what the arbiter saw from a second
     // registration-free look after it flushed (the grant is released when it exits).
-    let out = sim.command(&exe).arg(&arb.1).arg("100").output().unwrap();
+    let out = sim
+        .command(&exe)
+        .arg(&arb.socket)
+        .arg("100")
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -101,7 +78,7 @@ fn the_c_example_runtime_registers_reports_and_is_admitted() {
     );
     assert!(stdout.contains("no open request"), "{stdout}");
     // Released on exit.
-    assert_eq!(requests_reported(&arb.1, "c-smoke"), 0);
+    assert_eq!(requests_reported(&arb.socket, "c-smoke"), 0);
 }
 
 #[test]
@@ -109,7 +86,7 @@ fn the_python_ctypes_runtime_works_under_smore_run() {
     let dir = env!("CARGO_MANIFEST_DIR");
     let sim = SimGpu::builder().devices(1).memory("8GiB").build().unwrap();
     let arb = arbiter(&sim);
-    let socket = arb.1.clone();
+    let socket = arb.socket.clone();
     // Under `smore run` the runtime attaches to the instance `smore run` registered: one
     // instance, with the runtime's reports.
     let mut child = sim
@@ -148,7 +125,7 @@ fn the_python_ctypes_runtime_works_under_smore_run() {
         .and_then(|r| r.split_whitespace().next())
         .expect("smore run announces the instance");
     assert_eq!(ops(&lines, "granted")[0]["instance"], run_instance);
-    let log = std::fs::read_to_string(sim.dir().join("arbiter.log")).unwrap();
+    let log = arb.logs();
     assert_eq!(
         log.matches("function py-runtime →").count(),
         1,
@@ -162,7 +139,7 @@ fn a_registered_runtime_survives_an_arbiter_restart() {
     use std::ffi::CString;
     let sim = SimGpu::builder().devices(1).memory("8GiB").build().unwrap();
     let arb = arbiter(&sim);
-    let socket = arb.1.clone();
+    let socket = arb.socket.clone();
     let path = CString::new(socket.display().to_string()).unwrap();
     let name = CString::new("survivor").unwrap();
     let mut h = std::ptr::null_mut();
@@ -181,8 +158,8 @@ fn a_registered_runtime_survives_an_arbiter_restart() {
         );
     }
     // The arbiter dies and comes back with the same state directory.
-    drop(arb);
-    let arb = arbiter(&sim);
+    let mut arb = arb;
+    arb.restart();
     // The next call reconnects and re-attaches the same instance (register with `resume`).
     let mut id = 0;
     // SAFETY: live handle, valid out-pointer.
@@ -196,7 +173,7 @@ fn a_registered_runtime_survives_an_arbiter_restart() {
             std::ffi::CStr::from_ptr(smore_last_error())
         );
     }
-    let Reply::Status { snapshot } = Client::connect(&arb.1)
+    let Reply::Status { snapshot } = Client::connect(&arb.socket)
         .unwrap()
         .call(Request::Status)
         .unwrap()
@@ -211,7 +188,7 @@ fn a_registered_runtime_survives_an_arbiter_restart() {
     // SAFETY: disconnecting the live handle once.
     unsafe { smore_disconnect(h) };
     assert_eq!(
-        requests_reported(&arb.1, "survivor"),
+        requests_reported(&arb.socket, "survivor"),
         0,
         "released on disconnect"
     );

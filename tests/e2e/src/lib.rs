@@ -8,7 +8,10 @@
 //! Must never: reach into a process's memory or fake a result — everything observed comes from a
 //! real process talking to the driver ABI, or from the node state the driver itself maintains.
 
+pub mod arbiter;
+
 use anyhow::{bail, Context, Result};
+pub use arbiter::Arbiter;
 use smore_simgpu::{Node, SimConfig};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,136 @@
+//! A real `smore arbiter` process on a simulated node, as end-to-end tests start it: a config
+//! written into the node's directory (socket, state directory, a fast 50 ms reconcile period,
+//! plus whatever sections the test adds), restartable with the same config and state, killed on
+//! drop. Logs of every start are kept for assertion messages.
+
+use crate::SimGpu;
+use smore_protocol::conn::Client;
+use smore_protocol::wire::{Reply, Request};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// A running (or killed, restartable) arbiter.
+pub struct Arbiter {
+    child: Option<Child>,
+    smore: PathBuf,
+    env: Vec<(String, String)>,
+    pub cfg: PathBuf,
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    dir: PathBuf,
+    starts: u32,
+}
+
+impl Arbiter {
+    /// Writes `node.toml` (with `extra` appended: more `[arbiter]` keys first, then any other
+    /// sections) and starts `smore arbiter` from `smore`, waiting until it accepts connections.
+    pub fn start(sim: &SimGpu, smore: &Path, extra: &str) -> Arbiter {
+        let dir = sim.dir().to_path_buf();
+        let socket = dir.join("arbiter.sock");
+        let state_dir = dir.join("state");
+        let cfg = dir.join("node.toml");
+        std::fs::write(
+            &cfg,
+            format!("[arbiter]\nsocket = {socket:?}\nstate_dir = {state_dir:?}\nreconcile_ms = 50\n{extra}\n"),
+        )
+        .expect("writing node.toml");
+        let mut a = Arbiter {
+            child: None,
+            smore: smore.to_path_buf(),
+            env: sim.env().to_vec(),
+            cfg,
+            socket,
+            state_dir,
+            dir,
+            starts: 0,
+        };
+        a.launch();
+        a
+    }
+
+    fn log_path(&self, n: u32) -> PathBuf {
+        self.dir.join(format!("arbiter-{n}.log"))
+    }
+
+    fn launch(&mut self) {
+        self.starts += 1;
+        let log = std::fs::File::create(self.log_path(self.starts)).expect("arbiter log");
+        let child = Command::new(&self.smore)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .args(["arbiter", "--config"])
+            .arg(&self.cfg)
+            .env("RUST_LOG", "debug")
+            .stderr(log)
+            .spawn()
+            .expect("spawning smore arbiter");
+        self.child = Some(child);
+        let t0 = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "arbiter did not start:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL: the arbiter gets no chance to clean anything up.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kills the arbiter and starts it again with the same config and state directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.launch();
+    }
+
+    /// Everything the arbiter logged, over all its starts.
+    pub fn logs(&self) -> String {
+        (1..=self.starts)
+            .map(|n| std::fs::read_to_string(self.log_path(n)).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n--- restart ---\n")
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.socket).expect("connecting to the arbiter")
+    }
+
+    /// The `status` snapshot.
+    pub fn status(&self) -> serde_json::Value {
+        match self.client().call(Request::Status).expect("status request") {
+            Reply::Status { snapshot } => snapshot,
+            r => panic!("status answered {r:?}"),
+        }
+    }
+
+    /// Every function instance of every GPU in the snapshot.
+    pub fn functions(&self) -> Vec<serde_json::Value> {
+        self.status()["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["functions"].as_array().cloned().unwrap_or_default())
+            .collect()
+    }
+
+    /// A `smore` command with the node's environment and this arbiter's socket.
+    pub fn smore(&self) -> Command {
+        let mut c = Command::new(&self.smore);
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
+        c.env(smore_protocol::wire::ENV_SOCKET, &self.socket);
+        c
+    }
+}
+
+impl Drop for Arbiter {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
