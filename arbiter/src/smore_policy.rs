@@ -557,8 +557,12 @@ impl Policy for SmorePolicy {
             } else {
                 sched::evaluate_candidate(&self.sched, &snap, &item, &self.types[ti].predictor)
             };
-            // Beyond SMORE: an acceptable GPU must also leave a share that meets both bounds.
-            if e.score.is_some() && snap.training.is_some() {
+            // Beyond SMORE: an acceptable GPU must also leave a share that meets both bounds —
+            // and a GPU refused only because D̂_train at a *full* share exceeds θ_train is
+            // acceptable when a smaller share keeps both θ_train and the SLO (the share the
+            // arbiter will then grant).
+            let theta_only = matches!(e.verdict, Verdict::ThetaTrain { .. });
+            if (e.score.is_some() || theta_only) && snap.training.is_some() {
                 let mut s2 = snap.clone();
                 s2.functions.push(Resident {
                     id: u64::MAX,
@@ -569,7 +573,16 @@ impl Policy for SmorePolicy {
                 });
                 let sized = sched::size_gpu_shares(&self.sched, &s2, &self.types[ti].predictor);
                 if let Some((_, d)) = sized.iter().find(|(id, _)| *id == u64::MAX) {
-                    if d.share.is_none() {
+                    if theta_only && d.share.is_some() {
+                        let d_fn = (d.predicted_latency_ms / lat.max(1e-9) - 1.0).max(0.0);
+                        e.verdict = Verdict::Acceptable;
+                        e.d_train = Some(d.predicted_train);
+                        e.d_fn = Some(d_fn);
+                        e.score = Some(
+                            self.sched.lambda * d.predicted_train
+                                + (1.0 - self.sched.lambda) * d_fn,
+                        );
+                    } else if d.share.is_none() {
                         e.verdict = if d.limited_by == Some("slo") {
                             Verdict::Slo {
                                 predicted_ms: d.predicted_latency_ms,

@@ -170,10 +170,9 @@ fn the_smore_policy_keeps_the_trainer_within_theta_while_functions_run() {
         "smore: trainer slowdown {:.1} %, shares {shares:?}, function requests served {served}",
         slowdown * 100.0
     );
-    assert!(
-        !shares.is_empty(),
-        "at least one function admitted (the other may be refused by θ_train)"
-    );
+    // resnet50:8 alone would exceed θ_train at a full share (D̂_train 0.119 > 0.1); it is
+    // admitted at the smaller share that keeps θ_train and its SLO.
+    assert_eq!(shares.len(), 2, "both functions admitted: {shares:?}");
     assert!(served > 0.0);
     assert!(
         slowdown <= THETA + SLACK,
