@@ -43,6 +43,11 @@ pub struct DemoArgs {
     /// Seed of the synthetic trace.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Placement policy of the arbiter: fit, or smore (SMORE's Algorithm 1; it predicts from the
+    /// catalog's profiles of the stand-in models — ResNet-50, BERT-base, MobileNetV2 — which do
+    /// not match the simulated kernels' durations, so on the simulated GPU it refuses more).
+    #[arg(long, default_value = "fit", value_parser = ["smore", "fit"])]
+    pub policy: String,
     /// Training slowdown bound θ_train given to the arbiter.
     #[arg(long, default_value_t = 0.10)]
     pub theta_train: f64,
@@ -258,9 +263,10 @@ fn start_arbiter(node: &Node, a: &DemoArgs) -> Result<ArbiterProc> {
     std::fs::write(
         &cfg,
         format!(
-            "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 100\n\n[policy]\ntheta_train = {}\n",
+            "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 100\n\n[policy]\nname = {:?}\ntheta_train = {}\n",
             socket,
             node.dir.join("state"),
+            a.policy,
             a.theta_train
         ),
     )?;
@@ -392,7 +398,15 @@ impl Instance {
     ) -> Result<Instance> {
         let mut c = node.command(std::env::current_exe()?);
         c.env(smore_protocol::wire::ENV_SOCKET, socket)
-            .args(["run", "--function", f.name, "--model", f.name])
+            // The model id is the predictor catalog's key (model:batch) of the function's
+            // stand-in, which the smore policy predicts from.
+            .args([
+                "run",
+                "--function",
+                f.name,
+                "--model",
+                &format!("{}:{}", f.torch_model, f.torch_batch),
+            ])
             // The cap covers the model and the CUDA context (300 MiB on the simulated GPU, the
             // order of a real CUDA 12 context), which the shim counts too. PyTorch on a real GPU
             // adds activations and its caching allocator's slack: 4 GiB is ample for these models.
@@ -847,6 +861,11 @@ pub fn run(a: DemoArgs) -> Result<()> {
         records.len(),
         cold as f64 / total * 100.0,
         prewarm_spec.name()
+    );
+    let refused = sh.refusals.load(std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "  instance starts refused   {refused} (policy {}; see arbiter.log and state/decisions.jsonl)",
+        a.policy
     );
     println!();
     println!(
