@@ -32,6 +32,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Seconds the training job runs alone before functions arrive in the co-located run.
+const SETTLE_S: f64 = 2.0;
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
     /// Seconds of trace replayed in the co-located run (one trace minute per second).
@@ -673,9 +676,12 @@ pub fn run(a: DemoArgs) -> Result<()> {
         shim: shim.clone(),
     });
     let trainer_log = node.dir.join("trainer-colocated.log");
-    let trainer = trainer_cmd(&node, &a, seconds as f64 + 2.0, false)?
+    let trainer = trainer_cmd(&node, &a, seconds as f64 + 2.0 + SETTLE_S, false)?
         .stdout(std::fs::File::create(&trainer_log)?)
         .spawn()?;
+    // The training job runs alone first, as on a real node where functions arrive beside a
+    // running job: the arbiter learns its solo utilization (it trusts it after 8 samples).
+    std::thread::sleep(Duration::from_secs_f64(SETTLE_S));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = sample_util(&node, stop.clone())?;
     let mut txs = Vec::new();
@@ -758,7 +764,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         .filter_map(|l| l.strip_prefix("iter="))
         .filter_map(|l| l.split("ms=").nth(1)?.trim().parse().ok())
         .collect();
-    let iter_colo = mean(iters.iter().copied());
+    // Iterations of the settle period ran alone: leave them out of the co-located mean.
+    let settle_iters = (SETTLE_S * 1e3 / iter_alone) as usize;
+    let iter_colo = mean(iters.iter().copied().skip(settle_iters));
     let records = sh.records.lock().unwrap_or_else(|e| e.into_inner()).clone();
 
     // 3. Figures.

@@ -28,9 +28,21 @@ const MAX_LATENCIES: usize = 1024;
 /// Smoothing of training's solo utilization (EWMA weight of a new sample). Reasoning: samples
 /// come every reconcile period (250 ms); 0.2 averages over ~1 s, enough to ride out one sample.
 const SOLO_UTIL_ALPHA: f64 = 0.2;
+/// SM use (NVML per-process samples, percent) a function may show above its share before a
+/// sample counts as over-use: the samples cover 1/6 s and a time-sliced GPU gives a function
+/// whole timeslices, so short excursions are normal. Reasoning, checked on the simulated GPU
+/// (shimmed functions at 10–75 % stay within a few points over 1 s).
+const SM_SLACK_PCT: u32 = 15;
+/// Consecutive over-use samples before the watchdog acts (× reconcile period: 2 s at 250 ms).
+const SM_OVERUSE_SAMPLES: u32 = 8;
 /// Reconcile rounds between two observations fed to the policy's online learning (20 × 250 ms
 /// = 5 s: long enough for NVML's 1/6 s samples and the reported latencies to average out).
 const OBSERVE_EVERY: u64 = 20;
+/// Solo samples before training's solo utilization is trusted (× reconcile period: 2 s at
+/// 250 ms). A job's first samples are often idle (loading data, building the model): trusting
+/// them gave functions 100 % shares beside a trainer that then ran flat out (test
+/// `a_function_using_more_sm_time_than_its_share_gets_the_watchdog` caught it).
+const SOLO_MIN_SAMPLES: u32 = 8;
 /// Training utilization change (fraction) that makes the arbiter re-split shares.
 const RESHARE_DELTA: f64 = 0.05;
 
@@ -101,6 +113,9 @@ pub struct Instance {
     pub latencies: VecDeque<f64>,
     #[serde(skip)]
     pub acted_on: bool,
+    /// Consecutive NVML samples in which the instance used more SM time than its share allows.
+    #[serde(skip)]
+    pub over_share: u32,
 }
 
 impl Instance {
@@ -136,6 +151,7 @@ impl Instance {
             shim_loaded: None,
             latencies: VecDeque::new(),
             acted_on: false,
+            over_share: 0,
         }
     }
 
@@ -184,8 +200,19 @@ pub struct Gpu {
     pub training_used: u64,
     /// Training's utilization while no function ran on the GPU (EWMA, fraction).
     pub training_solo_util: Option<f64>,
+    /// Samples behind `training_solo_util` (it is trusted from SOLO_MIN_SAMPLES on).
+    #[serde(skip)]
+    solo_samples: u32,
     #[serde(skip)]
     solo_util_at_last_share: Option<f64>,
+}
+
+impl Gpu {
+    /// Training's solo utilization once enough samples back it.
+    pub fn trusted_solo_util(&self) -> Option<f64> {
+        self.training_solo_util
+            .filter(|_| self.solo_samples >= SOLO_MIN_SAMPLES)
+    }
 }
 
 /// Something worth telling the operator.
@@ -292,6 +319,7 @@ impl State {
                 training: Vec::new(),
                 training_used: 0,
                 training_solo_util: None,
+                solo_samples: 0,
                 solo_util_at_last_share: None,
             })
             .collect();
@@ -400,7 +428,9 @@ impl State {
             total: g.info.total,
             training_used: g.training_used,
             has_training: !g.training.is_empty(),
-            training_solo_util: g.training_solo_util,
+            // Until enough solo samples are in (a job just starting looks idle), unknown: the
+            // policy then assumes a fully busy trainer.
+            training_solo_util: g.trusted_solo_util(),
             grants: self
                 .instances
                 .values()
@@ -438,7 +468,7 @@ impl State {
             }
         }
         if let Some(g) = self.gpus.iter_mut().find(|g| g.info.index == gpu) {
-            g.solo_util_at_last_share = g.training_solo_util;
+            g.solo_util_at_last_share = g.trusted_solo_util();
         }
     }
 
@@ -818,20 +848,34 @@ impl State {
             g.training_used = training.iter().map(|t| t.used).sum();
             // Training utilization alone: NVML's per-process samples if present, else the device
             // utilization (which then includes nothing else, since no function is placed).
-            if !training.is_empty() && !has_functions {
+            if training.is_empty() {
+                // Training left: what is known about its utilization goes with it.
+                g.training_solo_util = None;
+                g.solo_samples = 0;
+            } else if !has_functions {
                 let u = if training.iter().any(|t| t.sm_util.is_some()) {
                     training.iter().filter_map(|t| t.sm_util).sum::<u32>()
                 } else {
                     s.util.unwrap_or(100)
                 };
                 let u = (u.min(100) as f64) / 100.0;
+                g.solo_samples += 1;
                 g.training_solo_util = Some(match g.training_solo_util {
                     Some(old) => old + SOLO_UTIL_ALPHA * (u - old),
                     None => u,
                 });
+            } else if let Some(u) = training.iter().map(|t| t.sm_util).sum::<Option<u32>>() {
+                // Co-located, training's own samples are a lower bound of its solo use: one that
+                // exceeds a trusted estimate (a job ramping up after functions arrived) raises
+                // it — the safe direction. They never create an estimate (unknown stays "fully
+                // busy").
+                let u = (u.min(100) as f64) / 100.0;
+                if g.trusted_solo_util().is_some_and(|old| u > old) {
+                    g.training_solo_util = Some(u);
+                }
             }
             g.training = training;
-            let drift = match (g.training_solo_util, g.solo_util_at_last_share) {
+            let drift = match (g.trusted_solo_util(), g.solo_util_at_last_share) {
                 (Some(a), Some(b)) => (a - b).abs() > RESHARE_DELTA,
                 (Some(_), None) => true,
                 _ => false,
@@ -866,6 +910,25 @@ impl State {
                         }
                         continue;
                     }
+                }
+                // A function whose GPU time exceeds its share for long: the shim is bypassed
+                // for launches (raw driver pointers, direct ioctls) or not working.
+                let over = inst.share < 100 && util > inst.share + SM_SLACK_PCT;
+                inst.over_share = if over { inst.over_share + 1 } else { 0 };
+                if inst.over_share >= SM_OVERUSE_SAMPLES && !inst.acted_on {
+                    inst.acted_on = true;
+                    for &p in &pids {
+                        actions.push(Enforcement {
+                            pid: p,
+                            action: self.cfg.watchdog_action,
+                            instance: inst.id,
+                            reason: format!(
+                                "function {} uses {util} % of GPU {index}'s SM time in NVML, over its share {} % + {SM_SLACK_PCT} for {} samples",
+                                inst.function, inst.share, SM_OVERUSE_SAMPLES
+                            ),
+                        });
+                    }
+                    continue;
                 }
                 if used > inst.cap.saturating_add(self.cfg.memory_slack) && !inst.acted_on {
                     inst.acted_on = true;
@@ -922,7 +985,7 @@ impl State {
                 continue;
             }
             let now: Option<u32> = g.training.iter().map(|t| t.sm_util).sum();
-            let slowdown = match (g.training_solo_util, now) {
+            let slowdown = match (g.trusted_solo_util(), now) {
                 (Some(solo), Some(u)) if u > 0 && !g.training.is_empty() => {
                     Some((solo * 100.0 / u as f64 - 1.0).clamp(0.0, 5.0))
                 }
@@ -1171,6 +1234,40 @@ mod tests {
         assert_eq!(s.counters.watchdog_actions, 1);
         // Acted on once, not every period.
         assert!(s.reconcile(&[(g.gpu_index, sample)]).is_empty());
+    }
+
+    #[test]
+    fn sustained_sm_overuse_gets_the_watchdog() {
+        let mut s = state();
+        s.cfg.check_shim = false;
+        let (g, page) = s.register(me(), args(1 << 30)).unwrap();
+        let mut sample = GpuSample::default();
+        sample.procs.insert(1, 1 << 30); // a training process: shares drop below 100
+        sample.proc_util.insert(1, 40);
+        sample.procs.insert(std::process::id(), 1 << 20);
+        sample.proc_util.insert(std::process::id(), 60);
+        // The first sample reveals the trainer; the share drops below 100 after it.
+        assert!(s.reconcile(&[(g.gpu_index, sample.clone())]).is_empty());
+        let mut acts = Vec::new();
+        for _ in 0..SM_OVERUSE_SAMPLES {
+            assert!(acts.is_empty(), "acted too early");
+            acts = s.reconcile(&[(g.gpu_index, sample.clone())]);
+        }
+        assert!(page.page().share(0) < 100);
+        assert_eq!(acts.len(), 1);
+        assert!(
+            acts[0].reason.contains("over its share"),
+            "{}",
+            acts[0].reason
+        );
+        // Within the share (+ slack) nothing happens.
+        let mut s = state();
+        s.cfg.check_shim = false;
+        let (g, _) = s.register(me(), args(1 << 30)).unwrap();
+        sample.proc_util.insert(std::process::id(), 10);
+        for _ in 0..2 * SM_OVERUSE_SAMPLES {
+            assert!(s.reconcile(&[(g.gpu_index, sample.clone())]).is_empty());
+        }
     }
 
     #[test]

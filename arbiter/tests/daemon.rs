@@ -576,3 +576,70 @@ fn a_function_without_the_shim_gets_the_watchdog() {
     assert!(ev.contains("without the smore shim"), "{ev}");
     assert_eq!(arb.status()["counters"]["watchdog_actions"], 1);
 }
+
+#[test]
+fn a_function_using_more_sm_time_than_its_share_gets_the_watchdog() {
+    let sim = sim(1);
+    // The shim check is off: this catches a process whose launches escape the shim some other
+    // way (raw driver pointers, direct ioctls), from NVML's per-process SM samples alone.
+    let arb = start(
+        &sim,
+        "[watchdog]\naction = \"sigkill\"\ncheck_shim = false\n",
+    );
+    let mut trainer = sim
+        .command(smore_e2e::bin("sim-trainer"))
+        .args([
+            "--kernels",
+            "4",
+            "--kernel-us",
+            "5000",
+            "--seconds",
+            "30",
+            "--quiet",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("training detected", Duration::from_secs(10), || {
+        arb.status()["gpus"][0]["training"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty())
+    });
+    eprintln!("before: {}", arb.status()["gpus"][0]);
+    let mut child = arb
+        .smore()
+        .args([
+            "run",
+            "--function",
+            "greedy",
+            "--memory",
+            "1GiB",
+            "--shim",
+            "/nonexistent/libsmore_shim.so",
+            "--",
+        ])
+        .arg(smore_e2e::bin("sim-function"))
+        .args(["--interval-ms", "0", "--seconds", "30", "--quiet"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "watchdog did not act:\n{}",
+            arb.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9));
+    let ev = arb.status()["events"].to_string();
+    assert!(ev.contains("over its share"), "{ev}");
+    trainer.kill().unwrap();
+    trainer.wait().unwrap();
+}

@@ -30,7 +30,7 @@ pub struct SimulateArgs {
     /// Directory holding invocations_per_function_md.anon.dNN.csv (+ durations, classes.csv).
     #[arg(long)]
     pub trace: PathBuf,
-    /// Comma-separated policies: ls-lstm, last-value, hhp, lsth, fixed-N, oracle.
+    /// Comma-separated policies: ls-lstm, last-value, hhp, lsth, hybrid, fixed-N, oracle.
     #[arg(
         long,
         default_value = "ls-lstm,hhp,lsth,fixed-10,fixed-20,last-value,oracle"
