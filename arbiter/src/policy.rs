@@ -31,7 +31,18 @@ pub struct GpuView {
     pub has_training: bool,
     /// Training's GPU utilization when running alone (fraction 0..=1), if observed.
     pub training_solo_util: Option<f64>,
+    /// Multiplier (≥ 1) on the worst-case time budget, raised by the arbiter's feedback loop
+    /// while the training slowdown it observes stays well under θ_train (see `state::observe`).
+    pub budget_boost: f64,
     pub grants: Vec<GrantView>,
+}
+
+impl GpuView {
+    /// The functions' total time budget on this GPU: the worst-case θ/(u+θ), times the boost.
+    pub fn time_budget(&self, cfg: &Config) -> f64 {
+        let solo = self.training_solo_util.unwrap_or(1.0);
+        (function_time_budget(solo, cfg.theta_train) * self.budget_boost.max(1.0)).min(1.0)
+    }
 }
 
 impl GpuView {
@@ -174,6 +185,7 @@ impl Policy for FitPolicy {
         let time_ok = |g: &GpuView| {
             !g.has_training
                 || (g.grants.len() + 1) as f64 * cfg.min_share as f64 / 100.0
+                    // The worst-case budget (no boost): floors must hold even if the boost goes.
                     <= function_time_budget(Self::solo(g), cfg.theta_train) + 1e-9
         };
         let fits =
@@ -220,7 +232,7 @@ impl Policy for FitPolicy {
         };
         let n = g.grants.len() + 1;
         let per = if g.has_training {
-            function_time_budget(Self::solo(g), cfg.theta_train) / n as f64
+            g.time_budget(cfg) / n as f64
         } else {
             1.0
         };
@@ -253,7 +265,7 @@ impl Policy for FitPolicy {
                 .map(|x| (x.instance, x.share_override.unwrap_or(100)))
                 .collect();
         }
-        let budget = function_time_budget(Self::solo(g), cfg.theta_train);
+        let budget = g.time_budget(cfg);
         let fixed: f64 = g
             .grants
             .iter()
@@ -289,6 +301,7 @@ mod tests {
             training_used,
             has_training: training_used > 0,
             training_solo_util: Some(0.6),
+            budget_boost: 1.0,
             grants: (0..grants)
                 .map(|i| GrantView {
                     instance: 100 + i as u64,

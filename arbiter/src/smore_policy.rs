@@ -886,6 +886,7 @@ mod tests {
             training_used: if train_util.is_some() { 6 * GIB } else { 0 },
             has_training: train_util.is_some(),
             training_solo_util: train_util,
+            budget_boost: 1.0,
             grants,
         }
     }

@@ -38,6 +38,10 @@ const SM_OVERUSE_SAMPLES: u32 = 8;
 /// Reconcile rounds between two observations fed to the policy's online learning (20 × 250 ms
 /// = 5 s: long enough for NVML's 1/6 s samples and the reported latencies to average out).
 const OBSERVE_EVERY: u64 = 20;
+/// Largest multiplier of the worst-case time budget the feedback loop may reach. Reasoning: at
+/// ×6 a 60 %-busy trainer's budget (14 %) reaches the ~85 % a light function set could use;
+/// the loop shrinks it again as soon as the measured slowdown passes θ.
+const BOOST_MAX: f64 = 6.0;
 /// Solo samples before training's solo utilization is trusted (× reconcile period: 2 s at
 /// 250 ms). A job's first samples are often idle (loading data, building the model): trusting
 /// them gave functions 100 % shares beside a trainer that then ran flat out (test
@@ -203,6 +207,10 @@ pub struct Gpu {
     /// Samples behind `training_solo_util` (it is trusted from SOLO_MIN_SAMPLES on).
     #[serde(skip)]
     solo_samples: u32,
+    /// Training's utilization while functions share the GPU (EWMA, fraction).
+    pub training_colocated_util: Option<f64>,
+    /// Multiplier on the worst-case time budget (feedback loop, `State::observe`).
+    pub budget_boost: f64,
     #[serde(skip)]
     solo_util_at_last_share: Option<f64>,
 }
@@ -320,6 +328,8 @@ impl State {
                 training_used: 0,
                 training_solo_util: None,
                 solo_samples: 0,
+                training_colocated_util: None,
+                budget_boost: 1.0,
                 solo_util_at_last_share: None,
             })
             .collect();
@@ -431,6 +441,7 @@ impl State {
             // Until enough solo samples are in (a job just starting looks idle), unknown: the
             // policy then assumes a fully busy trainer.
             training_solo_util: g.trusted_solo_util(),
+            budget_boost: g.budget_boost,
             grants: self
                 .instances
                 .values()
@@ -848,6 +859,11 @@ impl State {
             g.training_used = training.iter().map(|t| t.used).sum();
             // Training utilization alone: NVML's per-process samples if present, else the device
             // utilization (which then includes nothing else, since no function is placed).
+            if !has_functions || training.is_empty() {
+                // The feedback loop starts again from the worst case with the next functions.
+                g.training_colocated_util = None;
+                g.budget_boost = 1.0;
+            }
             if training.is_empty() {
                 // Training left: what is known about its utilization goes with it.
                 g.training_solo_util = None;
@@ -873,6 +889,10 @@ impl State {
                 if g.trusted_solo_util().is_some_and(|old| u > old) {
                     g.training_solo_util = Some(u);
                 }
+                g.training_colocated_util = Some(match g.training_colocated_util {
+                    Some(old) => old + SOLO_UTIL_ALPHA * (u - old),
+                    None => u,
+                });
             }
             g.training = training;
             let drift = match (g.trusted_solo_util(), g.solo_util_at_last_share) {
@@ -980,17 +1000,49 @@ impl State {
     /// reported latency.
     fn observe(&mut self) {
         let views = self.views();
-        for (g, view) in self.gpus.iter().zip(views) {
+        let mut reshare = Vec::new();
+        for (gi, view) in views.into_iter().enumerate() {
             if view.grants.is_empty() {
                 continue;
             }
-            let now: Option<u32> = g.training.iter().map(|t| t.sm_util).sum();
-            let slowdown = match (g.trusted_solo_util(), now) {
-                (Some(solo), Some(u)) if u > 0 && !g.training.is_empty() => {
-                    Some((solo * 100.0 / u as f64 - 1.0).clamp(0.0, 5.0))
+            let g = &self.gpus[gi];
+            let slowdown = match (g.trusted_solo_util(), g.training_colocated_util) {
+                (Some(solo), Some(u)) if u > 0.0 && !g.training.is_empty() => {
+                    Some((solo / u - 1.0).clamp(0.0, 5.0))
                 }
                 _ => None,
             };
+            // Feedback: the time budget θ/(u+θ) assumes every function uses its whole share
+            // all the time; real functions mostly do not. While the slowdown measured from
+            // NVML stays under θ/2 and some function is held at its share, the budget grows by
+            // 25 % per observation (up to BOOST_MAX×); above θ it shrinks by a third, back to
+            // the worst case at most.
+            if let Some(d) = slowdown {
+                let constrained = self.instances.values().any(|i| {
+                    i.gpu == g.info.index
+                        && i.share < 100
+                        && i.sm_used.is_some_and(|u| u as f64 >= 0.7 * i.share as f64)
+                });
+                let old = g.budget_boost;
+                let new = if d > self.cfg.theta_train {
+                    (old / 1.5).max(1.0)
+                } else if d < self.cfg.theta_train / 2.0 && constrained {
+                    (old * 1.25).min(BOOST_MAX)
+                } else {
+                    old
+                };
+                if new != old {
+                    self.gpus[gi].budget_boost = new;
+                    reshare.push(self.gpus[gi].info.index);
+                    tracing::info!(
+                        "GPU {}: training slowdown {:.1} % (θ {:.0} %) → time budget ×{new:.2}",
+                        self.gpus[gi].info.index,
+                        d * 100.0,
+                        self.cfg.theta_train * 100.0
+                    );
+                }
+            }
+            let g = &self.gpus[gi];
             let lat: Vec<(u64, f64)> = self
                 .instances
                 .values()
@@ -1000,6 +1052,9 @@ impl State {
             if slowdown.is_some() || !lat.is_empty() {
                 self.policy.observe(&view, slowdown, &lat);
             }
+        }
+        for gpu in reshare {
+            self.reshare(gpu);
         }
     }
 
@@ -1234,6 +1289,52 @@ mod tests {
         assert_eq!(s.counters.watchdog_actions, 1);
         // Acted on once, not every period.
         assert!(s.reconcile(&[(g.gpu_index, sample)]).is_empty());
+    }
+
+    #[test]
+    fn the_time_budget_follows_the_measured_training_slowdown() {
+        let mut s = state();
+        s.cfg.check_shim = false;
+        let me_pid = std::process::id();
+        let sample = |train: u32, func: u32| {
+            let mut x = GpuSample::default();
+            x.procs.insert(1, 1 << 30);
+            x.proc_util.insert(1, train);
+            if func > 0 {
+                x.procs.insert(me_pid, 1 << 20);
+                x.proc_util.insert(me_pid, func);
+            }
+            x
+        };
+        // The trainer alone long enough for its solo utilization (60 %) to be trusted.
+        for _ in 0..SOLO_MIN_SAMPLES {
+            s.reconcile(&[(0, sample(60, 0))]);
+        }
+        let (g, page) = s
+            .register(
+                me(),
+                RegisterArgs {
+                    gpu: Some(0),
+                    ..args(1 << 30)
+                },
+            )
+            .unwrap();
+        assert_eq!(g.gpu_index, 0);
+        let base = page.page().share(0);
+        assert_eq!(base, 14, "worst case θ/(u+θ) = 0.1/0.7");
+        // Training barely slowed (60 → 58 %) while the function uses its share: the budget grows.
+        for _ in 0..3 * OBSERVE_EVERY {
+            s.reconcile(&[(0, sample(58, base))]);
+        }
+        let grown = page.page().share(0);
+        assert!(grown > base, "share {grown} did not grow");
+        assert!(s.gpus[0].budget_boost > 1.0);
+        // Training slowed by 50 % (60 → 40 %): the budget shrinks back.
+        for _ in 0..6 * OBSERVE_EVERY {
+            s.reconcile(&[(0, sample(40, grown))]);
+        }
+        assert_eq!(s.gpus[0].budget_boost, 1.0);
+        assert_eq!(page.page().share(0), base);
     }
 
     #[test]
