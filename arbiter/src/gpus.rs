@@ -47,6 +47,9 @@ pub struct NvmlSource {
     nvml: Nvml,
     /// Last process-utilization timestamp seen per GPU (NVML returns samples newer than it).
     last_ts: HashMap<u32, u64>,
+    /// Last per-process SM utilization seen per GPU: NVML refreshes its samples about every
+    /// 1/6 s, so a faster poll often finds nothing new; the last value stands until replaced.
+    last_util: HashMap<u32, HashMap<u32, u32>>,
 }
 
 impl NvmlSource {
@@ -64,6 +67,7 @@ impl NvmlSource {
         Ok(NvmlSource {
             nvml,
             last_ts: HashMap::new(),
+            last_util: HashMap::new(),
         })
     }
 }
@@ -105,8 +109,11 @@ impl GpuSource for NvmlSource {
                 (p.pid, used)
             })
             .collect();
+        let procs: HashMap<u32, u64> = procs;
         let since = self.last_ts.get(&index).copied().unwrap_or(0);
-        let mut proc_util = HashMap::new();
+        let proc_util = self.last_util.entry(index).or_default();
+        // Processes that are gone take their last sample with them.
+        proc_util.retain(|pid, _| procs.contains_key(pid));
         match d.process_utilization_stats(since) {
             Ok(samples) => {
                 let mut newest = since;
@@ -120,6 +127,7 @@ impl GpuSource for NvmlSource {
             Err(NvmlError::NotFound) | Err(NvmlError::NotSupported) => {}
             Err(e) => return Err(e.into()),
         }
+        let proc_util = proc_util.clone();
         Ok(GpuSample {
             used: mem.used,
             util,

@@ -16,7 +16,8 @@
 //! cool-down sees its own residency: its own last decision or an on-demand load). The model is
 //! resident iff the forecast side wants it **or** HHP does — unless the evidence says one side
 //! alone is enough. Evidence = the last [`HybridConfig::evidence`] active minutes (default 16) and
-//! the idle minutes between them. Per side: *misses* = active minutes it did not want warm (its
+//! the idle minutes between them (completed gaps only, so the mode changes only after an active
+//! minute). Per side: *misses* = active minutes it did not want warm (its
 //! first request there would have been cold), *waste* = idle minutes it wanted warm. With a full
 //! window:
 //! - forecast alone if the forecast side missed nothing and wasted no more than HHP;
@@ -403,7 +404,9 @@ impl Hybrid {
             return HybridMode::Union;
         }
         let (mut fm, mut hm) = (false, false);
-        let (mut fw, mut hw) = (self.pending_forecast_waste, self.pending_hhp_waste);
+        // Completed gaps only: the current gap is not judged half-way (the sides waste at
+        // different phases of a cycle), so the mode changes only after an active minute.
+        let (mut fw, mut hw) = (0, 0);
         for e in &self.window {
             fm |= e.forecast_miss;
             hm |= e.hhp_miss;
@@ -767,6 +770,26 @@ mod tests {
         assert_eq!(h.loaded_idle_s, f.loaded_idle_s);
         assert!((h.loaded_idle_s - 50.0 * 60.0).abs() < 1e-6, "{h:?}");
         assert!((u.loaded_idle_s - 150.0 * 60.0).abs() < 1e-6, "{u:?}");
+    }
+
+    #[test]
+    fn hybrid_does_not_mix_sides_within_a_cycle() {
+        // A 10-minute timer: HHP learns idle time 9 → window [8, 11), warm the minute before each
+        // firing; the forecast side is warm the minute after (cool-down). Both waste 1 idle minute
+        // per period: the hybrid must follow one of them (1 per period), not both (2).
+        let counts: Vec<u32> = (0..2000).map(|m| u32::from(m % 10 == 4)).collect();
+        let mut hy = Hybrid::new(
+            seasonal(10),
+            ForecastPolicyConfig::default(),
+            HhpConfig::default(),
+            HybridConfig::default(),
+        );
+        let h = replay_scored(&counts, &mut hy, 1000);
+        let u = replay_scored(&counts, &mut Hhp::new(HhpConfig::default()), 1000);
+        assert_eq!((h.n_cold, u.n_cold), (0, 0));
+        assert!((u.loaded_idle_s - 100.0 * 60.0).abs() < 1e-6, "{u:?}");
+        assert_eq!(h.loaded_idle_s, u.loaded_idle_s, "{h:?}");
+        assert_eq!(hy.mode(), HybridMode::Forecast);
     }
 
     #[test]
