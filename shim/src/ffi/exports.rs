@@ -219,7 +219,7 @@ fn freed(rc: u32, kind: Kind, key: u64) -> u32 {
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc(dptr: *mut c_uint, bytes: c_uint) -> u32 {
     let f = real_fn!(cuMemAlloc: fn(*mut c_uint, c_uint), else CUDA_ERROR_NOT_FOUND);
-    // SAFETY (all `real` closures below): the caller's arguments, forwarded unchanged to the
+    // SAFETY: (as for every `real` closure below) the caller's arguments, forwarded unchanged to the
     // real export of the same prototype.
     let real = || unsafe { f(dptr, bytes) };
     // SAFETY: `dptr` is the caller's out pointer.
@@ -233,6 +233,8 @@ pub unsafe extern "C" fn cuMemAlloc(dptr: *mut c_uint, bytes: c_uint) -> u32 {
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> u32 {
     let f = real_fn!(cuMemAlloc_v2: fn(*mut CUdeviceptr, usize), else CUDA_ERROR_NOT_FOUND);
+    // SAFETY: `f` is the real driver's entry point of exactly this signature (resolved by
+    // name on libcuda.so.1); the caller's arguments are passed through unchanged.
     let real = || unsafe { f(dptr, bytes) };
     // SAFETY: `dptr` is the caller's out pointer.
     alloc(None, bytes as u64, Kind::Ptr, real, |rc| unsafe {
@@ -281,6 +283,8 @@ pub unsafe extern "C" fn cuMemAllocPitch(
     elem: c_uint,
 ) -> u32 {
     let f = real_fn!(cuMemAllocPitch: fn(*mut c_uint, *mut c_uint, c_uint, c_uint, c_uint), else CUDA_ERROR_NOT_FOUND);
+    // SAFETY: `f` is the real driver's entry point of exactly this signature (resolved by
+    // name on libcuda.so.1); the caller's arguments are passed through unchanged.
     let real = || unsafe { f(dptr, pitch, width, height, elem) };
     // SAFETY: the caller's out pointers, written by the driver on success.
     let result = |rc| unsafe { (out(rc, dptr), out(rc, pitch)) };
@@ -298,6 +302,8 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     elem: c_uint,
 ) -> u32 {
     let f = real_fn!(cuMemAllocPitch_v2: fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint), else CUDA_ERROR_NOT_FOUND);
+    // SAFETY: `f` is the real driver's entry point of exactly this signature (resolved by
+    // name on libcuda.so.1); the caller's arguments are passed through unchanged.
     let real = || unsafe { f(dptr, pitch, width, height, elem) };
     // SAFETY: the caller's out pointers, written by the driver on success.
     let result = |rc| unsafe {
@@ -323,6 +329,8 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 ) -> u32 {
     let f =
         real_fn!(cuMemAllocManaged: fn(*mut CUdeviceptr, usize, c_uint), else CUDA_ERROR_NOT_FOUND);
+    // SAFETY: `f` is the real driver's entry point of exactly this signature (resolved by
+    // name on libcuda.so.1); the caller's arguments are passed through unchanged.
     let real = || unsafe { f(dptr, bytes, flags) };
     // SAFETY: `dptr` is the caller's out pointer.
     alloc(None, bytes as u64, Kind::Ptr, real, |rc| unsafe {
@@ -340,6 +348,8 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 ) -> u32 {
     let f =
         real_fn!(cuMemAllocAsync: fn(*mut CUdeviceptr, usize, CUstream), else CUDA_ERROR_NOT_FOUND);
+    // SAFETY: `f` is the real driver's entry point of exactly this signature (resolved by
+    // name on libcuda.so.1); the caller's arguments are passed through unchanged.
     let real = || unsafe { f(dptr, bytes, stream) };
     // SAFETY: `dptr` is the caller's out pointer.
     alloc(None, bytes as u64, Kind::Ptr, real, |rc| unsafe {
@@ -356,6 +366,8 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     stream: CUstream,
 ) -> u32 {
     let f = real_fn!(cuMemAllocAsync_ptsz: fn(*mut CUdeviceptr, usize, CUstream), else CUDA_ERROR_NOT_FOUND);
+    // SAFETY: `f` is the real driver's entry point of exactly this signature (resolved by
+    // name on libcuda.so.1); the caller's arguments are passed through unchanged.
     let real = || unsafe { f(dptr, bytes, stream) };
     // SAFETY: `dptr` is the caller's out pointer.
     alloc(None, bytes as u64, Kind::Ptr, real, |rc| unsafe {
@@ -373,6 +385,8 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     stream: CUstream,
 ) -> u32 {
     let f = real_fn!(cuMemAllocFromPoolAsync: fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream), else CUDA_ERROR_NOT_FOUND);
+    // SAFETY: `f` is the real driver's entry point of exactly this signature (resolved by
+    // name on libcuda.so.1); the caller's arguments are passed through unchanged.
     let real = || unsafe { f(dptr, bytes, pool, stream) };
     // SAFETY: `dptr` is the caller's out pointer.
     alloc(None, bytes as u64, Kind::Ptr, real, |rc| unsafe {
@@ -390,6 +404,8 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     stream: CUstream,
 ) -> u32 {
     let f = real_fn!(cuMemAllocFromPoolAsync_ptsz: fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream), else CUDA_ERROR_NOT_FOUND);
+    // SAFETY: `f` is the real driver's entry point of exactly this signature (resolved by
+    // name on libcuda.so.1); the caller's arguments are passed through unchanged.
     let real = || unsafe { f(dptr, bytes, pool, stream) };
     // SAFETY: `dptr` is the caller's out pointer.
     alloc(None, bytes as u64, Kind::Ptr, real, |rc| unsafe {
@@ -443,6 +459,8 @@ pub unsafe extern "C" fn cuMemCreate(
     flags: u64,
 ) -> u32 {
     let f = real_fn!(cuMemCreate: fn(*mut u64, usize, *const CUmemAllocationProp, u64), else CUDA_ERROR_NOT_FOUND);
+    // SAFETY: `f` is the real driver's entry point of exactly this signature (resolved by
+    // name on libcuda.so.1); the caller's arguments are passed through unchanged.
     let real = || unsafe { f(handle, size, prop, flags) };
     let dev = if prop.is_null() {
         None
@@ -502,6 +520,8 @@ fn alloc_array(
 pub unsafe extern "C" fn cuArrayCreate(arr: *mut CUarray, desc: *const ArrayDescV1) -> u32 {
     let f =
         real_fn!(cuArrayCreate: fn(*mut CUarray, *const ArrayDescV1), else CUDA_ERROR_NOT_FOUND);
+    // SAFETY: `f` is the real driver's entry point of exactly this signature (resolved by
+    // name on libcuda.so.1); the caller's arguments are passed through unchanged.
     let real = || unsafe { f(arr, desc) };
     // SAFETY: `desc` is null or the caller's descriptor (plain integers).
     let dims = unsafe { desc.as_ref() }
@@ -517,6 +537,8 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     desc: *const CUDA_ARRAY_DESCRIPTOR,
 ) -> u32 {
     let f = real_fn!(cuArrayCreate_v2: fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR), else CUDA_ERROR_NOT_FOUND);
+    // SAFETY: `f` is the real driver's entry point of exactly this signature (resolved by
+    // name on libcuda.so.1); the caller's arguments are passed through unchanged.
     let real = || unsafe { f(arr, desc) };
     let dims = (!desc.is_null()).then(|| {
         // SAFETY: the caller's descriptor; fields read one by one, the format as its u32.
@@ -538,6 +560,8 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn cuArray3DCreate(arr: *mut CUarray, desc: *const Array3DDescV1) -> u32 {
     let f = real_fn!(cuArray3DCreate: fn(*mut CUarray, *const Array3DDescV1), else CUDA_ERROR_NOT_FOUND);
+    // SAFETY: `f` is the real driver's entry point of exactly this signature (resolved by
+    // name on libcuda.so.1); the caller's arguments are passed through unchanged.
     let real = || unsafe { f(arr, desc) };
     // SAFETY: `desc` is null or the caller's descriptor (plain integers).
     let dims = unsafe { desc.as_ref() }.map(|d| {
@@ -560,6 +584,8 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
 ) -> u32 {
     let f = real_fn!(cuArray3DCreate_v2: fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR), else CUDA_ERROR_NOT_FOUND);
+    // SAFETY: `f` is the real driver's entry point of exactly this signature (resolved by
+    // name on libcuda.so.1); the caller's arguments are passed through unchanged.
     let real = || unsafe { f(arr, desc) };
     let dims = (!desc.is_null()).then(|| {
         // SAFETY: the caller's descriptor; fields read one by one, the format as its u32.

@@ -11,8 +11,9 @@ use std::os::fd::RawFd;
 /// mapping is never unmapped: the page is the process's live limits until it exits. The fd itself
 /// may be closed afterwards (the mapping keeps the memfd alive).
 pub fn map_fd(fd: RawFd) -> Result<&'static GrantPage, String> {
-    // SAFETY: fstat on any integer is safe (EBADF for a non-fd); `st` is a valid out pointer.
+    // SAFETY: `libc::stat` is plain old data, for which all-zero bytes are a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on any integer is safe (EBADF for a non-fd); `st` is a valid out pointer.
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
         return Err(format!(
             "fd {fd} is not open ({})",
