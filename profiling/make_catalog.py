@@ -30,7 +30,7 @@ from smore_profiling.arch import all_facts  # noqa: E402
 GPUS = [
     # NVIDIA GeForce RTX 3090 (SMORE's testbed): 35.6 TFLOP/s fp32, 936 GB/s, 24 GiB.
     dict(name="rtx3090", match=["3090"], memory_bytes=24 * 2**30, fp32_tflops=35.6, mem_bandwidth_gbs=936.0),
-    # NVIDIA H100 SXM5 80GB: 67 TFLOP/s fp32, 3350 GB/s (also what tests/simgpu reports).
+    # NVIDIA H100 SXM5 80GB: 67 TFLOP/s fp32, 3350 GB/s (also what sim reports).
     dict(name="h100", match=["H100"], memory_bytes=80 * 2**30, fp32_tflops=67.0, mem_bandwidth_gbs=3350.0),
 ]
 TRAIN_BATCHES = [16, 32, 64, 128]

@@ -1,7 +1,7 @@
 //! # smore-arbiter
 //!
-//! The node daemon (`smore arbiter`) and the operator CLI (`smore run|status|top|share`, plus the
-//! `demo`, `predictor` and `prewarm` tools). The daemon owns every memory cap and SM share on the
+//! The node daemon behind `smore arbiter`, as a library (the `smore` binary in `cli/` parses
+//! arguments and calls [`server::Daemon`]). The daemon owns every memory cap and SM share on the
 //! node: it discovers GPUs and training processes through NVML, admits and places function
 //! instances through a policy seam, writes each grant into a page only it can write, and reports
 //! status and metrics.
@@ -9,17 +9,13 @@
 //! Layout: [`config`] (the TOML file), [`gpus`] (NVML), [`proc`] (`/proc` facts), [`grantpage`]
 //! (the sealed memfd — the only `unsafe` here), [`policy`] (the seam and the fit policy),
 //! [`state`] (every state transition, pure), [`server`] (sockets, threads, persistence),
-//! [`metrics`], [`cli`] (client commands), [`demo`], [`artifacts`].
+//! [`metrics`]. The demo, benchmarks and the offline evaluation live in their own crates
+//! (`demo/`, `eval/`), so the daemon links neither plotting nor process-spawning code.
 //!
 //! Must never: touch a training process (they are observed through NVML only), hand out memory
 //! beyond σ·capacity − training − other grants, or trust a client's word about who it is.
 
-pub mod artifacts;
-pub mod bench;
-pub mod cli;
 pub mod config;
-pub mod demo;
-pub mod eval;
 pub mod gpus;
 pub mod grantpage;
 pub mod metrics;

@@ -21,7 +21,7 @@ use smore_protocol::wire::{
 };
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -477,12 +477,4 @@ fn handle(
             None => (error(ErrorCode::NotRegistered, "nothing to release"), None),
         },
     }
-}
-
-/// Default socket for clients: `$SMORE_ARBITER_SOCKET`, else the protocol default.
-pub fn client_socket(explicit: Option<&Path>) -> PathBuf {
-    explicit
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os(smore_protocol::wire::ENV_SOCKET).map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(smore_protocol::wire::DEFAULT_SOCKET))
 }

@@ -1,8 +1,8 @@
 //! `smore prewarm …`: replay traces under prewarm policies and generate the synthetic suite.
 //!
-//! Owns: the clap [`PrewarmCommand`] enum and [`run`]; the lead wires it into the `smore` binary
-//! as `smore prewarm <simulate|generate>`. For use before that wiring, `cargo run -p
-//! smore-prewarm --release --example prewarm -- <simulate|generate> …` runs the same code.
+//! Owns: the clap [`PrewarmCommand`] enum and [`run`], which the `smore` binary dispatches to as
+//! `smore prewarm <simulate|generate>`. Built only with the `cli` feature (the daemon runs the
+//! online manager without it).
 //!
 //! Must never: print anything but the result table on stdout (progress and logs go to stderr).
 

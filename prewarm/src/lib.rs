@@ -7,11 +7,13 @@
 //! Must never: look at the future outside the oracle baseline, or thrash a model in and out of memory.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod forecast;
 pub mod histogram;
 pub mod lstm;
 pub mod manager;
+#[cfg(feature = "cli")]
 pub mod plot;
 pub mod policy;
 pub mod sim;

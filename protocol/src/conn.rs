@@ -209,3 +209,12 @@ mod tests {
         ));
     }
 }
+
+/// The arbiter socket a client connects to: `explicit` (a `--socket` flag), else
+/// `$SMORE_ARBITER_SOCKET`, else the default path.
+pub fn socket_path(explicit: Option<&Path>) -> std::path::PathBuf {
+    explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(wire::ENV_SOCKET).map(std::path::PathBuf::from))
+        .unwrap_or_else(|| std::path::PathBuf::from(wire::DEFAULT_SOCKET))
+}

@@ -6,7 +6,8 @@
 //! - [`wire`]: the Unix-socket messages and their framing (length-prefixed JSON, versioned);
 //! - [`grant`]: the layout of the grant page the arbiter writes and the shim maps read-only;
 //! - [`conn`]: one connection: framed messages, the grant page fd as `SCM_RIGHTS`, `SO_PEERCRED`;
-//! - [`size`]: human-readable byte sizes used by the environment contract and the config.
+//! - [`size`]: human-readable byte sizes used by the environment contract and the config;
+//! - [`install`]: where an installed (or freshly built) smore keeps the shim and its helpers.
 //!
 //! Must never: depend on anything heavy (the shim links it into other people's processes), allocate
 //! or lock on the read side of the grant page, or change a layout or message without bumping its
@@ -15,5 +16,6 @@
 
 pub mod conn;
 pub mod grant;
+pub mod install;
 pub mod size;
 pub mod wire;

@@ -1,7 +1,7 @@
 //! `smore demo`: the whole product on one node, runnable on any machine.
 //!
 //! Without a GPU it builds a simulated node (the fake `libcuda.so.1` / `libnvidia-ml.so.1` of
-//! `tests/simgpu`) in a directory and runs on it, as real processes:
+//! `sim`) in a directory and runs on it, as real processes:
 //! 1. a `smore arbiter` with a config written for the node;
 //! 2. baselines: the training job alone (iteration time, GPU utilization) and each function alone
 //!    (its solo P99, from which its SLO is set);
@@ -18,13 +18,13 @@
 //! of utilization and submitted vs admitted requests over time. Every figure comes from the
 //! processes' own output and from NVML, the way an operator would measure them.
 
-use crate::artifacts;
-use crate::gpus::{GpuSource, NvmlSource};
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
+use smore_arbiter::gpus::{GpuSource, NvmlSource};
 use smore_prewarm::manager::PrewarmManager;
 use smore_prewarm::policy::{Action, PolicySettings, PolicySpec};
 use smore_prewarm::synth::{generate_series, TraceClass};
+use smore_protocol::install as artifacts;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};

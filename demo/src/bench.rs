@@ -6,8 +6,8 @@
 //! launch and per allocation, shim vs bare on the same driver in the same run, and share
 //! accuracy); it asserts nothing. See docs/shim.md for what each figure means.
 
-use crate::artifacts;
 use anyhow::{Context, Result};
+use smore_protocol::install as artifacts;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchShimArgs {
@@ -156,7 +156,7 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
         // read-only mapping (what the shim reads on its next launch).
         let holder = Client::connect(&socket)?;
         let (g, fd) = register(&holder, "propagation")?;
-        let view = crate::grantpage::PageView::map(fd.context("no page fd")?)?;
+        let view = smore_arbiter::grantpage::PageView::map(fd.context("no page fd")?)?;
         let op = Client::connect(&socket)?;
         let mut prop = Vec::new();
         for i in 0..a.rounds {

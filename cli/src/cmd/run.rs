@@ -5,10 +5,10 @@
 //! (`SMORE_ARBITER_FD`, `SMORE_GRANT_FD`): the shim maps the page and keeps the connection, whose
 //! close — at exit, crash or SIGKILL — releases the grant.
 
-use crate::artifacts;
-use crate::server::client_socket;
 use anyhow::{Context, Result};
+use smore_protocol::conn::socket_path as client_socket;
 use smore_protocol::conn::Client;
+use smore_protocol::install as artifacts;
 use smore_protocol::size::{format_size, parse_size};
 use smore_protocol::wire::{self, Reply, Request};
 use std::os::fd::AsRawFd;

@@ -1,6 +1,7 @@
 //! The `smore` command: the node daemon, the operator CLI and the tools.
 use clap::{Parser, Subcommand};
-use smore_arbiter::cli::{run, status};
+mod cmd;
+use cmd::{run, status};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -42,7 +43,7 @@ enum Cmd {
     Share(status::ShareArgs),
     /// End-to-end demo: an arbiter, a training job and functions under `smore run` replaying a
     /// request trace on the simulated GPU (or `--gpu`), with a summary and a plot.
-    Demo(smore_arbiter::demo::DemoArgs),
+    Demo(smore_demo::demo::DemoArgs),
     /// Benchmarks that print figures (shim overhead and share accuracy; arbiter latency).
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -53,15 +54,15 @@ enum Cmd {
     #[command(subcommand)]
     Prewarm(smore_prewarm::cli::PrewarmCommand),
     /// SIMULATED comparison of co-location policies (`smore eval colocation`): DSR, GUI, SFD, SLD.
-    Eval(smore_arbiter::eval::EvalArgs),
+    Eval(smore_eval::EvalArgs),
 }
 
 #[derive(Subcommand)]
 enum BenchCmd {
     /// ns added per launch / allocation (shim vs bare, same driver, same run) and share accuracy.
-    Shim(smore_arbiter::bench::BenchShimArgs),
+    Shim(smore_demo::bench::BenchShimArgs),
     /// Registration latency and throughput, and grant-change propagation time.
-    Arbiter(smore_arbiter::bench::BenchArbiterArgs),
+    Arbiter(smore_demo::bench::BenchArbiterArgs),
     /// Decision latency of SMORE Algorithm 1 at 8–1024 GPUs, multi-way query latency.
     Predictor,
 }
@@ -106,13 +107,13 @@ fn main() {
         Cmd::Status(a) => status::status(a),
         Cmd::Top(a) => status::top(a),
         Cmd::Share(a) => status::share(a),
-        Cmd::Demo(a) => smore_arbiter::demo::run(a),
-        Cmd::Bench(BenchCmd::Shim(a)) => smore_arbiter::bench::shim(a),
-        Cmd::Bench(BenchCmd::Arbiter(a)) => smore_arbiter::bench::arbiter(a),
+        Cmd::Demo(a) => smore_demo::demo::run(a),
+        Cmd::Bench(BenchCmd::Shim(a)) => smore_demo::bench::shim(a),
+        Cmd::Bench(BenchCmd::Arbiter(a)) => smore_demo::bench::arbiter(a),
         Cmd::Bench(BenchCmd::Predictor) => smore_predictor::bench::run(),
         Cmd::Predictor(c) => smore_predictor::cli::run(c),
         Cmd::Prewarm(c) => smore_prewarm::cli::run(c),
-        Cmd::Eval(a) => smore_arbiter::eval::run(a),
+        Cmd::Eval(a) => smore_eval::run(a),
     };
     if let Err(e) = r {
         eprintln!("smore: {e:#}");

@@ -1,8 +1,8 @@
 //! `smore status`, `smore top` and `smore share`: read and steer a running arbiter.
 
-use crate::server::client_socket;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
+use smore_protocol::conn::socket_path as client_socket;
 use smore_protocol::conn::Client;
 use smore_protocol::size::format_size;
 use smore_protocol::wire::{Reply, Request};

@@ -1,0 +1,14 @@
+//! # smore-demo
+//!
+//! `smore demo` and `smore bench shim|arbiter`: whole-node runs that start an arbiter, an
+//! unmodified training job and functions under `smore run` on the simulated GPU (or, with
+//! `--gpu`, a real one), and report what a user judges smore by — utilization, training slowdown,
+//! function latency against SLOs, deadline satisfaction — or what an operator pays for it.
+//!
+//! Layout: [`demo`] (orchestration, summary, plot), [`bench`] (figures printed by benchmarks).
+//!
+//! Must never: be linked into the daemon (it spawns processes and draws plots), or report a
+//! figure from the simulated GPU without saying so.
+
+pub mod bench;
+pub mod demo;
