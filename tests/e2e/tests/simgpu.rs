@@ -4,9 +4,13 @@
 //! - device memory is one ledger across processes, released when a process exits or dies;
 //! - `cuGetProcAddress(_v2)` answers the documented export for each (name, version, flags);
 //! - the three ways of reaching the driver all work;
-//! - NVML (through `nvml-wrapper`, as the arbiter uses it) agrees with the driver.
+//! - NVML (through `nvml-wrapper`, as the arbiter uses it) agrees with the driver, and stamps its
+//!   samples in µs since the Unix epoch;
+//! - in MPS mode two busy processes run concurrently, each slowed as the model says, and their
+//!   event timings, NVML utilization and the node's ground-truth accounting agree.
 
 use smore_e2e::*;
+use smore_simgpu::SchedMode;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 
@@ -324,5 +328,166 @@ fn nvml_under_nvml_wrapper_agrees_with_the_driver() {
     assert!(num(t, "sm") >= 80.0, "{t:?}");
     holder.kill().unwrap();
     let _ = holder.wait();
+    let _ = trainer.wait();
+}
+
+fn epoch_us_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Per-iteration lines of a sim-trainer: (gpu_us of the event pair, wall ms).
+fn iterations(out: &str) -> Vec<(f64, f64)> {
+    parse_lines(out)
+        .iter()
+        .filter(|f| f.contains_key("iter"))
+        .map(|f| (num(f, "gpu_us"), num(f, "ms")))
+        .collect()
+}
+
+#[test]
+fn mps_two_busy_processes_are_each_slowed_as_modelled() {
+    // β = 0.5: two saturating processes each run at 1/(1 + 0.5) of solo.
+    let sim = SimGpu::builder()
+        .memory("8GiB")
+        .context_memory("0")
+        .mode(SchedMode::Mps)
+        .mps_beta_permille(500)
+        .build()
+        .unwrap();
+    assert_eq!(sim.node().mode(), SchedMode::Mps);
+    let spawn = || {
+        sim.command(bin("sim-trainer"))
+            .args(["--kernel-us", "1000", "--kernels", "20", "--seconds", "3"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn trainer")
+    };
+    let (a, b) = (spawn(), spawn());
+    let (pa, pb) = (a.id(), b.id());
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    let nvml = run_ok(
+        sim.command(bin("nvml-query"))
+            .args(["--since-ago-ms", "1000"]),
+    )
+    .unwrap();
+    let node = sim.node();
+    let (ta, tb) = (node.truth_of(0, pa).unwrap(), node.truth_of(0, pb).unwrap());
+    let busy = node.busy_ns(0);
+    let out_a = String::from_utf8(a.wait_with_output().unwrap().stdout).unwrap();
+    let out_b = String::from_utf8(b.wait_with_output().unwrap().stdout).unwrap();
+
+    // Ground truth: each ran concurrently nearly all the time, so its work got done at close to
+    // 1/1.5 of the time its kernels were running (1 when it ran alone).
+    for t in [ta, tb] {
+        let rate = t.work_ns as f64 / t.gpu_active_ns as f64;
+        assert!((0.64..0.76).contains(&rate), "work/active {rate:.3}: {t:?}");
+        assert_eq!(t.gpu_active_ns, t.work_ns + t.interference_ns, "{t:?}");
+    }
+    // Concurrent: together they did more work than the busy time (time slicing never can), and
+    // each was active for most of it.
+    let work = (ta.work_ns + tb.work_ns) as f64;
+    assert!(work > 1.15 * busy as f64, "work {work} vs busy {busy}");
+    assert!(ta.gpu_active_ns + tb.gpu_active_ns > busy + busy / 2);
+
+    // Event timings agree with the model and with the accounting: an iteration's 20 ms of kernels
+    // take about 30 ms between its events, and the slowdown the events show is the one the node
+    // accounted.
+    for (out, t) in [(&out_a, ta), (&out_b, tb)] {
+        let it = iterations(out);
+        assert!(it.len() > 20, "{out}");
+        let slow = median(it.iter().map(|(g, _)| g / 20_000.0).collect());
+        assert!(
+            (1.35..1.55).contains(&slow),
+            "median event slowdown {slow:.3}"
+        );
+        let accounted = t.gpu_active_ns as f64 / t.work_ns as f64;
+        assert!(
+            (slow - accounted).abs() < 0.12,
+            "events say {slow:.3}, accounting {accounted:.3}"
+        );
+        for (g, ms) in &it {
+            assert!(
+                g / 1000.0 <= ms + 0.05,
+                "event pair {g} µs longer than the iteration {ms} ms"
+            );
+        }
+        // Throughput: 50 iterations/s alone, about 33 under the model.
+        let r = num(&summary(out, "trainer"), "iters_per_s");
+        assert!((27.0..38.0).contains(&r), "{r} iterations/s");
+    }
+
+    // NVML: samples newer than now − 1 s exist (epoch timestamps) and each process's SM activity
+    // is its kernels' running time — both near 100 % at once, as under MPS on hardware.
+    let l = parse_lines(&nvml);
+    let now = epoch_us_now();
+    for pid in [pa, pb] {
+        let p = ops(&l, "putil")
+            .into_iter()
+            .find(|p| p["pid"] == pid.to_string())
+            .unwrap_or_else(|| panic!("no sample newer than now - 1 s for {pid}: {nvml}"));
+        assert!(num(p, "sm") >= 80.0, "{p:?}");
+        let ts = num(p, "ts") as u64;
+        assert!(
+            ts > num(p, "since") as u64 && ts <= now,
+            "{p:?} (now {now})"
+        );
+    }
+    assert!(num(ops(&l, "device")[0], "util") >= 80.0, "{nvml}");
+}
+
+#[test]
+fn nvml_sample_timestamps_are_unix_epoch_microseconds() {
+    let sim = sim("8GiB");
+    let mut trainer = sim
+        .command(bin("sim-trainer"))
+        .args([
+            "--kernel-us",
+            "2000",
+            "--kernels",
+            "5",
+            "--seconds",
+            "3",
+            "--quiet",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // As HAMi-core asks: samples newer than now − 1 s, in wall-clock µs.
+    let before = epoch_us_now();
+    let out = run_ok(
+        sim.command(bin("nvml-query"))
+            .args(["--since-ago-ms", "1000"]),
+    )
+    .unwrap();
+    let after = epoch_us_now();
+    let l = parse_lines(&out);
+    let p = ops(&l, "putil")
+        .into_iter()
+        .find(|p| p["pid"] == trainer.id().to_string())
+        .unwrap_or_else(|| panic!("no sample newer than now - 1 s: {out}"));
+    let ts = num(p, "ts") as u64;
+    // The newest sample ends at most one sample period (1/6 s) before the query.
+    assert!(
+        ts <= after && ts + 400_000 >= before,
+        "timestamp {ts} not within the last 0.4 s of wall time ({before}..{after})"
+    );
+    assert!(num(p, "sm") >= 80.0, "{p:?}");
+    // Passing back the newest timestamp returns only newer samples (none until the next period).
+    let node = sim.node();
+    let first = node.process_utilization(0, 0).unwrap();
+    let newest = first.iter().map(|s| s.timestamp_us).max().unwrap();
+    for s in node.process_utilization(0, newest).unwrap() {
+        assert!(s.timestamp_us > newest, "{s:?} not newer than {newest}");
+    }
+    trainer.kill().unwrap();
     let _ = trainer.wait();
 }
