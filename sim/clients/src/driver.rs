@@ -373,6 +373,38 @@ impl Session {
         self.drv.check(rc, "cuStreamSynchronize")
     }
 
+    /// Creates an event (default flags: timing enabled).
+    pub fn new_event(&self) -> Result<Ptr> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        let rc = unsafe { (self.drv.cuEventCreate)(&mut e, 0) };
+        self.drv.check(rc, "cuEventCreate")?;
+        Ok(e)
+    }
+
+    /// Records `event` on `stream`.
+    // Handles are opaque driver objects, passed through for the driver to validate.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn record(&self, event: Ptr, stream: Ptr) -> Result<()> {
+        // SAFETY: event and stream are handles of this driver.
+        let rc = unsafe { (self.drv.cuEventRecord)(event, stream) };
+        self.drv.check(rc, "cuEventRecord")
+    }
+
+    /// GPU time between two recorded events, ms (waits for the second one).
+    // Handles are opaque driver objects, passed through for the driver to validate.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn elapsed_ms(&self, start: Ptr, end: Ptr) -> Result<f64> {
+        // SAFETY: end is an event handle of this driver.
+        let rc = unsafe { (self.drv.cuEventSynchronize)(end) };
+        self.drv.check(rc, "cuEventSynchronize")?;
+        let mut ms = 0f32;
+        // SAFETY: out-pointer to a local; both events are handles of this driver.
+        let rc = unsafe { (self.drv.cuEventElapsedTime)(&mut ms, start, end) };
+        self.drv.check(rc, "cuEventElapsedTime")?;
+        Ok(ms as f64)
+    }
+
     pub fn new_stream(&self) -> Result<Ptr> {
         let mut s = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.

@@ -4,10 +4,11 @@
 //! the three ways real programs reach it (see [`driver`]), used by smore's end-to-end tests,
 //! benchmarks and demo:
 //!
-//! - `sim-trainer`: iterations of long kernels + a sync each, printing iteration times (the
-//!   serverful training job smore protects; it runs without the shim).
-//! - `sim-function`: requests of a few short kernels, printing request latencies (a serverless
-//!   inference function).
+//! - `sim-trainer`: iterations of long kernels + a sync each, printing per-iteration wall and
+//!   event-timed GPU times; `--profile low|moderate|high` presets (the serverful training job
+//!   smore protects; it runs without the shim).
+//! - `sim-function`: requests of a few short kernels, arriving singly or in bursts, printing each
+//!   request's service time and end-to-end latency (a serverless inference function).
 //! - `sim-probe` / `sim-probe-linked`: a scriptable client whose operations (allocation paths,
 //!   frees, memory info, launches, graphs) print one parseable line each.
 //!

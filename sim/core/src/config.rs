@@ -22,6 +22,90 @@ pub const DEFAULT_KERNEL_NS: u64 = 10_000;
 pub const SAMPLE_PERIOD_NS: u64 = 166_666_667;
 /// Driver version the fake reports: 12.8 (`cuDriverGetVersion` → 12080).
 pub const DRIVER_VERSION: u32 = 12080;
+/// Default MPS interference coefficient β = 0.5 (stored as 500 ‰): with k contexts' kernels
+/// running concurrently each progresses at 1/(1 + β·(k−1)) of its solo rate (docs/simgpu.md,
+/// "MPS mode"). Reasoning: β = 1 would give MPS no aggregate gain over time slicing and β = 0 perfect
+/// isolation; published measurements put MPS between the two — spatial sharing raises aggregate
+/// throughput over time-only multiplexing (Jain et al., "Dynamic Space-Time Scheduling for GPU
+/// Inference", arXiv:1901.00041) while an unmanaged MPS neighbour still inflates a job's kernel
+/// times substantially (Strati et al., Orion, EuroSys'24, the SMORE paper's ref. [50]). For kernels
+/// of DL training that fill most SMs, 0.5 (two saturating processes: each 1.5× slower, 1.33× the
+/// aggregate throughput of time slicing) is a modelling assumption in that range, not a measured
+/// constant: set `SMORE_SIM_MPS_BETA` to study others.
+pub const DEFAULT_MPS_BETA_PERMILLE: u32 = 500;
+/// Largest accepted β: 10 (each extra concurrent kernel costs ten solo kernels) is already far
+/// past any published MPS slowdown; larger values are almost certainly a typo.
+pub const MAX_MPS_BETA_PERMILLE: u32 = 10_000;
+
+/// How kernels of different processes share a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchedMode {
+    /// No MPS: contexts are time-sliced round-robin (one context's kernels on the GPU at a time).
+    #[default]
+    TimeSlice,
+    /// MPS: kernels of different processes run concurrently and slow each other down
+    /// (see [`DEFAULT_MPS_BETA_PERMILLE`]).
+    Mps,
+}
+
+impl SchedMode {
+    /// Value stored in the node's header.
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            SchedMode::TimeSlice => 0,
+            SchedMode::Mps => 1,
+        }
+    }
+
+    pub(crate) fn from_code(c: u32) -> SchedMode {
+        if c == 1 {
+            SchedMode::Mps
+        } else {
+            SchedMode::TimeSlice
+        }
+    }
+}
+
+impl std::str::FromStr for SchedMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "timeslice" | "time-slice" | "time_slice" => Ok(SchedMode::TimeSlice),
+            "mps" => Ok(SchedMode::Mps),
+            other => Err(format!("{other:?}: expected timeslice or mps")),
+        }
+    }
+}
+
+impl std::fmt::Display for SchedMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SchedMode::TimeSlice => "timeslice",
+            SchedMode::Mps => "mps",
+        })
+    }
+}
+
+/// Parses a non-negative decimal (`0.5`, `1`, `0.125`) into thousandths, exactly (no float
+/// rounding surprises): at most three decimals.
+fn parse_permille(v: &str) -> Option<u32> {
+    let v = v.trim();
+    let (int, frac) = v.split_once('.').unwrap_or((v, ""));
+    if int.is_empty() && frac.is_empty() || frac.len() > 3 {
+        return None;
+    }
+    let digits = |s: &str| s.chars().all(|c| c.is_ascii_digit());
+    if !digits(int) || !digits(frac) {
+        return None;
+    }
+    let i: u32 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    let f: u32 = if frac.is_empty() {
+        0
+    } else {
+        format!("{frac:0<3}").parse().ok()?
+    };
+    i.checked_mul(1000)?.checked_add(f)
+}
 
 /// Everything that describes a simulated node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +117,10 @@ pub struct SimConfig {
     pub timeslice_ns: u64,
     pub default_kernel_ns: u64,
     pub name: String,
+    /// Time slicing (default) or MPS.
+    pub mode: SchedMode,
+    /// MPS interference coefficient β in thousandths (only used in [`SchedMode::Mps`]).
+    pub mps_beta_permille: u32,
 }
 
 impl Default for SimConfig {
@@ -45,6 +133,8 @@ impl Default for SimConfig {
             timeslice_ns: DEFAULT_TIMESLICE_NS,
             default_kernel_ns: DEFAULT_KERNEL_NS,
             name: "NVIDIA H100 80GB HBM3 (smore simulated)".to_string(),
+            mode: SchedMode::TimeSlice,
+            mps_beta_permille: DEFAULT_MPS_BETA_PERMILLE,
         }
     }
 }
@@ -91,6 +181,45 @@ impl SimConfig {
         if let Some(v) = var("SMORE_SIM_NAME") {
             c.name = v;
         }
+        if let Some(v) = var("SMORE_SIM_MODE") {
+            c.mode = v.parse().map_err(|e| format!("SMORE_SIM_MODE={e}"))?;
+        }
+        if let Some(v) = var("SMORE_SIM_MPS_BETA") {
+            c.mps_beta_permille = parse_permille(&v)
+                .filter(|b| *b <= MAX_MPS_BETA_PERMILLE)
+                .ok_or_else(|| {
+                    format!(
+                        "SMORE_SIM_MPS_BETA={v:?}: expected a decimal from 0 to {} with at most 3 decimals",
+                        MAX_MPS_BETA_PERMILLE / 1000
+                    )
+                })?;
+        }
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permille_parses_exact_decimals_and_refuses_the_rest() {
+        assert_eq!(parse_permille("0.5"), Some(500));
+        assert_eq!(parse_permille("1"), Some(1000));
+        assert_eq!(parse_permille(".125"), Some(125));
+        assert_eq!(parse_permille("2.05"), Some(2050));
+        assert_eq!(parse_permille("0"), Some(0));
+        for bad in ["", ".", "-1", "0.1234", "1e3", "abc", "1.x"] {
+            assert_eq!(parse_permille(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn mode_names_round_trip() {
+        for m in [SchedMode::TimeSlice, SchedMode::Mps] {
+            assert_eq!(m.to_string().parse::<SchedMode>(), Ok(m));
+            assert_eq!(SchedMode::from_code(m.code()), m);
+        }
+        assert!("spatial".parse::<SchedMode>().is_err());
     }
 }

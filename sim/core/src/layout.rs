@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// "SMORESIM" — set last by the creator; a reader that does not see it waits for initialisation.
 pub const MAGIC: u64 = 0x534d_4f52_4553_494d;
 /// Bumped whenever this layout changes, so a stale state file is refused instead of misread.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Devices per simulated node (a DGX has 8).
 pub const MAX_DEVICES: usize = 8;
@@ -40,7 +40,15 @@ pub struct Header {
     pub context_bytes: u64,
     pub sample_period_ns: u64,
     pub driver_version: u32,
+    /// [`crate::config::SchedMode`] code: 0 time slicing, 1 MPS.
+    pub mode: u32,
+    /// MPS interference coefficient β, thousandths.
+    pub mps_beta_permille: u32,
     pub _pad: u32,
+    /// CLOCK_REALTIME − CLOCK_MONOTONIC at creation, ns: turns timeline instants into the
+    /// Unix-epoch timestamps NVML reports, the same way in every process (a per-call offset would
+    /// jitter and make a sample's timestamp differ between two queries).
+    pub realtime_offset_ns: u64,
 }
 
 /// One process of the node. `pid == 0` means free. Memory counters are atomics because
@@ -53,8 +61,17 @@ pub struct ProcSlot {
     /// Process start time (clock ticks since boot, /proc/<pid>/stat field 22): detects pid reuse.
     pub start_time: AtomicU64,
     pub mem_used: [AtomicU64; MAX_DEVICES],
-    /// Cumulative GPU time this process's kernels ran, per device (written under the device lock).
+    /// Cumulative time this process's kernels were running on the device (SM activity, what NVML's
+    /// per-process utilization reports), per device (written under the device lock). In MPS mode
+    /// a kernel that runs slowed beside others still counts all the time it was running.
     pub gpu_time_ns: [AtomicU64; MAX_DEVICES],
+    /// Solo-equivalent kernel time completed: how long the work done would have taken alone.
+    pub work_ns: [AtomicU64; MAX_DEVICES],
+    /// Ground truth for tests (never shown through NVML): wall time this process had runnable
+    /// work on the device minus the solo-equivalent work it got done then — time its pending
+    /// kernels waited while other contexts held the GPU (time slicing), or the extra time its
+    /// kernels took because others ran concurrently (MPS).
+    pub interference_ns: [AtomicU64; MAX_DEVICES],
 }
 
 #[repr(C)]

@@ -3,7 +3,7 @@
 //! Owns the state that the fake `libcuda.so.1` and `libnvidia-ml.so.1` share across every process
 //! of one simulated node: device descriptions, device-memory accounting, the process table, and a
 //! per-device timeline on which kernels of *all* processes are scheduled the way a time-sliced GPU
-//! schedules contexts.
+//! schedules contexts (or, in MPS mode, run concurrently and slow each other down).
 //!
 //! The state lives in one file (`SMORE_SIM_STATE`) that every process maps `MAP_SHARED`. Counters
 //! that need no ordering with others are atomics; the scheduler of each device is guarded by a
@@ -26,6 +26,14 @@
 //!   any process submits, queries or waits; the result does not depend on who advances it.
 //! - A process may have at most [`MAX_INFLIGHT_PER_PROC`] queued operations per device; further
 //!   launches block, like a full push buffer on a real driver.
+//! - MPS mode ([`SchedMode::Mps`], `SMORE_SIM_MODE=mps`): no time slices; the head kernel of every
+//!   context with work runs at once, and with k running each progresses at 1/(1 + β·(k−1)) of its
+//!   solo rate (β = `SMORE_SIM_MPS_BETA`, default 0.5 — a modelling assumption, justified at
+//!   [`config::DEFAULT_MPS_BETA_PERMILLE`] and in docs/simgpu.md). Events, stream order and
+//!   synchronization follow the same rules as above.
+//! - Accounting, per process and device: time its kernels were running (NVML's per-process SM
+//!   utilization), solo-equivalent work done, and *interference* — test-only ground truth
+//!   ([`Node::truth_of`]) that NVML never shows.
 //!
 //! Must never: be linked into the product (it is test infrastructure), or report anything the
 //! timeline and the memory ledger did not actually account.
@@ -36,9 +44,9 @@ mod lock;
 pub mod node;
 mod timeline;
 
-pub use config::SimConfig;
+pub use config::{SchedMode, SimConfig};
 pub use layout::{MAX_DEVICES, MAX_INFLIGHT_PER_PROC, MAX_PROCS, OPS_PER_DEVICE, STREAMS_PER_PROC};
-pub use node::{DeviceInfo, MemError, Node, ProcUsage, SimError, UtilSample};
+pub use node::{DeviceInfo, MemError, Node, ProcTruth, ProcUsage, SimError, UtilSample};
 pub use timeline::EventStatus;
 
 /// Nanoseconds on CLOCK_MONOTONIC: the one clock every process of a node shares.

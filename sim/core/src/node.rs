@@ -1,7 +1,7 @@
 //! The mapped node: opening or creating the state file, the process table, device memory and the
 //! queries NVML answers from.
 
-use crate::config::{SimConfig, DRIVER_VERSION, SAMPLE_PERIOD_NS};
+use crate::config::{SchedMode, SimConfig, DRIVER_VERSION, SAMPLE_PERIOD_NS};
 use crate::layout::*;
 use crate::lock::SharedMutex;
 use std::ffi::CString;
@@ -78,10 +78,28 @@ pub struct ProcUsage {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct UtilSample {
     pub pid: u32,
-    /// End of the window, µs since an arbitrary epoch (CLOCK_MONOTONIC), as NVML reports it.
+    /// End of the window, µs since the Unix epoch, as the real NVML reports it (clients such as
+    /// HAMi-core ask for samples newer than "now − 1 s" in wall-clock µs).
     pub timestamp_us: u64,
-    /// Percent of the window this process's kernels ran, 0..=100.
+    /// Percent of the window during which this process's kernels were running on the SMs,
+    /// 0..=100. Under MPS several processes can each be near 100 at once (their kernels run
+    /// concurrently), as on real hardware; the device figure counts time any kernel ran.
     pub sm_util: u32,
+}
+
+/// Test-only ground truth about one process on one device. Never exposed through NVML or the
+/// driver: the arbiter must estimate interference from what it can observe; tests compare its
+/// estimate against this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcTruth {
+    /// Time the process's kernels were running (what NVML's per-process utilization integrates).
+    pub gpu_active_ns: u64,
+    /// Solo-equivalent kernel time completed: how long that work would have taken alone.
+    pub work_ns: u64,
+    /// Wall time the process had runnable work minus the solo-equivalent work it completed then:
+    /// waiting while other contexts held the GPU (time slicing) plus the extra time its kernels
+    /// took because others ran concurrently (MPS). Zero for a process that always ran alone.
+    pub interference_ns: u64,
 }
 
 /// A process's view of the mapped node.
@@ -183,6 +201,22 @@ impl Node {
 
     pub fn default_kernel_ns(&self) -> u64 {
         self.state.header.default_kernel_ns
+    }
+
+    /// How the node's devices share kernels of different processes (fixed when it was created).
+    pub fn mode(&self) -> SchedMode {
+        SchedMode::from_code(self.state.header.mode)
+    }
+
+    /// MPS interference coefficient β of the node, thousandths.
+    pub fn mps_beta_permille(&self) -> u32 {
+        self.state.header.mps_beta_permille
+    }
+
+    /// A timeline instant (CLOCK_MONOTONIC ns) as µs since the Unix epoch, using the offset fixed
+    /// when the node was created so every process converts the same instant the same way.
+    pub fn epoch_us(&self, monotonic_ns: u64) -> u64 {
+        monotonic_ns.saturating_add(self.state.header.realtime_offset_ns) / 1000
     }
 
     pub(crate) fn dev(&self, d: u32) -> Result<&'static Device, SimError> {
@@ -334,6 +368,8 @@ impl Node {
                     .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(bytes)));
                 self.with_device_raw(d, |s| crate::timeline::drop_process(s, i as u32));
                 p.gpu_time_ns[d as usize].store(0, Relaxed);
+                p.work_ns[d as usize].store(0, Relaxed);
+                p.interference_ns[d as usize].store(0, Relaxed);
             }
             p.ctx_mask.store(0, Release);
             p.start_time.store(0, Release);
@@ -393,8 +429,9 @@ impl Node {
         }))
     }
 
-    /// Per-process SM utilization on device `d` since `since_us` (NVML
-    /// `nvmlDeviceGetProcessUtilization`): one sample per process that ran in the window.
+    /// Per-process SM utilization on device `d` since `since_us`, µs since the Unix epoch (NVML
+    /// `nvmlDeviceGetProcessUtilization`'s lastSeenTimeStamp; 0 = everything kept): one sample per
+    /// process that ran in the window.
     pub fn process_utilization(&self, d: u32, since_us: u64) -> Result<Vec<UtilSample>, SimError> {
         self.dev(d)?;
         let now = crate::now_ns();
@@ -403,13 +440,13 @@ impl Node {
             let Some(last) = snaps.last() else {
                 return Vec::new();
             };
-            // The oldest snapshot at or after `since` bounds the window; NVML returns samples
-            // newer than lastSeenTimeStamp.
-            let since_ns = since_us.saturating_mul(1000);
+            // The newest snapshot at or before `since` (Unix-epoch µs, as NVML's
+            // lastSeenTimeStamp) bounds the window, so only samples newer than it come back.
+            // Compared in the epoch-µs domain, so passing back a returned timestamp is exact.
             let first = snaps
                 .iter()
                 .rev()
-                .find(|sn| sn.time_ns <= since_ns)
+                .find(|sn| self.epoch_us(sn.time_ns) <= since_us)
                 .or_else(|| snaps.first())
                 .copied();
             let Some(first) = first else {
@@ -436,7 +473,7 @@ impl Node {
                 }
                 out.push(UtilSample {
                     pid,
-                    timestamp_us: last.time_ns / 1000,
+                    timestamp_us: self.epoch_us(last.time_ns),
                     sm_util: ((ran * 100 + window / 2) / window).min(100) as u32,
                 });
             }
@@ -456,11 +493,37 @@ impl Node {
             .unwrap_or(0)
     }
 
+    /// Ground truth about the process `pid` on device `d` (tests only; see [`ProcTruth`]), with
+    /// the timeline advanced to now. `None` if `pid` holds no slot on the node.
+    pub fn truth_of(&self, d: u32, pid: u32) -> Option<ProcTruth> {
+        self.dev(d).ok()?;
+        let now = crate::now_ns();
+        self.with_device(d, now, |_, _| ());
+        let p = self
+            .state
+            .procs
+            .iter()
+            .find(|p| p.pid.load(Acquire) == pid)?;
+        Some(ProcTruth {
+            gpu_active_ns: p.gpu_time_ns[d as usize].load(Acquire),
+            work_ns: p.work_ns[d as usize].load(Acquire),
+            interference_ns: p.interference_ns[d as usize].load(Acquire),
+        })
+    }
+
     /// Total time device `d` has been busy, ns (test assertions).
     pub fn busy_ns(&self, d: u32) -> u64 {
         let now = crate::now_ns();
         self.with_device(d, now, |s, _| s.busy_ns)
     }
+}
+
+/// Nanoseconds since the Unix epoch (CLOCK_REALTIME).
+fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 fn map_state(path: &str, cfg: &SimConfig) -> Result<&'static NodeState, SimError> {
@@ -551,6 +614,9 @@ unsafe fn init_state(state: *mut NodeState, cfg: &SimConfig) {
     h.context_bytes = cfg.context_memory;
     h.sample_period_ns = SAMPLE_PERIOD_NS;
     h.driver_version = DRIVER_VERSION;
+    h.mode = cfg.mode.code();
+    h.mps_beta_permille = cfg.mps_beta_permille;
+    h.realtime_offset_ns = realtime_ns().saturating_sub(crate::now_ns());
     let seed = crate::now_ns() ^ (libc::getpid() as u64) << 32;
     for d in 0..MAX_DEVICES {
         let dev = &mut (*state).devices[d];
@@ -573,6 +639,12 @@ unsafe fn init_state(state: *mut NodeState, cfg: &SimConfig) {
     (*state).header.magic.store(MAGIC, Release);
 }
 
+/// Claims a slot for another live process `pid` (unit tests drive two contexts from one process).
+#[cfg(test)]
+pub(crate) fn claim_slot_for_test(state: &'static NodeState, pid: u32) -> u32 {
+    claim_slot(state, pid).expect("free slot")
+}
+
 fn claim_slot(state: &'static NodeState, pid: u32) -> Result<u32, SimError> {
     let start = proc_start_time(pid).map(|(s, _)| s).unwrap_or(0);
     for round in 0..2 {
@@ -588,6 +660,8 @@ fn claim_slot(state: &'static NodeState, pid: u32) -> Result<u32, SimError> {
                 for d in 0..MAX_DEVICES {
                     p.mem_used[d].store(0, Release);
                     p.gpu_time_ns[d].store(0, Release);
+                    p.work_ns[d].store(0, Release);
+                    p.interference_ns[d].store(0, Release);
                 }
                 return Ok(i as u32);
             }

@@ -2,6 +2,7 @@
 //! advances them to "now", and the blocking waits (stream, event, context synchronize) that return
 //! at the simulated completion instants in real wall-clock time.
 
+use crate::config::SchedMode;
 use crate::layout::*;
 use crate::node::{Node, SimError};
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
@@ -183,25 +184,60 @@ pub(crate) fn latest_snapshots(s: &Sched, n: usize) -> Vec<Snapshot> {
         .collect()
 }
 
-/// Advances device `d`'s timeline to `now`: runs queued kernels context by context, one timeslice
-/// at a time, completes markers, records utilization snapshots at sample boundaries.
+/// Records the utilization snapshots of every sample boundary at or before `t`.
+fn snapshots_until(s: &mut Sched, procs: &[ProcSlot], d: usize, t: u64, period: u64) {
+    while s.next_sample_ns <= t {
+        let at = s.next_sample_ns;
+        take_snapshot(s, procs, d, at);
+        s.next_sample_ns = at + period;
+    }
+}
+
+/// Advances device `d`'s timeline to `now` under the node's scheduling mode, completes markers,
+/// accounts GPU time, solo-equivalent work and interference, and records utilization snapshots at
+/// sample boundaries.
 fn advance(s: &mut Sched, procs: &[ProcSlot], d: usize, h: &Header, now: u64) {
     if now <= s.sim_time_ns {
         return;
     }
     let period = h.sample_period_ns.max(1);
-    let mut t = s.sim_time_ns;
     // After a long idle gap only the last SNAPSHOTS boundaries matter.
     let horizon_floor = now.saturating_sub(period * SNAPSHOTS as u64);
     if s.next_sample_ns < horizon_floor {
         s.next_sample_ns = horizon_floor;
     }
-    loop {
-        while s.next_sample_ns <= t {
-            let at = s.next_sample_ns;
-            take_snapshot(s, procs, d, at);
-            s.next_sample_ns = at + period;
+    match SchedMode::from_code(h.mode) {
+        SchedMode::TimeSlice => advance_timeslice(s, procs, d, h, now, period),
+        SchedMode::Mps => advance_mps(s, procs, d, h.mps_beta_permille, now, period),
+    }
+    s.sim_time_ns = now;
+}
+
+/// Charges `dt` of interference to every context except `running` that had runnable work while
+/// `running` held the GPU (time slicing: their pending kernels waited because another context ran).
+fn charge_waiters(s: &Sched, procs: &[ProcSlot], d: usize, running: u32, dt: u64) {
+    if s.procs_pending <= 1 || dt == 0 {
+        return;
+    }
+    for q in 0..MAX_PROCS as u32 {
+        if q != running && s.pending[q as usize] > 0 && pick_op(s, q).is_some() {
+            procs[q as usize].interference_ns[d].fetch_add(dt, AcqRel);
         }
+    }
+}
+
+/// Time slicing: runs queued kernels context by context, one timeslice at a time.
+fn advance_timeslice(
+    s: &mut Sched,
+    procs: &[ProcSlot],
+    d: usize,
+    h: &Header,
+    now: u64,
+    period: u64,
+) {
+    let mut t = s.sim_time_ns;
+    loop {
+        snapshots_until(s, procs, d, t, period);
         let horizon = now.min(s.next_sample_ns);
         let mut cur = s.running;
         if cur != NONE {
@@ -257,6 +293,8 @@ fn advance(s: &mut Sched, procs: &[ProcSlot], d: usize, h: &Header, now: u64) {
                 s.ops[opi as usize].remaining_ns -= dt;
                 s.busy_ns += dt;
                 procs[cur as usize].gpu_time_ns[d].fetch_add(dt, AcqRel);
+                procs[cur as usize].work_ns[d].fetch_add(dt, AcqRel);
+                charge_waiters(s, procs, d, cur, dt);
                 t = run_until;
                 if s.ops[opi as usize].remaining_ns == 0 {
                     pop(s, cur, local);
@@ -267,7 +305,121 @@ fn advance(s: &mut Sched, procs: &[ProcSlot], d: usize, h: &Header, now: u64) {
             }
         }
     }
-    s.sim_time_ns = now;
+}
+
+/// A kernel at the head of a context, running concurrently with others under MPS.
+#[derive(Clone, Copy)]
+struct Running {
+    proc_: u32,
+    local: u32,
+    op: u32,
+}
+
+/// Wall time a kernel with `remaining_ns` of solo work needs at slowdown `factor_permille`/1000.
+fn mps_finish_ns(remaining_ns: u64, factor_permille: u64) -> u64 {
+    let ns = (remaining_ns as u128 * factor_permille as u128).div_ceil(1000);
+    ns.min(u64::MAX as u128) as u64
+}
+
+/// Solo-equivalent work done in `dt` of wall time at slowdown `factor_permille`/1000.
+fn mps_progress_ns(dt: u64, factor_permille: u64) -> u64 {
+    (dt as u128 * 1000 / factor_permille as u128) as u64
+}
+
+/// MPS: the head kernel of every context with work runs at once; with k of them running, each
+/// progresses at 1/(1 + β·(k−1)) of its solo rate (docs/simgpu.md, "MPS mode"). Markers and
+/// stream waits complete the instant their context reaches them, as in time slicing.
+fn advance_mps(
+    s: &mut Sched,
+    procs: &[ProcSlot],
+    d: usize,
+    beta_permille: u32,
+    now: u64,
+    period: u64,
+) {
+    let mut t = s.sim_time_ns;
+    let mut running = [Running {
+        proc_: NONE,
+        local: NONE,
+        op: NONE,
+    }; MAX_PROCS];
+    s.running = NONE;
+    loop {
+        snapshots_until(s, procs, d, t, period);
+        let horizon = now.min(s.next_sample_ns);
+        // Zero-time ops at the heads complete at t. A marker completing may resolve another
+        // context's stream wait, so repeat until a pass completes nothing.
+        let mut k;
+        loop {
+            let mut completed = false;
+            k = 0;
+            for p in 0..MAX_PROCS as u32 {
+                if s.pending[p as usize] == 0 {
+                    continue;
+                }
+                while let Some((local, opi)) = pick_op(s, p) {
+                    let op = s.ops[opi as usize];
+                    match op.kind {
+                        OP_MARKER => {
+                            let ev = &mut s.events[op.event as usize];
+                            if ev.gen == op.gen && ev.state == EV_PENDING {
+                                ev.state = EV_DONE;
+                                ev.time_ns = t;
+                            }
+                            pop(s, p, local);
+                            completed = true;
+                        }
+                        OP_WAIT => {
+                            pop(s, p, local);
+                            completed = true;
+                        }
+                        _ => {
+                            running[k] = Running {
+                                proc_: p,
+                                local,
+                                op: opi,
+                            };
+                            k += 1;
+                            break;
+                        }
+                    }
+                }
+            }
+            if !completed {
+                break;
+            }
+        }
+        if k == 0 {
+            t = horizon;
+            if t >= now {
+                break;
+            }
+            continue;
+        }
+        let factor = 1000 + beta_permille as u64 * (k as u64 - 1);
+        let mut dt = horizon - t;
+        for r in &running[..k] {
+            dt = dt.min(mps_finish_ns(s.ops[r.op as usize].remaining_ns, factor));
+        }
+        for r in &running[..k] {
+            let op = &mut s.ops[r.op as usize];
+            let done = mps_progress_ns(dt, factor).min(op.remaining_ns);
+            op.remaining_ns -= done;
+            let finished = op.remaining_ns == 0;
+            let slot = &procs[r.proc_ as usize];
+            slot.gpu_time_ns[d].fetch_add(dt, AcqRel);
+            slot.work_ns[d].fetch_add(done, AcqRel);
+            slot.interference_ns[d].fetch_add(dt - done, AcqRel);
+            if finished {
+                pop(s, r.proc_, r.local);
+            }
+        }
+        s.busy_ns += dt;
+        t += dt;
+        if t >= now {
+            break;
+        }
+    }
 }
 
 /// Sum of the kernel time still queued in a stream up to and including op `until` (or all).
@@ -630,5 +782,189 @@ impl Node {
             return 0;
         }
         self.with_device(d, crate::now_ns(), |s, _| s.pending[self.slot as usize])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{SchedMode, SimConfig};
+
+    /// A node in a temp file with two process slots: this process and its parent (both alive,
+    /// so neither is reaped), each driving the timeline as its own context.
+    fn two_contexts(cfg: &SimConfig) -> (Node, Node, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!(
+            "smore-sim-unit-{}-{}",
+            std::process::id(),
+            crate::now_ns()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("node.state");
+        let a = Node::open(path.to_str().unwrap(), cfg).unwrap();
+        // SAFETY: getppid has no preconditions.
+        let ppid = unsafe { libc::getppid() } as u32;
+        let b_slot = crate::node::claim_slot_for_test(a.state, ppid);
+        let b = Node {
+            state: a.state,
+            slot: b_slot,
+            pid: ppid,
+        };
+        (a, b, dir)
+    }
+
+    fn elapsed_ms(n: &Node, e0: u32, e1: u32) -> f64 {
+        match (
+            n.event_status(0, e0).unwrap(),
+            n.event_status(0, e1).unwrap(),
+        ) {
+            (EventStatus::Done(t0), EventStatus::Done(t1)) => (t1 - t0) as f64 / 1e6,
+            other => panic!("events not done: {other:?}"),
+        }
+    }
+
+    /// A 5 ms kernel on a stream of `n` followed by an event: work queued behind [`gated`] waits
+    /// for it, so kernels of several contexts start at the same simulated instant however late
+    /// the test thread gets to queue them.
+    fn gate(n: &Node) -> u32 {
+        let st = n.stream_create(0, 0).unwrap();
+        let g = n.event_create(0).unwrap();
+        n.launch(0, st, 5_000_000).unwrap();
+        n.event_record(0, g, st).unwrap();
+        g
+    }
+
+    /// Queues `wait(gate), event, kernel(ms), event` on a fresh stream of `n`; returns the stream
+    /// and the events.
+    fn timed_kernel(n: &Node, gate: u32, ms: u64) -> (u32, u32, u32) {
+        let st = n.stream_create(0, 0).unwrap();
+        let (e0, e1) = (n.event_create(0).unwrap(), n.event_create(0).unwrap());
+        n.stream_wait_event(0, st, gate).unwrap();
+        n.event_record(0, e0, st).unwrap();
+        n.launch(0, st, ms * 1_000_000).unwrap();
+        n.event_record(0, e1, st).unwrap();
+        (st, e0, e1)
+    }
+
+    #[test]
+    fn mps_two_concurrent_kernels_each_run_at_the_modelled_rate() {
+        let cfg = SimConfig {
+            mode: SchedMode::Mps,
+            mps_beta_permille: 500,
+            ..SimConfig::default()
+        };
+        let (a, b, dir) = two_contexts(&cfg);
+        assert_eq!(a.mode(), SchedMode::Mps);
+        let g = gate(&a);
+        let (sa, a0, a1) = timed_kernel(&a, g, 40);
+        let (sb, b0, b1) = timed_kernel(&b, g, 40);
+        let t0 = crate::now_ns();
+        a.stream_sync(0, sa).unwrap();
+        b.stream_sync(0, sb).unwrap();
+        let wall = (crate::now_ns() - t0) as f64 / 1e6;
+        // Both ran concurrently at 1/(1 + 0.5) of solo: 40 ms of work each take 60 ms.
+        for (n, e0, e1) in [(&a, a0, a1), (&b, b0, b1)] {
+            let ms = elapsed_ms(n, e0, e1);
+            assert!((59.0..61.5).contains(&ms), "event pair measured {ms} ms");
+        }
+        assert!((64.0..75.0).contains(&wall), "both done after {wall} ms");
+        // A also ran the 5 ms gate, alone.
+        for (n, work_ms) in [(&a, 45), (&b, 40)] {
+            let t = n.truth_of(0, n.pid).unwrap();
+            assert!(
+                (t.work_ns as i64 - work_ms * 1_000_000).abs() < 10_000,
+                "{t:?}"
+            );
+            let extra = t.interference_ns as f64 / 1e6;
+            assert!(
+                (19.0..21.5).contains(&extra),
+                "interference {extra} ms: {t:?}"
+            );
+            assert_eq!(t.gpu_active_ns, t.work_ns + t.interference_ns);
+        }
+        // The device was busy once for the overlap, not twice (plus the 5 ms gate).
+        let busy = a.busy_ns(0) as f64 / 1e6;
+        assert!((64.0..66.5).contains(&busy), "busy {busy} ms");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn mps_kernel_speeds_up_when_its_neighbour_finishes() {
+        let cfg = SimConfig {
+            mode: SchedMode::Mps,
+            mps_beta_permille: 1000,
+            ..SimConfig::default()
+        };
+        let (a, b, dir) = two_contexts(&cfg);
+        // A: 40 ms of work; B: 10 ms. Together (β = 1) each runs at 1/2: B ends at 20 ms having
+        // let A do 10 ms; A's remaining 30 ms run alone: A ends at 50 ms.
+        let g = gate(&a);
+        let (sa, a0, a1) = timed_kernel(&a, g, 40);
+        let (sb, b0, b1) = timed_kernel(&b, g, 10);
+        a.stream_sync(0, sa).unwrap();
+        b.stream_sync(0, sb).unwrap();
+        let (ma, mb) = (elapsed_ms(&a, a0, a1), elapsed_ms(&b, b0, b1));
+        assert!((49.0..51.5).contains(&ma), "A took {ma} ms");
+        assert!((19.5..21.0).contains(&mb), "B took {mb} ms");
+        let (ta, tb) = (a.truth_of(0, a.pid).unwrap(), b.truth_of(0, b.pid).unwrap());
+        assert!(
+            (ta.interference_ns as f64 / 1e6 - 10.0).abs() < 1.0,
+            "{ta:?}"
+        );
+        assert!(
+            (tb.interference_ns as f64 / 1e6 - 10.0).abs() < 1.0,
+            "{tb:?}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn timeslice_waiting_is_charged_as_interference() {
+        let cfg = SimConfig::default();
+        let (a, b, dir) = two_contexts(&cfg);
+        assert_eq!(a.mode(), SchedMode::TimeSlice);
+        // Two 20 ms kernels time-sliced at 2 ms: each waits while the other runs. Both finish at
+        // about 40 ms, each having waited about 20 ms (the last slice ends alone).
+        let g = gate(&a);
+        let (sa, a0, a1) = timed_kernel(&a, g, 20);
+        let (sb, _, _) = timed_kernel(&b, g, 20);
+        a.stream_sync(0, sa).unwrap();
+        b.stream_sync(0, sb).unwrap();
+        // The event pair measures wall time between the markers, which includes the slices B held.
+        let ma = elapsed_ms(&a, a0, a1);
+        assert!((37.0..41.0).contains(&ma), "A took {ma} ms");
+        for (n, work_ms) in [(&a, 25), (&b, 20)] {
+            let t = n.truth_of(0, n.pid).unwrap();
+            assert!(
+                (t.work_ns as i64 - work_ms * 1_000_000).abs() < 10_000,
+                "{t:?}"
+            );
+            assert_eq!(
+                t.gpu_active_ns, t.work_ns,
+                "time slicing runs at full speed"
+            );
+            let waited = t.interference_ns as f64 / 1e6;
+            assert!((16.0..20.5).contains(&waited), "waited {waited} ms: {t:?}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_lone_process_suffers_no_interference_in_either_mode() {
+        for mode in [SchedMode::TimeSlice, SchedMode::Mps] {
+            let cfg = SimConfig {
+                mode,
+                ..SimConfig::default()
+            };
+            let (a, _b, dir) = two_contexts(&cfg);
+            let g = gate(&a);
+            let (sa, e0, e1) = timed_kernel(&a, g, 10);
+            a.stream_sync(0, sa).unwrap();
+            let ms = elapsed_ms(&a, e0, e1);
+            assert!((9.9..10.5).contains(&ms), "{mode}: {ms} ms");
+            let t = a.truth_of(0, a.pid).unwrap();
+            assert_eq!(t.interference_ns, 0, "{mode}: {t:?}");
+            assert_eq!(t.work_ns, 15_000_000, "{mode}: gate + kernel: {t:?}");
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }

@@ -9,7 +9,7 @@
 //! Must never: invent a number the node state does not hold.
 #![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
 
-use smore_simgpu::{Node, MAX_DEVICES};
+use smore_simgpu::{Node, SchedMode, MAX_DEVICES};
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, CStr};
 use std::sync::Mutex;
 
@@ -311,9 +311,12 @@ api! {
         dev(h)?;
         out(count, 0)
     }
-    fn nvmlDeviceGetMPSComputeRunningProcesses_v3(h: *const DeviceHandle, count: *mut c_uint, _infos: *mut nvmlProcessInfo_t) {
-        dev(h)?;
-        out(count, 0)
+    fn nvmlDeviceGetMPSComputeRunningProcesses_v3(h: *const DeviceHandle, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) {
+        // MPS clients are listed here only on a node that runs MPS.
+        if dev(h)?.1.mode() != SchedMode::Mps {
+            return out(count, 0);
+        }
+        processes(h, count, infos, |pid, used| nvmlProcessInfo_t { pid, used_gpu_memory: used, gpu_instance_id: u32::MAX, compute_instance_id: u32::MAX })
     }
 
     fn nvmlDeviceGetUtilizationRates(h: *const DeviceHandle, u: *mut nvmlUtilization_t) {
@@ -322,6 +325,8 @@ api! {
         out(u, nvmlUtilization_t { gpu, memory: 0 })
     }
 
+    // `last_seen` and the samples' `time_stamp` are µs since the Unix epoch, as in the real NVML.
+    // Under MPS a process's `sm_util` is the time its kernels were running, however slowed.
     fn nvmlDeviceGetProcessUtilization(h: *const DeviceHandle, samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, last_seen: c_ulonglong) {
         let (i, n) = dev(h)?;
         if count.is_null() {

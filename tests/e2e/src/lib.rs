@@ -89,6 +89,16 @@ impl SimGpuBuilder {
         self.cfg.timeslice_ns = us * 1000;
         self
     }
+    /// Time slicing (default) or MPS.
+    pub fn mode(mut self, mode: smore_simgpu::SchedMode) -> Self {
+        self.cfg.mode = mode;
+        self
+    }
+    /// MPS interference coefficient β in thousandths (500 = 0.5).
+    pub fn mps_beta_permille(mut self, beta: u32) -> Self {
+        self.cfg.mps_beta_permille = beta;
+        self
+    }
     pub fn build(self) -> Result<SimGpu> {
         let dir = tempfile::Builder::new().prefix("smore-sim-").tempdir()?;
         let lib = dir.path().join("lib");

@@ -4,9 +4,13 @@
 //! - device memory is one ledger across processes, released when a process exits or dies;
 //! - `cuGetProcAddress(_v2)` answers the documented export for each (name, version, flags);
 //! - the three ways of reaching the driver all work;
-//! - NVML (through `nvml-wrapper`, as the arbiter uses it) agrees with the driver.
+//! - NVML (through `nvml-wrapper`, as the arbiter uses it) agrees with the driver, and stamps its
+//!   samples in µs since the Unix epoch;
+//! - in MPS mode two busy processes run concurrently, each slowed as the model says, and their
+//!   event timings, NVML utilization and the node's ground-truth accounting agree.
 
 use smore_e2e::*;
+use smore_simgpu::SchedMode;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 
@@ -325,4 +329,349 @@ fn nvml_under_nvml_wrapper_agrees_with_the_driver() {
     holder.kill().unwrap();
     let _ = holder.wait();
     let _ = trainer.wait();
+}
+
+fn epoch_us_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Per-iteration lines of a sim-trainer: (gpu_us of the event pair, wall ms).
+fn iterations(out: &str) -> Vec<(f64, f64)> {
+    parse_lines(out)
+        .iter()
+        .filter(|f| f.contains_key("iter"))
+        .map(|f| (num(f, "gpu_us"), num(f, "ms")))
+        .collect()
+}
+
+#[test]
+fn mps_two_busy_processes_are_each_slowed_as_modelled() {
+    // β = 0.5: two saturating processes each run at 1/(1 + 0.5) of solo.
+    let sim = SimGpu::builder()
+        .memory("8GiB")
+        .context_memory("0")
+        .mode(SchedMode::Mps)
+        .mps_beta_permille(500)
+        .build()
+        .unwrap();
+    assert_eq!(sim.node().mode(), SchedMode::Mps);
+    let spawn = || {
+        sim.command(bin("sim-trainer"))
+            .args(["--kernel-us", "1000", "--kernels", "20", "--seconds", "3"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn trainer")
+    };
+    let (a, b) = (spawn(), spawn());
+    let (pa, pb) = (a.id(), b.id());
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    let nvml = run_ok(
+        sim.command(bin("nvml-query"))
+            .args(["--since-ago-ms", "1000"]),
+    )
+    .unwrap();
+    let node = sim.node();
+    let (ta, tb) = (node.truth_of(0, pa).unwrap(), node.truth_of(0, pb).unwrap());
+    let busy = node.busy_ns(0);
+    let out_a = String::from_utf8(a.wait_with_output().unwrap().stdout).unwrap();
+    let out_b = String::from_utf8(b.wait_with_output().unwrap().stdout).unwrap();
+
+    // Ground truth: each ran concurrently nearly all the time, so its work got done at close to
+    // 1/1.5 of the time its kernels were running (1 when it ran alone).
+    for t in [ta, tb] {
+        let rate = t.work_ns as f64 / t.gpu_active_ns as f64;
+        assert!((0.64..0.76).contains(&rate), "work/active {rate:.3}: {t:?}");
+        assert_eq!(t.gpu_active_ns, t.work_ns + t.interference_ns, "{t:?}");
+    }
+    // Concurrent: together they did more work than the busy time (time slicing never can), and
+    // each was active for most of it.
+    let work = (ta.work_ns + tb.work_ns) as f64;
+    assert!(work > 1.15 * busy as f64, "work {work} vs busy {busy}");
+    assert!(ta.gpu_active_ns + tb.gpu_active_ns > busy + busy / 2);
+
+    // Event timings agree with the model and with the accounting: an iteration's 20 ms of kernels
+    // take about 30 ms between its events, and the slowdown the events show is the one the node
+    // accounted.
+    for (out, t) in [(&out_a, ta), (&out_b, tb)] {
+        let it = iterations(out);
+        assert!(it.len() > 20, "{out}");
+        let slow = median(it.iter().map(|(g, _)| g / 20_000.0).collect());
+        assert!(
+            (1.35..1.55).contains(&slow),
+            "median event slowdown {slow:.3}"
+        );
+        let accounted = t.gpu_active_ns as f64 / t.work_ns as f64;
+        assert!(
+            (slow - accounted).abs() < 0.12,
+            "events say {slow:.3}, accounting {accounted:.3}"
+        );
+        for (g, ms) in &it {
+            assert!(
+                g / 1000.0 <= ms + 0.05,
+                "event pair {g} µs longer than the iteration {ms} ms"
+            );
+        }
+        // Throughput: 50 iterations/s alone, about 33 under the model.
+        let r = num(&summary(out, "trainer"), "iters_per_s");
+        assert!((27.0..38.0).contains(&r), "{r} iterations/s");
+    }
+
+    // NVML: samples newer than now − 1 s exist (epoch timestamps) and each process's SM activity
+    // is its kernels' running time — both near 100 % at once, as under MPS on hardware.
+    let l = parse_lines(&nvml);
+    let now = epoch_us_now();
+    for pid in [pa, pb] {
+        let p = ops(&l, "putil")
+            .into_iter()
+            .find(|p| p["pid"] == pid.to_string())
+            .unwrap_or_else(|| panic!("no sample newer than now - 1 s for {pid}: {nvml}"));
+        assert!(num(p, "sm") >= 80.0, "{p:?}");
+        let ts = num(p, "ts") as u64;
+        assert!(
+            ts > num(p, "since") as u64 && ts <= now,
+            "{p:?} (now {now})"
+        );
+    }
+    assert!(num(ops(&l, "device")[0], "util") >= 80.0, "{nvml}");
+}
+
+#[test]
+fn nvml_sample_timestamps_are_unix_epoch_microseconds() {
+    let sim = sim("8GiB");
+    let mut trainer = sim
+        .command(bin("sim-trainer"))
+        .args([
+            "--kernel-us",
+            "2000",
+            "--kernels",
+            "5",
+            "--seconds",
+            "3",
+            "--quiet",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // As HAMi-core asks: samples newer than now − 1 s, in wall-clock µs.
+    let before = epoch_us_now();
+    let out = run_ok(
+        sim.command(bin("nvml-query"))
+            .args(["--since-ago-ms", "1000"]),
+    )
+    .unwrap();
+    let after = epoch_us_now();
+    let l = parse_lines(&out);
+    let p = ops(&l, "putil")
+        .into_iter()
+        .find(|p| p["pid"] == trainer.id().to_string())
+        .unwrap_or_else(|| panic!("no sample newer than now - 1 s: {out}"));
+    let ts = num(p, "ts") as u64;
+    // The newest sample ends at most one sample period (1/6 s) before the query.
+    assert!(
+        ts <= after && ts + 400_000 >= before,
+        "timestamp {ts} not within the last 0.4 s of wall time ({before}..{after})"
+    );
+    assert!(num(p, "sm") >= 80.0, "{p:?}");
+    // Passing back the newest timestamp returns only newer samples (none until the next period).
+    let node = sim.node();
+    let first = node.process_utilization(0, 0).unwrap();
+    let newest = first.iter().map(|s| s.timestamp_us).max().unwrap();
+    for s in node.process_utilization(0, newest).unwrap() {
+        assert!(s.timestamp_us > newest, "{s:?} not newer than {newest}");
+    }
+    trainer.kill().unwrap();
+    let _ = trainer.wait();
+}
+
+/// Reads a child's stdout until its `trainer …` summary line; returns everything read. The
+/// trainer lingers after the summary (`--linger-s`) so its slot, and the node's ground truth about
+/// it, are still there.
+fn read_until_summary(child: &mut Child) -> String {
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut out = String::new();
+    loop {
+        let mut l = String::new();
+        if reader.read_line(&mut l).unwrap() == 0 {
+            panic!("trainer exited before its summary: {out}");
+        }
+        out.push_str(&l);
+        if l.starts_with("trainer ") {
+            return out;
+        }
+    }
+}
+
+#[test]
+fn trainer_profiles_keep_the_gpu_as_busy_as_documented() {
+    // (profile, lowest and highest busy fraction docs/simgpu.md promises on an idle GPU)
+    let profiles = [
+        ("low", 0.15, 0.30),
+        ("moderate", 0.50, 0.70),
+        ("high", 0.90, 1.0),
+    ];
+    let runs: Vec<_> = profiles
+        .iter()
+        .map(|(p, _, _)| {
+            let sim = sim("8GiB");
+            let child = sim
+                .command(bin("sim-trainer"))
+                .args(["--profile", p, "--seconds", "3", "--quiet"])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (sim, child)
+        })
+        .collect();
+    // Measure from the node's own accounting over a window after start-up.
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let start: Vec<_> = runs
+        .iter()
+        .map(|(sim, _)| (sim.node().busy_ns(0), smore_simgpu::now_ns()))
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(1800));
+    for (((sim, child), (busy0, t0)), (name, lo, hi)) in runs.into_iter().zip(start).zip(profiles) {
+        let (busy1, t1) = (sim.node().busy_ns(0), smore_simgpu::now_ns());
+        let frac = (busy1 - busy0) as f64 / (t1 - t0) as f64;
+        let out = String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap();
+        let own = num(&summary(&out, "trainer"), "gpu_frac");
+        eprintln!("profile {name}: node busy fraction {frac:.3}, trainer's own gpu_frac {own:.3}");
+        assert!(
+            (lo..=hi).contains(&frac),
+            "profile {name}: busy {frac:.3} outside {lo}..{hi}"
+        );
+        // The trainer's event-timed view agrees with the node's accounting when it runs alone.
+        assert!(
+            (own - frac).abs() < 0.05,
+            "{name}: own {own} vs node {frac}"
+        );
+    }
+}
+
+#[test]
+fn ground_truth_interference_is_the_slowdown_the_trainer_suffers_under_time_slicing() {
+    let sim = sim("8GiB");
+    let trainer = |iters: &str| {
+        sim.command(bin("sim-trainer"))
+            .args(["--profile", "high", "--iters", iters, "--linger-s", "10"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Alone: the solo iteration time, and no interference.
+    let mut solo = trainer("15");
+    let solo_out = read_until_summary(&mut solo);
+    let t = sim.node().truth_of(0, solo.id()).unwrap();
+    assert_eq!(t.interference_ns, 0, "alone: {t:?}");
+    solo.kill().unwrap();
+    let _ = solo.wait();
+    let solo_ms = median(iterations(&solo_out).iter().map(|(_, ms)| *ms).collect());
+
+    // Beside a bursty function: bursts of 3 requests (4 × 500 µs each) every 40 ms. The trainer
+    // (profile high) runs 20 × 3 ms kernels per iteration.
+    let mut function = sim
+        .command(bin("sim-function"))
+        .args([
+            "--kernel-us",
+            "500",
+            "--kernels",
+            "4",
+            "--interval-ms",
+            "40",
+            "--burst",
+            "3",
+            "--seconds",
+            "20",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut co = trainer("30");
+    let co_out = read_until_summary(&mut co);
+    let truth = sim.node().truth_of(0, co.id()).unwrap();
+    co.kill().unwrap();
+    let _ = co.wait();
+    function.kill().unwrap();
+    let _ = function.wait();
+
+    let it = iterations(&co_out);
+    let n = it.len() as f64;
+    let interference_ms = truth.interference_ns as f64 / 1e6;
+    let work_ms = truth.work_ns as f64 / 1e6;
+    assert!(
+        (work_ms - n * 60.0).abs() < 1.0,
+        "work {work_ms} ms for {n} iterations"
+    );
+    // The function took a real share: the trainer waited for a good part of its work.
+    assert!(
+        interference_ms > 0.05 * work_ms,
+        "interference {interference_ms} ms"
+    );
+    // Event pairs start at the first kernel, so they see at most the truth (waiting before the
+    // first kernel of an iteration is invisible to them, as on hardware).
+    let event_extra: f64 = it.iter().map(|(g, _)| g / 1000.0 - 60.0).sum();
+    assert!(
+        event_extra <= interference_ms + 1.0,
+        "events {event_extra} ms > truth {interference_ms} ms"
+    );
+    // The iteration times show the truth: their excess over solo contains all of the
+    // interference, plus host-side noise (two processes' CPU work on a small machine), which is
+    // not GPU interference and which the bound above it leaves room for.
+    let wall_extra: f64 = it.iter().map(|(_, ms)| ms - solo_ms).sum();
+    assert!(
+        interference_ms <= 1.1 * wall_extra + 10.0 && wall_extra <= 1.4 * interference_ms + 30.0,
+        "iterations {wall_extra:.1} ms slower than solo, truth {interference_ms:.1} ms"
+    );
+}
+
+#[test]
+fn a_bursty_function_reports_service_and_end_to_end_latency_per_request() {
+    let sim = sim("8GiB");
+    // Bursts of 4 requests (2 × 1 ms kernels each) every 50 ms, served in order by one instance.
+    let out = run_ok(sim.command(bin("sim-function")).args([
+        "--kernel-us",
+        "1000",
+        "--kernels",
+        "2",
+        "--interval-ms",
+        "50",
+        "--burst",
+        "4",
+        "--requests",
+        "12",
+    ]))
+    .unwrap();
+    let reqs: Vec<Fields> = parse_lines(&out)
+        .into_iter()
+        .filter(|f| f.contains_key("request"))
+        .collect();
+    assert_eq!(reqs.len(), 12, "{out}");
+    for (i, r) in reqs.iter().enumerate() {
+        let (burst, pos) = (i / 4, (i % 4) as f64);
+        assert_eq!(r["burst"], burst.to_string(), "{r:?}");
+        assert!(
+            (num(r, "arrival_s") - burst as f64 * 0.05).abs() < 1e-6,
+            "{r:?}"
+        );
+        let (service, e2e) = (num(r, "service_ms"), num(r, "e2e_ms"));
+        assert!((2.0..50.0).contains(&service), "{r:?}");
+        assert_eq!(num(r, "latency_ms"), service, "{r:?}");
+        // A request waits for the ones ahead of it in its burst.
+        assert!(e2e >= service + pos * 2.0 - 0.01, "{r:?}");
+    }
+    let s = summary(&out, "function");
+    assert!(num(&s, "e2e_p99_ms") >= num(&s, "p99_ms"), "{s:?}");
+    assert!(
+        num(&s, "e2e_p99_ms") >= 8.0,
+        "the last of a burst waited for three: {s:?}"
+    );
 }

@@ -1,5 +1,11 @@
 //! A stand-in for a serverless inference function: each request launches `--kernels` kernels of
-//! `--kernel-us` and synchronizes; prints `request=<i> latency_ms=<x>`, then a summary with P50/P99.
+//! `--kernel-us` and synchronizes. Requests arrive every `--interval-ms` in bursts of `--burst`
+//! (a batch of requests arriving at once, served one after another by this instance, as a
+//! function instance drains its queue). Per request it prints
+//! `request=<i> burst=<arrival #> arrival_s=<due, s since start> service_ms=<kernels to sync>
+//! e2e_ms=<arrival to completion, queueing included> latency_ms=<same as service_ms, kept for
+//! existing parsers>`, then a summary `function …` with service P50/P99 (`p50_ms`, `p99_ms`) and
+//! end-to-end P50/P99 (`e2e_p50_ms`, `e2e_p99_ms`).
 //!
 //! `--serve` makes it a function *instance* as a serverless platform runs it: it loads its model
 //! (`--model-memory-mib` of device memory plus `--load-ms` of host work), prints `ready`, then
@@ -23,9 +29,12 @@ struct Args {
     /// Kernels per request.
     #[arg(long, default_value_t = 4)]
     kernels: u32,
-    /// Time between request starts, ms (0 = back to back).
+    /// Time between request arrivals (between bursts with `--burst`), ms (0 = back to back).
     #[arg(long, default_value_t = 0.0)]
     interval_ms: f64,
+    /// Requests arriving together at each arrival instant (a batch of requests).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    burst: u64,
     /// Stop after this many requests...
     #[arg(long)]
     requests: Option<u64>,
@@ -165,6 +174,7 @@ fn main() -> Result<()> {
     let stream = s.new_stream()?;
     let start = Instant::now();
     let mut lat = Vec::new();
+    let mut e2e = Vec::new();
     let mut i = 0u64;
     loop {
         if a.requests.is_some_and(|n| i >= n)
@@ -172,7 +182,15 @@ fn main() -> Result<()> {
         {
             break;
         }
-        let due = start + Duration::from_secs_f64(i as f64 * a.interval_ms / 1e3);
+        // Request i belongs to burst i / burst, which arrives at (i / burst) × interval (open
+        // loop: a late instance queues it). Back to back (interval 0) is a closed loop: a request
+        // arrives when it is issued.
+        let burst = i / a.burst;
+        let due = if a.interval_ms > 0.0 {
+            start + Duration::from_secs_f64(burst as f64 * a.interval_ms / 1e3)
+        } else {
+            Instant::now()
+        };
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
@@ -181,23 +199,33 @@ fn main() -> Result<()> {
             s.launch(f, stream)?;
         }
         s.sync(stream)?;
-        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let done = Instant::now();
+        let ms = (done - t).as_secs_f64() * 1e3;
+        let e2e_ms = (done - due).as_secs_f64() * 1e3;
         if !a.quiet {
-            println!("request={i} latency_ms={ms:.3}");
+            println!(
+                "request={i} burst={burst} arrival_s={:.6} service_ms={ms:.3} e2e_ms={e2e_ms:.3} latency_ms={ms:.3}",
+                (due - start).as_secs_f64()
+            );
         }
         lat.push(ms);
+        e2e.push(e2e_ms);
         i += 1;
     }
     let total = start.elapsed().as_secs_f64();
     let mut sorted = lat.clone();
     sorted.sort_by(f64::total_cmp);
+    let mut e2e_sorted = e2e.clone();
+    e2e_sorted.sort_by(f64::total_cmp);
     println!(
-        "function requests={} p50_ms={:.3} p99_ms={:.3} mean_ms={:.3} requests_per_s={:.3}",
+        "function requests={} p50_ms={:.3} p99_ms={:.3} mean_ms={:.3} requests_per_s={:.3} e2e_p50_ms={:.3} e2e_p99_ms={:.3}",
         lat.len(),
         percentile(&sorted, 50.0),
         percentile(&sorted, 99.0),
         lat.iter().sum::<f64>() / lat.len().max(1) as f64,
-        lat.len() as f64 / total
+        lat.len() as f64 / total,
+        percentile(&e2e_sorted, 50.0),
+        percentile(&e2e_sorted, 99.0),
     );
     Ok(())
 }

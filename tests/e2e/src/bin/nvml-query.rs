@@ -3,7 +3,25 @@
 use nvml_wrapper::Nvml;
 use std::ffi::OsStr;
 
+/// `--since-ago-ms N`: ask for process-utilization samples newer than now − N ms (wall clock, µs
+/// since the Unix epoch, as HAMi-core does); without it, every sample NVML keeps (lastSeen = 0).
+fn since_us() -> Result<u64, Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == "--since-ago-ms") {
+        None => Ok(0),
+        Some(i) => {
+            let ms: u64 = args
+                .get(i + 1)
+                .ok_or("--since-ago-ms needs a value")?
+                .parse()?;
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+            Ok((now.as_micros() as u64).saturating_sub(ms * 1000))
+        }
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let since = since_us()?;
     let nvml = Nvml::builder()
         .lib_path(OsStr::new("libnvidia-ml.so.1"))
         .init()?;
@@ -28,10 +46,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             println!("op=process index={i} pid={} used={used}", p.pid);
         }
-        match d.process_utilization_stats(0) {
+        match d.process_utilization_stats(since) {
             Ok(samples) => {
                 for s in samples {
-                    println!("op=putil index={i} pid={} sm={}", s.pid, s.sm_util);
+                    println!(
+                        "op=putil index={i} pid={} sm={} ts={} since={since}",
+                        s.pid, s.sm_util, s.timestamp
+                    );
                 }
             }
             Err(nvml_wrapper::error::NvmlError::NotFound) => {}
