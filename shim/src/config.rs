@@ -19,9 +19,13 @@ pub const MAX_WINDOW_MS: u64 = 10_000;
 /// Log verbosity, most severe first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
+    /// The shim cannot do what it was asked (a bad value, an unreachable arbiter).
     Error = 0,
+    /// Something was refused or degraded (an allocation over the cap).
     Warn = 1,
+    /// What the shim decided (mode, caps, footprints).
     Info = 2,
+    /// Retries and details.
     Debug = 3,
 }
 
@@ -44,8 +48,11 @@ pub struct Config {
     pub mem_cap: [u64; MAX_DEVICES],
     /// SM time share in percent per device, 1..=100.
     pub sm_share: [u32; MAX_DEVICES],
+    /// The gate's window (`SMORE_SM_WINDOW_MS`), ms.
     pub window_ms: u64,
+    /// Log verbosity (`SMORE_LOG`).
     pub log: Level,
+    /// What to do when the shim cannot enforce (`SMORE_FAILURE`).
     pub policy: FailurePolicy,
 }
 
@@ -64,8 +71,11 @@ impl Default for Config {
 /// A bad environment value: names the variable, the value and what was expected.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
+    /// The variable.
     pub var: String,
+    /// Its value as found.
     pub value: String,
+    /// What a valid value looks like.
     pub expected: &'static str,
 }
 
@@ -84,7 +94,9 @@ impl fmt::Display for ConfigError {
 /// right policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Parsed {
+    /// The configuration, defaults in place of bad values.
     pub config: Config,
+    /// Every bad value found.
     pub errors: Vec<ConfigError>,
 }
 
@@ -214,14 +226,14 @@ mod tests {
     }
 
     #[test]
-    fn defaults_without_env() {
+    fn no_variables_give_the_default_config() {
         let p = parse(env(&[]));
         assert!(p.errors.is_empty());
         assert_eq!(p.config, Config::default());
     }
 
     #[test]
-    fn global_and_per_device() {
+    fn a_per_device_variable_overrides_the_global_one() {
         let p = parse(env(&[
             ("SMORE_MEMORY_LIMIT", "2GiB"),
             ("SMORE_MEMORY_LIMIT_1", "512MiB"),
@@ -243,7 +255,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_values_are_named() {
+    fn every_bad_value_is_reported_with_its_variable() {
         let p = parse(env(&[
             ("SMORE_SM_SHARE", "0"),
             ("SMORE_MEMORY_LIMIT_3", "lots"),

@@ -8,8 +8,8 @@
 //!   caller sleeps until it does not. Work submitted by time t is therefore at most
 //!   `share × (t + window)`: the queued-but-unrun work a burst can build is bounded by the bucket.
 //! - [`CostTable`]: fixed-size open-addressed table CUfunction / CUgraphExec → estimated GPU ns,
-//!   learned from sampled event pairs (no allocation, no lock; a full table falls back to the
-//!   process-wide estimate).
+//!   learned from sampled event pairs (no allocation, no lock; a key the table has no room for
+//!   stays unmeasured and is sampled on each launch, see `Runtime::launch`).
 //! - [`SampleClock`]: claims at most one sample per period per process.
 //!
 //! Must never: allocate, lock or make a syscall (the caller does the sleep, with an absolute
@@ -17,19 +17,15 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
-/// Estimated cost of a launch never sampled yet and of the process-wide fallback before any
-/// sample: 50 µs of GPU time. Reasoning: typical DL inference kernels run 5–200 µs (ANCHORS.md:
-/// a null launch is ~2 µs, frameworks add 5–20 µs per op); the first sample replaces it within
-/// one sampling period.
-pub const DEFAULT_COST_NS: u64 = 50_000;
 /// At most one sampled (event-pair) launch per 1 ms per process. Source: Olympian's 1–2 ms
-/// GPU-time quanta; ANCHORS.md: one event per launch costs 4–5 µs, so sampling at ≤ 1 kHz costs
+/// GPU-time quanta (Hu et al., Middleware 2018); recording an event costs a few µs of CPU
+/// (reasoning: a driver call of the same class as a launch), so sampling at ≤ 1 kHz costs
 /// ≤ 0.5 % of a core even for 10 µs-kernel workloads.
 pub const SAMPLE_PERIOD_NS: u64 = 1_000_000;
 /// Slots in the cost table (power of two). 4096 × 16 B = 64 KiB; PyTorch models launch a few
 /// hundred distinct kernels (reasoning), so the load factor stays low.
 pub const COST_SLOTS: usize = 4096;
-/// Linear-probe limit before giving up on a key (then the global estimate is used).
+/// Linear-probe limit before giving up on a key (it then stays unmeasured).
 const MAX_PROBE: usize = 16;
 
 /// The GCRA token bucket of one device.
@@ -41,6 +37,7 @@ pub struct Gate {
 }
 
 impl Gate {
+    /// A full bucket (no debt).
     pub fn new() -> Gate {
         Gate::default()
     }
@@ -92,8 +89,6 @@ impl Gate {
 pub struct CostTable {
     keys: Box<[AtomicU64]>,
     costs: Box<[AtomicU64]>,
-    /// Process-wide estimate (EWMA over all samples), for keys never sampled.
-    global: AtomicU64,
 }
 
 impl Default for CostTable {
@@ -107,8 +102,6 @@ fn slot_of(key: u64) -> usize {
     (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize & (COST_SLOTS - 1)
 }
 
-/// EWMA step with weight 1/4 for the new sample (reasoning: settles within ~10 samples, i.e.
-/// ~10 ms at the sampling period, while riding out single outliers).
 /// Folds a sample into an estimate: falls fast, rises slowly. On a time-sliced GPU the time
 /// between two events around a kernel is the kernel's own execution *plus* every timeslice the
 /// GPU gave other contexts meanwhile (a training job's 5 ms kernels, say), so samples above the
@@ -128,11 +121,11 @@ fn ewma(old: u64, sample: u64) -> u64 {
 }
 
 impl CostTable {
+    /// An empty table: every key unmeasured.
     pub fn new() -> CostTable {
         CostTable {
             keys: (0..COST_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             costs: (0..COST_SLOTS).map(|_| AtomicU64::new(0)).collect(),
-            global: AtomicU64::new(0),
         }
     }
 
@@ -153,40 +146,9 @@ impl CostTable {
         None
     }
 
-    /// Estimated GPU ns of `key`: its own learned cost, else the process-wide estimate, else
-    /// [`DEFAULT_COST_NS`].
-    #[inline]
-    pub fn estimate(&self, key: u64) -> u64 {
-        let mut i = slot_of(key);
-        for _ in 0..MAX_PROBE {
-            let k = self.keys[i].load(Acquire);
-            if k == key {
-                let c = self.costs[i].load(Relaxed);
-                if c != 0 {
-                    return c;
-                }
-                break;
-            }
-            if k == 0 {
-                break;
-            }
-            i = (i + 1) & (COST_SLOTS - 1);
-        }
-        self.global_estimate()
-    }
-
-    pub fn global_estimate(&self) -> u64 {
-        match self.global.load(Relaxed) {
-            0 => DEFAULT_COST_NS,
-            g => g,
-        }
-    }
-
-    /// Folds a measured GPU time into `key`'s estimate and the global one.
+    /// Folds a measured GPU time into `key`'s estimate.
     pub fn record(&self, key: u64, sample_ns: u64) {
         let sample = sample_ns.max(1);
-        let g = self.global.load(Relaxed);
-        self.global.store(ewma(g, sample), Relaxed);
         if key == 0 {
             return;
         }
@@ -261,7 +223,7 @@ mod tests {
     }
 
     #[test]
-    fn long_run_rate_is_the_share() {
+    fn the_long_run_rate_is_the_share() {
         for share in [10u32, 25, 50, 75, 90] {
             for cost in [20_000u64, MS, 7 * MS] {
                 let dur = 10_000 * MS;
@@ -278,7 +240,7 @@ mod tests {
     }
 
     #[test]
-    fn burst_is_bounded_by_the_bucket() {
+    fn a_burst_is_bounded_by_the_bucket() {
         // After a long idle period, a burst of launches at the same instant is admitted only up
         // to share × window of GPU time; the next one must wait.
         let g = Gate::new();
@@ -292,26 +254,41 @@ mod tests {
         assert_eq!(free, 25, "25 % of 100 ms = 25 launches of 1 ms");
     }
 
-    #[test]
-    fn deadline_is_exact() {
+    /// Empties a 50 % × 10 ms bucket (5 ms of GPU time) at `now`.
+    fn emptied(now: u64) -> Gate {
         let g = Gate::new();
-        let now = 1_000 * MS;
-        // Empty the bucket: 50 % of 10 ms = 5 ms of GPU time.
         for _ in 0..5 {
             assert_eq!(g.admit(now, MS, 50, 10 * MS), None);
         }
+        g
+    }
+
+    #[test]
+    fn the_deadline_is_when_the_launch_is_paid_for() {
+        let now = 1_000 * MS;
+        let g = emptied(now);
         // The next 1 ms launch is paid for 2 ms later.
         assert_eq!(g.admit(now, MS, 50, 10 * MS), Some(now + 2 * MS));
+    }
+
+    #[test]
+    fn a_reset_forgets_the_debt() {
+        let now = 1_000 * MS;
+        let g = emptied(now);
         g.reset();
         assert_eq!(g.admit(now, MS, 50, 10 * MS), None);
-        // A cost learnt afterwards moves the next admission by cost / share.
-        g.reset();
+    }
+
+    #[test]
+    fn a_cost_learnt_afterwards_delays_the_next_admission_by_cost_over_share() {
+        let now = 1_000 * MS;
+        let g = Gate::new();
         g.charge(now, 8 * MS, 50);
         assert_eq!(g.admit(now, MS, 50, 10 * MS), Some(now + 8 * MS));
     }
 
     #[test]
-    fn estimates_fall_fast_and_rise_slowly() {
+    fn an_estimate_does_not_chase_inflated_samples() {
         // A 1 ms kernel sampled while a co-runner inflates some samples to 6 ms.
         let mut e = 0;
         for (i, s) in [MS, 6 * MS, MS, 6 * MS, 6 * MS, MS, MS, 6 * MS]
@@ -332,32 +309,42 @@ mod tests {
     }
 
     #[test]
-    fn cost_table_learns_and_falls_back() {
+    fn an_unmeasured_key_has_no_cost() {
         let t = CostTable::new();
-        assert_eq!(t.estimate(0x7000), DEFAULT_COST_NS);
         assert_eq!(t.lookup(0x7000), None);
+        t.record(0x9000, 5_000);
+        assert_eq!(
+            t.lookup(0x7000),
+            None,
+            "no estimate borrowed from other keys"
+        );
+    }
+
+    #[test]
+    fn the_first_sample_is_the_cost_then_it_falls_fast_and_rises_slowly() {
+        let t = CostTable::new();
         t.record(0x7000, 400_000);
         assert_eq!(t.lookup(0x7000), Some(400_000));
-        assert_eq!(t.estimate(0x7000), 400_000);
         // A larger sample moves it 1/16 of the way; a smaller one 3/4 of the way.
         t.record(0x7000, 800_000);
-        assert_eq!(t.estimate(0x7000), 425_000);
+        assert_eq!(t.lookup(0x7000), Some(425_000));
         t.record(0x7000, 225_000);
-        assert_eq!(t.estimate(0x7000), 275_000);
-        // Unknown keys now get the global estimate.
-        assert_eq!(t.estimate(0x9000), t.global_estimate());
-        assert_ne!(t.global_estimate(), DEFAULT_COST_NS);
-        // Colliding keys coexist.
+        assert_eq!(t.lookup(0x7000), Some(275_000));
+    }
+
+    #[test]
+    fn colliding_keys_keep_their_own_costs() {
+        let t = CostTable::new();
         for k in 1..2000u64 {
             t.record(k * 16, k * 10);
         }
         for k in (1..2000u64).step_by(97) {
-            assert_eq!(t.estimate(k * 16), k * 10);
+            assert_eq!(t.lookup(k * 16), Some(k * 10));
         }
     }
 
     #[test]
-    fn sample_clock_once_per_period() {
+    fn a_sample_is_granted_once_per_period() {
         let c = SampleClock::default();
         assert!(c.try_claim(10 * MS, MS));
         assert!(!c.try_claim(10 * MS + 1, MS));

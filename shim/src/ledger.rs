@@ -5,7 +5,7 @@
 //! exactly what its allocation charged. The reservation is one compare-and-swap loop against the
 //! cap, so no interleaving of threads can make `used` pass the cap (HAMi's check-then-add could).
 //! Must never: block on the launch path (it is not used there), lose a credit for a handle it
-//! charged, or refuse a free (the FFI layer always forwards frees to the driver first).
+//! charged, or refuse a free (the free hooks always forward frees to the driver first).
 
 use crate::limits::MAX_DEVICES;
 use std::collections::HashMap;
@@ -31,9 +31,13 @@ pub enum Kind {
 /// Over-cap refusal, with what the log line needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OverCap {
+    /// The device (CUDA ordinal).
     pub dev: usize,
+    /// Its cap, bytes.
     pub cap: u64,
+    /// Bytes in use when the request came.
     pub used: u64,
+    /// Bytes requested.
     pub request: u64,
 }
 
@@ -100,6 +104,7 @@ impl Reservation<'_> {
         ok
     }
 
+    /// Bytes reserved now.
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -120,6 +125,7 @@ fn mix(k: u64) -> u64 {
 }
 
 impl Ledger {
+    /// Nothing charged on any device.
     pub fn new() -> Ledger {
         Ledger {
             used: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -220,14 +226,21 @@ mod tests {
     use std::sync::{Arc, Barrier};
 
     #[test]
-    fn reserve_commit_release() {
+    fn a_reservation_past_the_cap_is_refused_with_the_numbers() {
         let l = Ledger::new();
-        let r = l.reserve(0, 100, 250).unwrap();
-        r.commit(Kind::Ptr, 0x1000);
+        l.reserve(0, 100, 250).unwrap().commit(Kind::Ptr, 0x1000);
         l.reserve(0, 150, 250).unwrap().commit(Kind::Vmm, 0x1000);
         assert_eq!(l.used(0), 250);
         let e = l.reserve(0, 1, 250).unwrap_err();
         assert_eq!((e.cap, e.used, e.request), (250, 250, 1));
+        assert_eq!(l.used(1), 0, "devices are separate");
+    }
+
+    #[test]
+    fn a_release_credits_what_its_commit_charged_once() {
+        let l = Ledger::new();
+        l.reserve(0, 100, 250).unwrap().commit(Kind::Ptr, 0x1000);
+        l.reserve(0, 150, 250).unwrap().commit(Kind::Vmm, 0x1000);
         assert_eq!(l.release(Kind::Ptr, 0x1000), Some((0, 100)));
         assert_eq!(
             l.release(Kind::Ptr, 0x1000),
@@ -240,17 +253,21 @@ mod tests {
             "namespaces are separate"
         );
         assert_eq!(l.used(0), 150);
-        assert_eq!(l.used(1), 0);
     }
 
     #[test]
-    fn dropped_reservation_rolls_back() {
+    fn a_dropped_reservation_rolls_back() {
         let l = Ledger::new();
         {
             let _r = l.reserve(2, 4096, u64::MAX).unwrap();
             assert_eq!(l.used(2), 4096);
         }
         assert_eq!(l.used(2), 0);
+    }
+
+    #[test]
+    fn a_resize_past_the_cap_is_refused_and_the_committed_size_is_credited() {
+        let l = Ledger::new();
         let mut r = l.reserve(2, 1000, 5000).unwrap();
         assert!(r.try_resize(1536, 5000));
         assert!(!r.try_resize(6000, 5000), "growth past the cap is refused");
@@ -264,7 +281,7 @@ mod tests {
     }
 
     #[test]
-    fn overflow_is_refused_not_wrapped() {
+    fn a_reservation_that_would_overflow_is_refused() {
         let l = Ledger::new();
         l.force_charge(0, u64::MAX - 5);
         assert!(l.reserve(0, 10, u64::MAX).is_err());

@@ -4,7 +4,7 @@
 //!
 //! Owns where the page comes from and how the hot path reads it. In standalone mode the page is
 //! process-local (filled once from the environment, see [`standalone`]); in arbiter mode it is the
-//! arbiter's sealed memfd mapped read-only (`ffi::grant`), so the arbiter — not the tenant — owns
+//! arbiter's sealed memfd mapped read-only (`sys::grant`), so the arbiter — not the tenant — owns
 //! the limits (HAMi's 0666 shared file let a tenant raise its own cap). Must never: write to a page
 //! it does not own, or be read with anything but atomic loads on the hot path.
 
@@ -44,7 +44,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn standalone_page_follows_the_config() {
+    fn a_standalone_page_holds_the_configured_caps_and_shares() {
         let mut shares = [100; MAX_DEVICES];
         shares[3] = 40;
         let mut caps = [u64::MAX; MAX_DEVICES];

@@ -14,10 +14,12 @@ pub const RATE_PERIOD_NS: u64 = 1_000_000_000;
 
 static LEVEL: AtomicU8 = AtomicU8::new(Level::Warn as u8);
 
+/// Sets the process-wide level: lines less severe than `l` are dropped.
 pub fn set_level(l: Level) {
     LEVEL.store(l as u8, Relaxed);
 }
 
+/// Whether lines of level `l` are written.
 #[inline]
 pub fn enabled(l: Level) -> bool {
     l as u8 <= LEVEL.load(Relaxed)
@@ -36,6 +38,7 @@ impl Default for RateLimit {
 }
 
 impl RateLimit {
+    /// A site that may log at once.
     pub const fn new() -> RateLimit {
         RateLimit {
             next_ns: AtomicU64::new(0),
@@ -77,7 +80,7 @@ pub fn line(l: Level, msg: std::fmt::Arguments<'_>) {
     let s = format!("smore-shim[{}] {}: {}\n", std::process::id(), tag(l), msg);
     // One write(2) per line so lines of concurrent threads/processes do not interleave, and no
     // lock (std's stderr lock held by one thread at a fork would wedge the child's logging).
-    crate::ffi::sys::write_stderr(s.as_bytes());
+    crate::sys::os::write_stderr(s.as_bytes());
 }
 
 /// Writes one line if `rl` allows it now.
@@ -102,7 +105,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rate_limit_counts_suppressed() {
+    fn a_rate_limited_site_reports_how_many_lines_it_suppressed() {
         let r = RateLimit::new();
         assert_eq!(r.check(5), Some(0));
         assert_eq!(r.check(6), None);
@@ -111,7 +114,7 @@ mod tests {
     }
 
     #[test]
-    fn levels_order() {
+    fn a_level_enables_itself_and_the_more_severe_ones() {
         set_level(Level::Warn);
         assert!(enabled(Level::Error) && enabled(Level::Warn));
         assert!(!enabled(Level::Info) && !enabled(Level::Debug));

@@ -1,6 +1,7 @@
-//! Glue between the hooks and the safe parts: the per-process [`Runtime`] (configuration, limits
-//! view, ledger, gates, cost table, sampler), its lazy initialisation, and the reset in a fork
-//! child.
+//! The runtime layer, between the hooks above and the safe core and `sys` below: the per-process
+//! [`Runtime`] (configuration, limits view, ledger, gates, cost table, sampler), its lazy
+//! initialisation (which registers with the arbiter through `client`, starts the `watch`er, and
+//! registers [`after_fork_child`] with `sys::os`), and the reset in a fork child.
 //!
 //! Owns the enforcement decisions: reserve/commit/rollback around allocations, the virtualised
 //! memory info, launch admission and event sampling, the context-footprint charge. Must never:
@@ -8,13 +9,13 @@
 //! sampler's (a `try_lock` on a periodic sample, ≤ 1 per ms; a blocking lock only around the
 //! first, unmeasured launch of a kernel or graph), or sleep a launch on an unthrottled device.
 
-use crate::arbiter::{self, Source};
+use crate::client::{self, Source};
 use crate::config::{self, Config, FailurePolicy, Level};
-use crate::ffi::{real, sys};
 use crate::gate::{CostTable, Gate, SampleClock, SAMPLE_PERIOD_NS};
 use crate::ledger::{Kind, Ledger};
 use crate::limits::{self, GrantPage, MAX_DEVICES};
 use crate::log::{self, RateLimit};
+use crate::sys::{driver, os};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::Mutex;
 
@@ -34,15 +35,19 @@ const UNMEASURED_POLL_NS: u64 = 20_000;
 
 /// Everything the hooks need, for one process image (a fork child gets a new one).
 pub struct Runtime {
+    /// The environment contract as parsed (after the failure policy was applied).
     pub config: Config,
     /// False when the configuration was invalid under the fail-open policy: pure pass-through.
     pub enforcing: bool,
     /// The live limits page (standalone: process-local; arbiter mode: the arbiter's mapping).
-    /// Swapped whole by the arbiter watcher (`watch`) after a re-registration or a fail-closed
-    /// transition; pages are leaked, never unmapped, so a reader's reference stays valid.
-    limits: sys::StaticRef<GrantPage>,
+    /// Swapped whole by the arbiter watcher (`watch`, handed this reference at its start) after
+    /// a re-registration or a fail-closed transition; pages are leaked, never unmapped, so a
+    /// reader's reference stays valid.
+    limits: os::StaticRef<GrantPage>,
+    /// Device memory this process holds, per device and per handle.
     pub ledger: Ledger,
     gates: [Gate; MAX_DEVICES],
+    /// Learned GPU time per kernel / graph.
     pub costs: CostTable,
     sample_clock: SampleClock,
     sampler: Mutex<Sampler>,
@@ -82,7 +87,7 @@ struct Pending {
     b: usize,
 }
 
-static RUNTIME: sys::LeakedSlot<Runtime> = sys::LeakedSlot::new();
+static RUNTIME: os::LeakedSlot<Runtime> = os::LeakedSlot::new();
 /// Configuration errors are reported once per process tree, not again in fork children.
 static REPORTED: AtomicBool = AtomicBool::new(false);
 static OVERCAP_LOG: RateLimit = RateLimit::new();
@@ -134,18 +139,18 @@ fn init() -> &'static Runtime {
     }
     let env = |k: &str| std::env::var(k).ok();
     let parsed = config::parse(env);
-    let (source, resume) = arbiter::source(env, &parsed.config);
+    let (source, resume) = client::source(env, &parsed.config);
     let rt = Runtime::build(parsed.config, &parsed.errors, source);
     let rt = RUNTIME.install(Box::new(rt));
     INIT.store(2, Release);
-    sys::register_atfork();
+    os::register_atfork(after_fork_child);
     if let Some(r) = resume {
         if r.exec && FORKED.load(Acquire) {
             // A fork child of the process `smore run` registered: it shares that process's
             // grant page, but the registration (and its resumption) is the parent's.
-            sys::close_fd(r.conn);
+            os::close_fd(r.conn);
         } else {
-            crate::watch::spawn(rt, r);
+            crate::watch::spawn(rt.config.policy, &rt.limits, r);
         }
     }
     rt
@@ -273,7 +278,7 @@ impl Runtime {
             window_ns: config.window_ms * 1_000_000,
             config,
             enforcing,
-            limits: sys::StaticRef::new(limits),
+            limits: os::StaticRef::new(limits),
             ledger: Ledger::new(),
             gates: std::array::from_fn(|_| Gate::new()),
             costs: CostTable::new(),
@@ -291,20 +296,13 @@ impl Runtime {
         self.limits.get()
     }
 
-    /// Makes `page` the live limits page: the next allocation, information call and launch read
-    /// it. The previous page is leaked (never freed or unmapped), so a thread still reading it
-    /// reads valid memory.
-    pub fn swap_limits(&self, page: &'static GrantPage) {
-        self.limits.set(page);
-    }
-
     /// What to do when an allocation cannot be accounted (device unknown).
     fn unaccountable(&self, call: impl FnOnce() -> (u32, u64)) -> u32 {
         match self.config.policy {
             FailurePolicy::Open => {
                 log::limited(
                     &UNACCOUNTED_LOG,
-                    sys::now_ns(),
+                    os::now_ns(),
                     Level::Warn,
                     format_args!("allocation without a current device: passed through unaccounted"),
                 );
@@ -347,7 +345,7 @@ impl Runtime {
         call: impl FnOnce() -> (u32, u64, u64),
         undo: impl FnOnce(u64),
     ) -> u32 {
-        let Some(dev) = dev.or_else(real::ctx_device) else {
+        let Some(dev) = dev.or_else(driver::ctx_device) else {
             return self.unaccountable(|| {
                 let (rc, key, _) = call();
                 (rc, key)
@@ -385,7 +383,7 @@ impl Runtime {
         self.refusals.fetch_add(1, Relaxed);
         log::limited(
             &OVERCAP_LOG,
-            sys::now_ns(),
+            os::now_ns(),
             Level::Warn,
             format_args!(
                 "device {dev}: allocation of {} refused (CUDA_ERROR_OUT_OF_MEMORY): cap {}, in use {}",
@@ -428,7 +426,7 @@ impl Runtime {
         if flag.swap(true, AcqRel) {
             return;
         }
-        match real::nvml_process_mem(dev, sys::pid()) {
+        match driver::nvml_process_mem(dev, os::pid()) {
             Some(mem) => {
                 let footprint = mem.saturating_sub(self.ledger.used(dev));
                 self.ledger.force_charge(dev, footprint);
@@ -452,7 +450,7 @@ impl Runtime {
     /// (a new CUDA graph of 200 ms is not taken for a 50 µs kernel), and its real cost is then
     /// charged to the gate, so the next launch waits until it is paid for.
     pub fn launch(&self, key: u64, stream: usize, ptsz: bool, call: impl FnOnce() -> u32) -> u32 {
-        let Some(dev) = real::ctx_device().filter(|&d| d < MAX_DEVICES) else {
+        let Some(dev) = driver::ctx_device().filter(|&d| d < MAX_DEVICES) else {
             return call();
         };
         let share = limits::share(self.limits(), dev);
@@ -466,9 +464,9 @@ impl Runtime {
         // An unmeasured launch is charged nothing now and its measured cost once known (no
         // estimate from other kernels: a graph's 200 ms must not be charged to a 5 µs kernel).
         let cost = known.unwrap_or(0);
-        let mut now = sys::now_ns();
+        let mut now = os::now_ns();
         if let Some(deadline) = self.gates[dev].admit(now, cost, share, self.window_ns) {
-            sys::sleep_until(deadline);
+            os::sleep_until(deadline);
             now = deadline;
         }
         let pending = PendingMeta {
@@ -492,16 +490,16 @@ impl Runtime {
     /// estimate; the late measurement is still charged).
     #[cold]
     fn wait_unmeasured(&self) {
-        let give_up = sys::now_ns().saturating_add(self.window_ns);
+        let give_up = os::now_ns().saturating_add(self.window_ns);
         loop {
             if let Ok(mut s) = self.sampler.lock() {
                 self.harvest(&mut s);
             }
-            let now = sys::now_ns();
+            let now = os::now_ns();
             if self.unmeasured.load(Acquire) == 0 || now >= give_up {
                 return;
             }
-            sys::sleep_until(now + UNMEASURED_POLL_NS);
+            os::sleep_until(now + UNMEASURED_POLL_NS);
         }
     }
 
@@ -522,21 +520,21 @@ impl Runtime {
             return call();
         };
         self.harvest(&mut s);
-        if s.pending.len() >= MAX_PENDING || real::stream_capturing(stream, ptsz) != Some(false) {
+        if s.pending.len() >= MAX_PENDING || driver::stream_capturing(stream, ptsz) != Some(false) {
             return call();
         }
-        let Some(ctx) = real::ctx_current() else {
+        let Some(ctx) = driver::ctx_current() else {
             return call();
         };
         let Some((a, b)) = s.take_pair(ctx) else {
             return call();
         };
-        if !real::event_record(a, stream, ptsz) {
+        if !driver::event_record(a, stream, ptsz) {
             s.give_back(ctx, (a, b));
             return call();
         }
         let rc = call();
-        if rc == 0 && real::event_record(b, stream, ptsz) {
+        if rc == 0 && driver::event_record(b, stream, ptsz) {
             if meta.unmeasured {
                 self.unmeasured.fetch_add(1, AcqRel);
             }
@@ -552,12 +550,12 @@ impl Runtime {
     fn harvest(&self, s: &mut Sampler) {
         let mut i = 0;
         while i < s.pending.len() {
-            match real::event_query(s.pending[i].b) {
+            match driver::event_query(s.pending[i].b) {
                 CUDA_ERROR_NOT_READY => i += 1,
                 rc => {
                     let p = s.pending.swap_remove(i);
                     if rc == 0 {
-                        if let Some(ms) = real::event_elapsed_ms(p.a, p.b) {
+                        if let Some(ms) = driver::event_elapsed_ms(p.a, p.b) {
                             let ns = (ms as f64 * 1e6) as u64;
                             self.costs.record(p.meta.key, ns);
                             if p.meta.unmeasured && ns > p.meta.charged {
@@ -587,7 +585,7 @@ impl Sampler {
                 return Some(p);
             }
         }
-        Some((real::event_create()?, real::event_create()?))
+        Some((driver::event_create()?, driver::event_create()?))
     }
 
     fn give_back(&mut self, ctx: usize, pair: (usize, usize)) {
@@ -626,7 +624,7 @@ mod tests {
     }
 
     #[test]
-    fn alloc_commit_rollback_and_refusal() {
+    fn an_allocation_over_the_cap_is_refused_without_calling_the_driver() {
         let r = rt(1000);
         let mut called = 0;
         assert_eq!(
@@ -636,27 +634,44 @@ mod tests {
             }),
             0
         );
-        // Over the cap: the driver is not called.
         assert_eq!(
             r.alloc(Some(0), 600, Kind::Ptr, || {
                 called += 1;
                 (0, 0xb000)
             }),
-            2
+            CUDA_ERROR_OUT_OF_MEMORY
         );
         assert_eq!(called, 1);
-        // The driver fails: rolled back.
-        assert_eq!(r.alloc(Some(0), 300, Kind::Ptr, || (2, 0)), 2);
         assert_eq!(r.ledger.used(0), 600);
-        assert_eq!(r.virtual_info(0, 80 << 30, 80 << 30), (400, 1000));
-        assert_eq!(
-            r.virtual_info(0, 100, 80 << 30),
-            (100, 1000),
-            "never more than physical"
-        );
+        assert_eq!(r.refusals.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn an_allocation_the_driver_fails_is_rolled_back() {
+        let r = rt(1000);
+        assert_eq!(r.alloc(Some(0), 300, Kind::Ptr, || (2, 0)), 2);
+        assert_eq!(r.ledger.used(0), 0);
+    }
+
+    #[test]
+    fn a_free_credits_the_allocation() {
+        let r = rt(1000);
+        assert_eq!(r.alloc(Some(0), 600, Kind::Ptr, || (0, 0xa000)), 0);
         r.freed(Kind::Ptr, 0xa000);
         assert_eq!(r.ledger.used(0), 0);
-        // Pitched: estimate reserved, actual charged.
+    }
+
+    #[test]
+    fn capped_memory_info_is_the_cap_minus_use_and_never_more_than_physical() {
+        let r = rt(1000);
+        assert_eq!(r.alloc(Some(0), 600, Kind::Ptr, || (0, 0xa000)), 0);
+        assert_eq!(r.virtual_info(0, 80 << 30, 80 << 30), (400, 1000));
+        assert_eq!(r.virtual_info(0, 100, 80 << 30), (100, 1000));
+    }
+
+    #[test]
+    fn a_pitched_allocation_is_charged_its_real_size() {
+        let r = rt(1000);
         let undone = std::cell::Cell::new(0);
         assert_eq!(
             r.alloc_sized(
@@ -669,7 +684,14 @@ mod tests {
             0
         );
         assert_eq!(r.ledger.used(0), 700);
-        // The real size does not fit: the allocation is undone and refused.
+        assert_eq!(undone.get(), 0);
+    }
+
+    #[test]
+    fn a_pitched_allocation_whose_real_size_does_not_fit_is_undone_and_refused() {
+        let r = rt(1000);
+        assert_eq!(r.alloc(Some(0), 700, Kind::Ptr, || (0, 0xa000)), 0);
+        let undone = std::cell::Cell::new(0);
         assert_eq!(
             r.alloc_sized(
                 Some(0),
@@ -678,41 +700,51 @@ mod tests {
                 || (0, 0xd000, 400),
                 |k| undone.set(k)
             ),
-            2
+            CUDA_ERROR_OUT_OF_MEMORY
         );
         assert_eq!(undone.get(), 0xd000);
         assert_eq!(r.ledger.used(0), 700);
     }
 
     #[test]
-    fn uncapped_info_is_physical() {
+    fn uncapped_memory_info_is_physical() {
         let r = rt(u64::MAX);
         assert_eq!(r.virtual_info(0, 5, 10), (5, 10));
     }
 
-    #[test]
-    fn bad_config_policies() {
-        let e = vec![config::ConfigError {
+    fn bad_share() -> Vec<config::ConfigError> {
+        vec![config::ConfigError {
             var: "SMORE_SM_SHARE".into(),
             value: "0".into(),
             expected: "x",
-        }];
-        let open = Runtime::from_parsed(Config::default(), &e);
+        }]
+    }
+
+    #[test]
+    fn a_bad_value_under_fail_open_runs_pass_through() {
+        let open = Runtime::from_parsed(Config::default(), &bad_share());
         assert!(!open.enforcing);
+    }
+
+    #[test]
+    fn a_bad_value_under_fail_closed_refuses_every_allocation_and_throttles_nothing() {
         let closed = Runtime::from_parsed(
             Config {
                 policy: FailurePolicy::Closed,
                 ..Config::default()
             },
-            &e,
+            &bad_share(),
         );
         assert!(closed.enforcing);
-        assert_eq!(closed.alloc(Some(0), 1, Kind::Ptr, || (0, 1)), 2);
+        assert_eq!(
+            closed.alloc(Some(0), 1, Kind::Ptr, || (0, 1)),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
         assert!(limits::none_throttled(closed.limits()));
     }
 
     #[test]
-    fn array_sizes() {
+    fn an_array_is_charged_its_extents_times_element_size_saturating() {
         assert_eq!(array_bytes(64, 0, 0, 0x20, 4), 64 * 16);
         assert_eq!(array_bytes(64, 32, 2, 0x01, 1), 64 * 32 * 2);
         assert_eq!(array_bytes(u64::MAX, 2, 1, 0x20, 4), u64::MAX);

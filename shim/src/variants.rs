@@ -14,17 +14,22 @@ macro_rules! name_enum {
         #[allow(non_camel_case_types)]
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         #[repr(usize)]
-        $vis enum $E { $($v),* }
+        $vis enum $E { $(#[doc = concat!("`", stringify!($v), "`.")] $v),* }
         impl $E {
+            /// Every variant, in index order.
             pub const ALL: &'static [$E] = &[$($E::$v),*];
+            /// The exported symbol names, in index order.
             pub const NAMES: &'static [&'static str] = &[$(stringify!($v)),*];
+            /// How many there are.
             pub const COUNT: usize = Self::NAMES.len();
+            /// The exported symbol name.
             #[inline]
             pub fn name(self) -> &'static str { Self::NAMES[self as usize] }
             /// Which library exports it.
             pub fn lib(self) -> Lib {
                 if self.name().starts_with("nvml") { Lib::Nvml } else { Lib::$lib }
             }
+            /// The variant of exactly this symbol name.
             pub fn from_name(name: &str) -> Option<$E> {
                 Self::NAMES.iter().position(|n| *n == name).map(|i| Self::ALL[i])
             }
@@ -35,7 +40,9 @@ macro_rules! name_enum {
 /// The library a symbol belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lib {
+    /// `libcuda.so.1`.
     Cuda,
+    /// `libnvidia-ml.so.1`.
     Nvml,
 }
 
@@ -101,7 +108,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_round_trip() {
+    fn every_hook_is_found_by_its_exact_name_only() {
         for (i, h) in Hook::ALL.iter().enumerate() {
             assert_eq!(*h as usize, i);
             assert_eq!(Hook::from_name(h.name()), Some(*h));

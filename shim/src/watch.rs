@@ -17,12 +17,11 @@
 //! `smore run` connection (it only polls it for the hang-up), panic across its boundary, or
 //! keep the host alive (the thread is detached; process exit ends it).
 
-use crate::arbiter::{self, Rejoin, Resume};
+use crate::client::{self, Rejoin, Resume};
 use crate::config::{FailurePolicy, Level};
-use crate::ffi::sys;
 use crate::limits::{GrantPage, MAX_DEVICES};
 use crate::log;
-use crate::runtime::Runtime;
+use crate::sys::os::{self, StaticRef};
 use std::time::Duration;
 
 /// First retry delay after the connection is lost: 50 ms (reasoning: a restarting arbiter binds
@@ -35,15 +34,17 @@ pub const MAX_RETRY: Duration = Duration::from_secs(1);
 /// decision; asking every second would flood the arbiter's event log with the same refusal).
 pub const REFUSED_RETRY: Duration = Duration::from_secs(10);
 
-/// Starts the watcher for `rt`. If the thread cannot be created the connection stays open (its
-/// fd is never closed) and the grant simply cannot be resumed after a restart.
-pub fn spawn(rt: &'static Runtime, r: Resume) {
+/// Starts the watcher of the live limits page `limits` (the runtime's: the watcher swaps pages in
+/// it) under failure policy `policy`. If the thread cannot be created the connection stays open
+/// (its fd is never closed) and the grant simply cannot be resumed after a restart.
+pub fn spawn(policy: FailurePolicy, limits: &'static StaticRef<GrantPage>, r: Resume) {
     let started = std::thread::Builder::new()
         .name("smore-arbiter".into())
         .stack_size(256 << 10)
         .spawn(move || {
-            sys::block_signals();
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| watch(rt, r)));
+            os::block_signals();
+            let _ =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| watch(policy, limits, r)));
         });
     if let Err(e) = started {
         log::line(
@@ -62,13 +63,12 @@ fn closed_page(last: &GrantPage) -> &'static GrantPage {
     page
 }
 
-fn watch(rt: &'static Runtime, mut r: Resume) {
-    let policy = rt.config.policy;
+fn watch(policy: FailurePolicy, limits: &'static StaticRef<GrantPage>, mut r: Resume) {
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     loop {
-        sys::wait_hangup(r.conn);
-        sys::close_fd(r.conn);
-        let granted = rt.limits();
+        os::wait_hangup(r.conn);
+        os::close_fd(r.conn);
+        let granted = limits.get();
         let last_cap = granted.cap(r.slot);
         match policy {
             FailurePolicy::Open => log::line(
@@ -79,7 +79,7 @@ fn watch(rt: &'static Runtime, mut r: Resume) {
                 ),
             ),
             FailurePolicy::Closed => {
-                rt.swap_limits(closed_page(granted));
+                limits.set(closed_page(granted));
                 log::line(
                     Level::Warn,
                     format_args!(
@@ -93,7 +93,7 @@ fn watch(rt: &'static Runtime, mut r: Resume) {
         let mut last_refusal = String::new();
         let (conn, page, grant) = loop {
             std::thread::sleep(delay);
-            match arbiter::reregister(&r, last_cap, visible.as_deref()) {
+            match client::reregister(&r, last_cap, visible.as_deref()) {
                 Rejoin::Granted { conn, page, grant } => break (conn, page, grant),
                 Rejoin::Unreachable(why) => {
                     log::line(Level::Debug, format_args!("arbiter not back yet: {why}"));
@@ -111,7 +111,7 @@ fn watch(rt: &'static Runtime, mut r: Resume) {
                 }
                 Rejoin::NotOurs(why) => {
                     // Not ours to resume: the last arbiter page is what this process was granted.
-                    rt.swap_limits(granted);
+                    limits.set(granted);
                     log::line(
                         Level::Warn,
                         format_args!("not re-registering: {why}; keeping the last grant"),
@@ -120,7 +120,7 @@ fn watch(rt: &'static Runtime, mut r: Resume) {
                 }
             }
         };
-        rt.swap_limits(page);
+        limits.set(page);
         let how = if grant.instance == r.instance {
             "re-attached as instance"
         } else {

@@ -1,10 +1,14 @@
-//! Clock, sleep, fork hook and the runtime slot: thin, audited wrappers over libc.
+//! Clock, sleep, stderr, fds, signals, fork-handler registration and lock-free slots for leaked
+//! values: thin, audited wrappers over libc.
+//!
+//! Owns the process-image-wide `pthread_atfork` registration. Imports nothing from the crate:
+//! the fork-child behaviour is a callback the runtime registers.
 //!
 //! Must never: block except in [`sleep_until`] and [`wait_hangup`] (the arbiter watcher thread
 //! only), or take a lock in the fork-child handler.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
 
 /// CLOCK_MONOTONIC in ns (a vDSO read, no syscall on Linux x86-64/aarch64).
 #[inline]
@@ -46,10 +50,12 @@ pub fn sleep_until(deadline_ns: u64) {
 pub struct LeakedSlot<T>(AtomicPtr<T>);
 
 impl<T> LeakedSlot<T> {
+    /// An empty slot.
     pub const fn new() -> Self {
         LeakedSlot(AtomicPtr::new(std::ptr::null_mut()))
     }
 
+    /// The installed value, if any (one acquire load).
     #[inline]
     pub fn get(&self) -> Option<&'static T> {
         let p = self.0.load(Acquire);
@@ -93,10 +99,12 @@ impl<T> Default for LeakedSlot<T> {
 pub struct StaticRef<T>(AtomicPtr<T>);
 
 impl<T> StaticRef<T> {
+    /// Refers to `v` until [`StaticRef::set`] replaces it.
     pub fn new(v: &'static T) -> Self {
         StaticRef(AtomicPtr::new(std::ptr::from_ref(v).cast_mut()))
     }
 
+    /// The current reference (one acquire load).
     #[inline]
     pub fn get(&self) -> &'static T {
         // SAFETY: the pointer only ever comes from a `&'static T` (`new`, `set`), so it is
@@ -110,16 +118,27 @@ impl<T> StaticRef<T> {
     }
 }
 
-static ATFORK: AtomicBool = AtomicBool::new(false);
+/// The fork-child callback (a `fn()` as an address; 0 = none registered yet).
+static ATFORK_CHILD: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" fn child_after_fork() {
-    // No locks, no allocation: only atomic stores (see runtime::after_fork_child).
-    let _ = std::panic::catch_unwind(crate::runtime::after_fork_child);
+    let a = ATFORK_CHILD.load(Acquire);
+    if a == 0 {
+        return;
+    }
+    // SAFETY: a non-zero value was stored by `register_atfork` from a `fn()`, so it is that
+    // function's address.
+    let f = unsafe { std::mem::transmute::<usize, fn()>(a) };
+    // The callback must take no lock and allocate nothing (documented at `register_atfork`).
+    let _ = std::panic::catch_unwind(f);
 }
 
-/// Registers the fork-child handler once per process image.
-pub fn register_atfork() {
-    if ATFORK.swap(true, AcqRel) {
+/// Registers `child` to run in the child after every `fork` of this process image (the first
+/// registration installs the `pthread_atfork` handler; a later one replaces the callback).
+/// `child` runs in a process with one thread whose memory may hold locks taken by threads that
+/// no longer exist: it must only do atomic stores (no lock, no allocation).
+pub fn register_atfork(child: fn()) {
+    if ATFORK_CHILD.swap(child as usize, AcqRel) != 0 {
         return;
     }
     // SAFETY: registering a plain extern "C" fn with no prepare/parent handlers.

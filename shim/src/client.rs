@@ -18,8 +18,8 @@
 //! use it; re-registration always opens a new one).
 
 use crate::config::Config;
-use crate::ffi::grant;
 use crate::limits::GrantPage;
+use crate::sys::grant;
 use smore_protocol::conn::Client;
 use smore_protocol::wire::{Grant, Reply, Request, ENV_CONN_FD, ENV_GRANT_FD, ENV_SOCKET};
 use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
@@ -83,6 +83,7 @@ pub struct Resume {
     pub conn: RawFd,
     /// `SMORE_ARBITER_SOCKET`.
     pub socket: PathBuf,
+    /// The instance id the arbiter granted (what `resume` names).
     pub instance: u64,
     /// NVML index of the GPU, when known (socket mode: from the grant; `smore run` mode: looked
     /// up at re-registration from the arbiter's GPU list and `CUDA_VISIBLE_DEVICES`).
@@ -143,7 +144,7 @@ fn inherited_resume(get: &impl Fn(&str) -> Option<String>, config: &Config) -> O
     let Some(fd) = get(ENV_CONN_FD).and_then(|v| v.trim().parse::<RawFd>().ok()) else {
         return why_not(format!("{ENV_CONN_FD} is not set to a file descriptor"));
     };
-    let conn = match crate::ffi::sys::dup_socket(fd) {
+    let conn = match crate::sys::os::dup_socket(fd) {
         Ok(c) => c,
         Err(e) => return why_not(format!("{ENV_CONN_FD}: {e}")),
     };
@@ -212,8 +213,11 @@ fn register(path: &str, req: Request) -> Result<(&'static GrantPage, Resume), St
 pub enum Rejoin {
     /// Granted: the new connection (held for the process lifetime), its page, the grant.
     Granted {
+        /// The new registration's connection (closing it releases the grant).
         conn: RawFd,
+        /// The new grant page, mapped read-only.
         page: &'static GrantPage,
+        /// What the arbiter granted.
         grant: Grant,
     },
     /// Not this process's to resume (the reason, for one log line): stop trying.
@@ -227,7 +231,9 @@ pub enum Rejoin {
 /// The instance as the arbiter's status snapshot shows it.
 #[derive(Debug, PartialEq)]
 pub struct Listed {
+    /// The process the instance was registered for.
     pub pid: u32,
+    /// Whether the arbiter holds a live connection for it (a detached one awaits resumption).
     pub attached: bool,
     /// NVML index of the GPU this process runs on: the GPU whose UUID `CUDA_VISIBLE_DEVICES`
     /// names (what `smore run` set), else the GPU the arbiter lists the instance under.
@@ -278,7 +284,7 @@ pub fn reregister(r: &Resume, last_cap: u64, visible: Option<&str>) -> Rejoin {
             Ok(other) => return Rejoin::Refused(format!("status request answered {other:?}")),
             Err(e) => return Rejoin::Unreachable(format!("status request failed: {e}")),
         };
-        let me = crate::ffi::sys::pid();
+        let me = crate::sys::os::pid();
         match find_listed(&snapshot, r.instance, visible) {
             None => {
                 return Rejoin::NotOurs(format!(

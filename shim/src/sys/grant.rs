@@ -3,8 +3,7 @@
 //! Must never: map the page writable, accept an fd smaller than the page layout, or return a page
 //! whose magic / version is not ours (a wrong fd must not be read as limits).
 
-use crate::limits::GrantPage;
-use smore_protocol::grant::PAGE_BYTES;
+use smore_protocol::grant::{GrantPage, PAGE_BYTES};
 use std::os::fd::RawFd;
 
 /// Maps `fd` (`PROT_READ`, `MAP_SHARED`) and checks it holds a [`GrantPage`] of our layout. The
@@ -70,10 +69,8 @@ mod tests {
         // SAFETY: a fresh fd we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: ftruncate on our own fd.
-        assert_eq!(
-            unsafe { libc::ftruncate(fd.as_raw_fd(), bytes as libc::off_t) },
-            0
-        );
+        let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), bytes as libc::off_t) };
+        assert_eq!(rc, 0);
         fd
     }
 
