@@ -1,43 +1,70 @@
 //! `smore demo`: the whole product on one node, runnable on any machine.
 //!
 //! Without a GPU it builds a simulated node (the fake `libcuda.so.1` / `libnvidia-ml.so.1` of
-//! `sim`) in a directory and runs on it, as real processes:
+//! `sim`) in a directory and runs on it, as real processes, one or more scenarios
+//! ([`crate::scenario`]: `default`, `harvest`, `busy`, or `all` in sequence), each:
 //! 1. a `smore arbiter` with a config written for the node;
 //! 2. baselines: the training job alone (iteration time, GPU utilization) and each function alone
-//!    (its solo P99, from which its SLO is set);
+//!    (its solo P99, from which its SLO is set; measured once per demo);
 //! 3. the co-located run: the training job (unmodified, no shim) plus three functions whose
 //!    requests replay a seeded synthetic trace (prewarm's generator: diurnal, bursty and timer
 //!    classes; one trace minute per demo second). The demo plays the serverless platform:
 //!    instances start under `smore run` (admission, then the shim with the arbiter's grant) on a
 //!    request when none is warm (a cold start) or on a prewarm `load` hint, and stop on `unload`
 //!    hints (prewarm's online manager, `--prewarm`). Each request asks the arbiter for
-//!    admission before it runs.
+//!    admission before it runs; the platform refuses a request that can no longer meet its SLO
+//!    even at solo speed instead of queueing it into a miss (`--no-deadline-refusal` turns that
+//!    off).
 //!
-//! It ends with a summary — GUI (GPU utilization exclusive vs co-located), SFD (training
-//! slowdown), SLD (function P99 degradation), DSR (requests within SLO), cold starts — and a PNG
-//! of utilization and submitted vs admitted requests over time. Every figure comes from the
-//! processes' own output and from NVML, the way an operator would measure them.
+//! Each scenario ends with a summary — GUI (GPU utilization exclusive vs co-located), SFD
+//! (training slowdown), SLD (function P99 degradation), DSR (requests within SLO, of all and of
+//! admitted requests), refusals by cause, cold starts — and a PNG; `all` adds one table. Every
+//! figure comes from the processes' own output and from NVML, the way an operator would measure
+//! them ([`crate::report`] holds the definitions).
+//!
+//! Owns: the orchestration (processes, platform dispatch, sampling) and the printed report.
+//! Must never: print a figure from the simulated GPU without saying so, or lose a request (each
+//! is recorded served or refused with its cause).
 
+use crate::report::{self, mean, Record, Refusal, RequestFigures};
+use crate::scenario::{
+    functions, offered_load, trace, FunctionSpec, Scenario, ScenarioChoice, TrainerShape,
+};
 use anyhow::{bail, Context, Result};
-use rand::{Rng, SeedableRng};
+use serde::Serialize;
 use smore_arbiter::gpus::{GpuSource, NvmlSource};
 use smore_prewarm::manager::PrewarmManager;
 use smore_prewarm::policy::{Action, PolicySettings, PolicySpec};
-use smore_prewarm::synth::{generate_series, TraceClass};
 use smore_protocol::install as artifacts;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Seconds the training job runs alone before functions arrive in the co-located run.
 const SETTLE_S: f64 = 2.0;
+/// Seconds of the training job alone in the baseline.
+const BASELINE_S: f64 = 5.0;
+/// After the arbiter refuses an instance start, the platform waits this long before trying
+/// again (requests in between are refused with [`Refusal::Instance`]): a refusal reflects the
+/// node's state, which the arbiter re-evaluates every reconcile (100 ms here) — retrying per
+/// request would spawn a `smore run` per request for nothing.
+const RESTART_BACKOFF: Duration = Duration::from_secs(1);
+/// Exit codes of `smore run` when the arbiter refused the instance (docs/cli.md,
+/// `RefuseCode::exit_code`: 75 no memory … 79 invalid).
+const REFUSED_EXIT_CODES: std::ops::RangeInclusive<i32> = 75..=79;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
-    /// Seconds of trace replayed in the co-located run (one trace minute per second).
+    /// Scenario: default (trainer ~60 % busy), harvest (trainer ~23 % busy, heavy bursty
+    /// functions), busy (trainer ~93 % busy), or all three in sequence with a summary table.
+    #[arg(long, value_enum, default_value = "default")]
+    pub scenario: ScenarioChoice,
+    /// Seconds of trace replayed in the co-located run of each scenario (one trace minute per
+    /// second).
     #[arg(long, default_value_t = 60)]
     pub seconds: u64,
     /// Prewarm policy: hhp, lsth, ls-lstm, last-value, fixed-N (minutes), oracle.
@@ -54,18 +81,23 @@ pub struct DemoArgs {
     /// Training slowdown bound θ_train given to the arbiter.
     #[arg(long, default_value_t = 0.10)]
     pub theta_train: f64,
-    /// Trainer kernel duration, µs.
-    #[arg(long, default_value_t = 5000.0)]
-    pub trainer_kernel_us: f64,
-    /// Trainer kernels per iteration.
-    #[arg(long, default_value_t = 8)]
-    pub trainer_kernels: u32,
-    /// Host time between trainer iterations (data loading), ms: the idle GPU time smore harvests.
-    #[arg(long, default_value_t = 25.0)]
-    pub trainer_host_ms: f64,
-    /// Scale of every function's request rate.
-    #[arg(long, default_value_t = 1.0)]
-    pub load: f64,
+    /// Trainer kernel duration, µs (default: the scenario's).
+    #[arg(long)]
+    pub trainer_kernel_us: Option<f64>,
+    /// Trainer kernels per iteration (default: the scenario's).
+    #[arg(long)]
+    pub trainer_kernels: Option<u32>,
+    /// Host time between trainer iterations (data loading), ms: the idle GPU time smore harvests
+    /// (default: the scenario's).
+    #[arg(long)]
+    pub trainer_host_ms: Option<f64>,
+    /// Scale of every function's request rate (default: the scenario's).
+    #[arg(long)]
+    pub load: Option<f64>,
+    /// Serve every request, however late, instead of refusing one that can no longer meet its
+    /// SLO even at solo speed (and let an instance wait up to 1 s for the arbiter's admission).
+    #[arg(long)]
+    pub no_deadline_refusal: bool,
     /// Run on this machine's real GPU 0 (real libcuda and NVML) with PyTorch workloads
     /// (profiling/smore_profiling/demo_workers.py) instead of the simulated GPU.
     #[arg(long)]
@@ -74,66 +106,25 @@ pub struct DemoArgs {
     /// the binary was built in, or ./profiling).
     #[arg(long)]
     pub profiling: Option<PathBuf>,
-    /// Keep the node, logs, summary.json and demo.png here (default: ./smore-demo).
+    /// Keep the node, logs, summary.json and demo.png here (default: ./smore-demo; with
+    /// `--scenario all`, each scenario's files in a subdirectory named after it).
     #[arg(long, default_value = "smore-demo")]
     pub out: PathBuf,
 }
 
-/// One demo function: its kernels, model, trace class and mean request rate.
-#[derive(Debug, Clone)]
-struct FunctionSpec {
-    name: &'static str,
-    kernel_us: f64,
-    kernels: u32,
-    model_mib: u64,
-    load_ms: f64,
-    class: TraceClass,
-    /// Mean requests per second over the replay.
-    rate: f64,
-    /// With `--gpu`: the PyTorch model (profiling/smore_profiling/models.py) and batch.
-    torch_model: &'static str,
-    torch_batch: u32,
-}
-
-fn functions() -> Vec<FunctionSpec> {
-    // Kernel times and memory are of the order of the SMORE workloads' inference on an A100-class
-    // GPU (ResNet-50 ~1–2 ms, BERT-base ~2–4 ms, MobileNet < 1 ms at small batch); they set the
-    // simulated durations, they are not measurements.
-    vec![
-        FunctionSpec {
-            name: "resnet50",
-            kernel_us: 400.0,
-            kernels: 4,
-            model_mib: 1024,
-            load_ms: 150.0,
-            class: TraceClass::Diurnal,
-            rate: 20.0,
-            torch_model: "resnet50",
-            torch_batch: 8,
-        },
-        FunctionSpec {
-            name: "bert",
-            kernel_us: 300.0,
-            kernels: 8,
-            model_mib: 1536,
-            load_ms: 200.0,
-            class: TraceClass::Mixed,
-            rate: 12.0,
-            torch_model: "bert_base",
-            torch_batch: 4,
-        },
-        FunctionSpec {
-            name: "mobilenet",
-            kernel_us: 200.0,
-            kernels: 3,
-            model_mib: 512,
-            load_ms: 100.0,
-            class: TraceClass::Timer,
-            rate: 6.0,
-            torch_model: "mobilenet_v2",
-            torch_batch: 1,
-        },
-    ]
+impl DemoArgs {
+    /// The scenario with this run's overrides applied.
+    fn resolve(&self, s: Scenario) -> Scenario {
+        Scenario {
+            trainer: TrainerShape {
+                kernel_us: self.trainer_kernel_us.unwrap_or(s.trainer.kernel_us),
+                kernels: self.trainer_kernels.unwrap_or(s.trainer.kernels),
+                host_ms: self.trainer_host_ms.unwrap_or(s.trainer.host_ms),
+            },
+            load: self.load.unwrap_or(s.load),
+            ..s
+        }
+    }
 }
 
 pub(crate) struct Node {
@@ -227,7 +218,13 @@ fn real_node(dir: &Path, profiling: Option<&Path>) -> Result<Node> {
 }
 
 /// The function program and its arguments (solo or `--serve`), for either backend.
-fn function_argv(node: &Node, f: &FunctionSpec, serve: bool) -> Result<Vec<String>> {
+/// `give_up_ms`: how long a served request may wait for the arbiter's admission.
+fn function_argv(
+    node: &Node,
+    f: &FunctionSpec,
+    serve: bool,
+    give_up_ms: Option<f64>,
+) -> Result<Vec<String>> {
     let mut v: Vec<String> = Vec::new();
     if node.gpu.is_some() {
         v.extend(["python3", "-m", "smore_profiling.demo_workers", "function"].map(String::from));
@@ -257,24 +254,28 @@ fn function_argv(node: &Node, f: &FunctionSpec, serve: bool) -> Result<Vec<Strin
             v.extend(["--load-ms".into(), f.load_ms.to_string()]);
         }
     }
+    if let (true, Some(ms)) = (serve, give_up_ms) {
+        v.extend(["--give-up-ms".into(), format!("{ms:.3}")]);
+    }
     Ok(v)
 }
 
-fn start_arbiter(node: &Node, a: &DemoArgs) -> Result<ArbiterProc> {
-    let socket = node.dir.join("arbiter.sock");
-    let cfg = node.dir.join("node.toml");
+/// Starts an arbiter for `node` whose socket, config, state and log live in `out`.
+fn start_arbiter(node: &Node, out: &Path, a: &DemoArgs) -> Result<ArbiterProc> {
+    let socket = out.join("arbiter.sock");
+    let cfg = out.join("node.toml");
     std::fs::write(
         &cfg,
         format!(
             "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 100\n\n[policy]\nname = {:?}\ntheta_train = {}\n",
             socket,
-            node.dir.join("state"),
+            out.join("state"),
             a.policy,
             a.theta_train
         ),
     )?;
-    let _ = std::fs::remove_dir_all(node.dir.join("state"));
-    let log = std::fs::File::create(node.dir.join("arbiter.log"))?;
+    let _ = std::fs::remove_dir_all(out.join("state"));
+    let log = std::fs::File::create(out.join("arbiter.log"))?;
     let child = node
         .command(std::env::current_exe()?)
         .args(["arbiter", "--config"])
@@ -288,7 +289,7 @@ fn start_arbiter(node: &Node, a: &DemoArgs) -> Result<ArbiterProc> {
         if t0.elapsed() > Duration::from_secs(20) {
             bail!(
                 "the arbiter did not start; see {}",
-                node.dir.join("arbiter.log").display()
+                out.join("arbiter.log").display()
             );
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -316,12 +317,10 @@ fn run_to_end(mut c: Command, what: &str) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Samples NVML utilization of GPU 0 every 250 ms until `stop`.
-fn sample_util(
-    node: &Node,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-) -> Result<std::thread::JoinHandle<Vec<(f64, f64)>>> {
-    // The demo process itself reads NVML: point it at the node (or the real library).
+/// Opens NVML for the demo process itself, pointed at the node (or the real library). The
+/// simulated NVML binds a process to the first node it opens, so a demo uses one node for all
+/// its scenarios.
+fn open_nvml(node: &Node) -> Result<NvmlSource> {
     let lib = if node.gpu.is_some() {
         "libnvidia-ml.so.1".to_string()
     } else {
@@ -330,21 +329,28 @@ fn sample_util(
         }
         node.dir.join("lib/libnvidia-ml.so.1").display().to_string()
     };
-    let mut src = NvmlSource::open(&lib)?;
-    Ok(std::thread::spawn(move || {
-        let t0 = Instant::now();
+    NvmlSource::open(&lib)
+}
+
+/// Samples NVML utilization of GPU 0 every 250 ms until `stop`: (seconds since `origin`, %).
+fn sample_util(
+    mut src: NvmlSource,
+    origin: Instant,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(NvmlSource, Vec<(f64, f64)>)> {
+    std::thread::spawn(move || {
         let mut v = Vec::new();
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        while !stop.load(Ordering::Relaxed) {
             if let Ok(s) = src.sample(0) {
-                v.push((t0.elapsed().as_secs_f64(), s.util.unwrap_or(0) as f64));
+                v.push((origin.elapsed().as_secs_f64(), s.util.unwrap_or(0) as f64));
             }
             std::thread::sleep(Duration::from_millis(250));
         }
-        v
-    }))
+        (src, v)
+    })
 }
 
-fn trainer_cmd(node: &Node, a: &DemoArgs, seconds: f64, quiet: bool) -> Result<Command> {
+fn trainer_cmd(node: &Node, t: &TrainerShape, seconds: f64, quiet: bool) -> Result<Command> {
     if node.gpu.is_some() {
         let mut c = node.command("python3");
         c.args([
@@ -358,7 +364,7 @@ fn trainer_cmd(node: &Node, a: &DemoArgs, seconds: f64, quiet: bool) -> Result<C
         ])
         .args([
             "--host-ms",
-            &a.trainer_host_ms.to_string(),
+            &t.host_ms.to_string(),
             "--seconds",
             &seconds.to_string(),
         ]);
@@ -370,11 +376,11 @@ fn trainer_cmd(node: &Node, a: &DemoArgs, seconds: f64, quiet: bool) -> Result<C
     let mut c = node.command(artifacts::require("sim-trainer")?);
     c.args([
         "--kernel-us",
-        &a.trainer_kernel_us.to_string(),
+        &t.kernel_us.to_string(),
         "--kernels",
-        &a.trainer_kernels.to_string(),
+        &t.kernels.to_string(),
         "--host-ms",
-        &a.trainer_host_ms.to_string(),
+        &t.host_ms.to_string(),
         "--seconds",
         &seconds.to_string(),
     ]);
@@ -382,6 +388,51 @@ fn trainer_cmd(node: &Node, a: &DemoArgs, seconds: f64, quiet: bool) -> Result<C
         c.arg("--quiet");
     }
     Ok(c)
+}
+
+/// Copies the trainer's stdout to `log` and keeps its iterations as (seconds since `origin` at
+/// which the iteration ended, iteration ms).
+fn follow_trainer(
+    stdout: ChildStdout,
+    mut log: std::fs::File,
+    origin: Instant,
+) -> std::thread::JoinHandle<Vec<(f64, f64)>> {
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+            let t = origin.elapsed().as_secs_f64();
+            let _ = writeln!(log, "{line}");
+            if let Some(ms) = line
+                .strip_prefix("iter=")
+                .and_then(|l| l.split("ms=").nth(1))
+                .and_then(|m| m.trim().parse::<f64>().ok())
+            {
+                v.push((t, ms));
+            }
+        }
+        v
+    })
+}
+
+/// Why an instance did not start.
+#[derive(Debug)]
+enum StartError {
+    /// The arbiter refused it (`smore run` exited with a refusal code).
+    Refused,
+    /// Anything else (see the function's log).
+    Failed(anyhow::Error),
+}
+
+impl From<std::io::Error> for StartError {
+    fn from(e: std::io::Error) -> Self {
+        StartError::Failed(e.into())
+    }
+}
+
+impl From<anyhow::Error> for StartError {
+    fn from(e: anyhow::Error) -> Self {
+        StartError::Failed(e)
+    }
 }
 
 /// A warm function instance: `smore run … -- sim-function --serve`.
@@ -392,15 +443,11 @@ struct Instance {
 }
 
 impl Instance {
-    fn start(
-        node: &Node,
-        socket: &Path,
-        f: &FunctionSpec,
-        slo_ms: f64,
-        shim: &Path,
-    ) -> Result<Instance> {
+    fn start(sh: &Shared, f: &FunctionSpec, slo_ms: f64) -> Result<Instance, StartError> {
+        let node = &sh.node;
+        let log = sh.out.join(format!("function-{}.log", f.name));
         let mut c = node.command(std::env::current_exe()?);
-        c.env(smore_protocol::wire::ENV_SOCKET, socket)
+        c.env(smore_protocol::wire::ENV_SOCKET, &sh.socket)
             // The model id is the predictor catalog's key (model:batch) of the function's
             // stand-in, which the smore policy predicts from.
             .args([
@@ -422,29 +469,53 @@ impl Instance {
                 },
             ])
             .args(["--slo", &format!("{slo_ms:.3}"), "--shim"])
-            .arg(shim)
+            .arg(&sh.shim)
             .arg("--")
-            .args(function_argv(node, f, true)?)
+            // With deadline refusals, a request deferred by the arbiter past its SLO is given up
+            // (a refusal) rather than served late.
+            .args(function_argv(
+                node,
+                f,
+                true,
+                sh.deadline_refusal.then_some(slo_ms),
+            )?)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(
                 std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
-                    .open(node.dir.join(format!("function-{}.log", f.name)))?,
+                    .open(&log)?,
             );
-        let mut child = c.spawn().context("starting a function instance")?;
-        let stdin = child.stdin.take().context("stdin")?;
-        let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
+        let mut child = c
+            .spawn()
+            .context("starting a function instance")
+            .map_err(StartError::Failed)?;
+        let stdin = child
+            .stdin
+            .take()
+            .context("stdin")
+            .map_err(StartError::Failed)?;
+        let mut stdout = BufReader::new(
+            child
+                .stdout
+                .take()
+                .context("stdout")
+                .map_err(StartError::Failed)?,
+        );
         let mut line = String::new();
         stdout.read_line(&mut line)?;
         if line.trim() != "ready" {
+            drop(stdin);
             let status = child.wait()?;
-            bail!(
-                "instance of {} did not start ({status}); see {}",
-                f.name,
-                node.dir.join(format!("function-{}.log", f.name)).display()
-            );
+            return Err(match status.code() {
+                Some(c) if REFUSED_EXIT_CODES.contains(&c) => StartError::Refused,
+                _ => StartError::Failed(anyhow::anyhow!(
+                    "instance of {} did not start ({status}); see {}",
+                    f.name,
+                    log.display()
+                )),
+            });
         }
         Ok(Instance {
             child,
@@ -485,40 +556,115 @@ enum Msg {
     Unload,
 }
 
-#[derive(Debug, Clone)]
-struct Record {
-    function: usize,
-    second: usize,
-    /// Arrival to completion, as the caller sees it (queueing and cold starts included).
-    latency_ms: f64,
-    /// Admission + kernels + synchronisation inside the warm instance.
-    service_ms: f64,
-    admitted: bool,
-    cold: bool,
+/// What the dispatcher knows of one instance slot of a function (its worker owns the instance).
+#[derive(Default)]
+struct SlotState {
+    /// Requests sent to the slot and not yet finished (the one in service included).
+    pending: AtomicUsize,
+    /// An instance is up and ready.
+    warm: AtomicBool,
+}
+
+/// One function as the platform runs it.
+struct FnCtx {
+    index: usize,
+    spec: FunctionSpec,
+    slo_ms: f64,
+    /// Solo P50 service time, ms: the least a request takes; a request that cannot meet its SLO
+    /// even with this is refused by the deadline check.
+    floor_ms: f64,
 }
 
 struct Shared {
     records: Mutex<Vec<Record>>,
     prewarm: Mutex<PrewarmManager>,
-    t0: Instant,
-    refusals: std::sync::atomic::AtomicU64,
+    /// The co-located run's clock (the trainer's start): every time series is in seconds since.
+    origin: Instant,
+    starts_refused: AtomicU64,
+    start_failures: AtomicU64,
     node: Arc<Node>,
+    /// The scenario's output directory (logs).
+    out: PathBuf,
     socket: PathBuf,
     shim: PathBuf,
+    deadline_refusal: bool,
 }
 
-fn worker(fi: usize, f: FunctionSpec, slo_ms: f64, rx: mpsc::Receiver<Msg>, sh: Arc<Shared>) {
-    let (node, socket, shim) = (&sh.node, &sh.socket, &sh.shim);
+impl Shared {
+    /// Prewarm's clock: trace seconds (one trace minute per demo second).
+    fn trace_time(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64() * 60.0
+    }
+
+    fn finish(
+        &self,
+        ctx: &FnCtx,
+        second: usize,
+        arrival: Instant,
+        service_ms: f64,
+        refused: Option<Refusal>,
+        cold: bool,
+    ) {
+        let latency_ms = arrival.elapsed().as_secs_f64() * 1e3;
+        let _ = self
+            .prewarm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .request_end(ctx.spec.name, self.trace_time());
+        self.records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Record {
+                function: ctx.index,
+                second,
+                arrival_s: arrival.saturating_duration_since(self.origin).as_secs_f64(),
+                latency_ms,
+                service_ms,
+                refused,
+                cold,
+            });
+    }
+}
+
+/// One instance slot: starts, serves through and stops its instance.
+fn worker(ctx: Arc<FnCtx>, slot: Arc<SlotState>, rx: mpsc::Receiver<Msg>, sh: Arc<Shared>) {
     let mut inst: Option<Instance> = None;
+    let mut retry_after: Option<Instant> = None;
+    // Starts the instance if none is up; the refusal cause when it cannot.
+    let mut ensure = |inst: &mut Option<Instance>| -> Option<Refusal> {
+        if inst.is_some() {
+            return None;
+        }
+        if retry_after.is_some_and(|t| Instant::now() < t) {
+            return Some(Refusal::Instance);
+        }
+        match Instance::start(&sh, &ctx.spec, ctx.slo_ms) {
+            Ok(i) => {
+                *inst = Some(i);
+                slot.warm.store(true, Ordering::Release);
+                None
+            }
+            Err(StartError::Refused) => {
+                sh.starts_refused.fetch_add(1, Ordering::Relaxed);
+                retry_after = Some(Instant::now() + RESTART_BACKOFF);
+                Some(Refusal::Instance)
+            }
+            Err(StartError::Failed(e)) => {
+                sh.start_failures.fetch_add(1, Ordering::Relaxed);
+                eprintln!("smore demo: {}: {e:#}", ctx.spec.name);
+                retry_after = Some(Instant::now() + RESTART_BACKOFF);
+                Some(Refusal::Failed)
+            }
+        }
+    };
     for msg in rx {
         match msg {
             Msg::Load => {
-                if inst.is_none() {
-                    inst = Instance::start(node, socket, &f, slo_ms, shim).ok();
-                }
+                let _ = ensure(&mut inst);
             }
             Msg::Unload => {
                 if let Some(i) = inst.take() {
+                    slot.warm.store(false, Ordering::Release);
                     i.stop();
                 }
             }
@@ -528,41 +674,26 @@ fn worker(fi: usize, f: FunctionSpec, slo_ms: f64, rx: mpsc::Receiver<Msg>, sh: 
                 second,
             } => {
                 let cold = inst.is_none();
-                if cold {
-                    match Instance::start(node, socket, &f, slo_ms, shim) {
-                        Ok(i) => inst = Some(i),
-                        Err(_) => {
-                            sh.refusals
-                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut refused = ensure(&mut inst);
+                let mut service_ms = f64::NAN;
+                if refused.is_none() {
+                    let waited = arrival.elapsed().as_secs_f64() * 1e3;
+                    if sh.deadline_refusal && waited + ctx.floor_ms > ctx.slo_ms {
+                        refused = Some(Refusal::Deadline);
+                    } else {
+                        match inst.as_mut().map(|i| i.serve(id)) {
+                            Some(Ok((true, s))) => service_ms = s,
+                            Some(Ok((false, _))) => refused = Some(Refusal::Deferred),
+                            Some(Err(_)) | None => {
+                                inst = None;
+                                slot.warm.store(false, Ordering::Release);
+                                refused = Some(Refusal::Failed);
+                            }
                         }
                     }
                 }
-                let (admitted, service_ms) = match inst.as_mut().map(|i| i.serve(id)) {
-                    Some(Ok(a)) => a,
-                    Some(Err(_)) => {
-                        inst = None;
-                        (false, f64::NAN)
-                    }
-                    None => (false, f64::NAN),
-                };
-                let latency_ms = arrival.elapsed().as_secs_f64() * 1e3;
-                let t = sh.t0.elapsed().as_secs_f64() * 60.0;
-                let _ = sh
-                    .prewarm
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .request_end(f.name, t);
-                sh.records
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(Record {
-                        function: fi,
-                        second,
-                        latency_ms,
-                        service_ms,
-                        admitted,
-                        cold,
-                    });
+                sh.finish(&ctx, second, arrival, service_ms, refused, cold);
+                slot.pending.fetch_sub(1, Ordering::AcqRel);
             }
         }
     }
@@ -571,146 +702,358 @@ fn worker(fi: usize, f: FunctionSpec, slo_ms: f64, rx: mpsc::Receiver<Msg>, sh: 
     }
 }
 
-/// The trace: per function, per second, the arrival offsets (seconds) within that second.
-fn trace(fs: &[FunctionSpec], seconds: usize, seed: u64, load: f64) -> Vec<Vec<Vec<f64>>> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    fs.iter()
-        .map(|f| {
-            let (counts, _) = generate_series(f.class, seconds, &mut rng);
-            let mean = counts.iter().sum::<u32>() as f64 / seconds.max(1) as f64;
-            let scale = if mean > 0.0 {
-                f.rate * load / mean
+/// A function's instance slots and their workers.
+struct Pool {
+    ctx: Arc<FnCtx>,
+    slots: Vec<(mpsc::Sender<Msg>, Arc<SlotState>)>,
+}
+
+impl Pool {
+    /// The slot a request goes to: the warm one with the shortest queue, else (no instance up)
+    /// the one with the shortest queue, which will start one.
+    fn pick(&self) -> Option<&(mpsc::Sender<Msg>, Arc<SlotState>)> {
+        let pending =
+            |s: &&(mpsc::Sender<Msg>, Arc<SlotState>)| s.1.pending.load(Ordering::Acquire);
+        self.slots
+            .iter()
+            .filter(|s| s.1.warm.load(Ordering::Acquire))
+            .min_by_key(pending)
+            .or_else(|| self.slots.iter().min_by_key(pending))
+    }
+
+    fn broadcast(&self, m: fn() -> Msg) {
+        for (tx, _) in &self.slots {
+            let _ = tx.send(m());
+        }
+    }
+
+    /// Admits or refuses one arriving request. The platform's deadline check at arrival: a
+    /// request behind `ahead` others on a warm instance needs at least (ahead + 1) × its solo
+    /// service time; on a cold one, the model's load time plus its service time. When that
+    /// exceeds the SLO it is refused at once (and a cold slot is asked to start its instance).
+    fn submit(&self, sh: &Shared, id: u64, second: usize) {
+        let arrival = Instant::now();
+        let f = &self.ctx.spec;
+        let _ = sh
+            .prewarm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .request_begin(f.name, sh.trace_time());
+        let Some((tx, slot)) = self.pick() else {
+            sh.finish(
+                &self.ctx,
+                second,
+                arrival,
+                f64::NAN,
+                Some(Refusal::Failed),
+                true,
+            );
+            return;
+        };
+        let warm = slot.warm.load(Ordering::Acquire);
+        if sh.deadline_refusal {
+            let ahead = slot.pending.load(Ordering::Acquire) as f64;
+            let least_ms = if warm {
+                (ahead + 1.0) * self.ctx.floor_ms
             } else {
-                0.0
+                f.load_ms + self.ctx.floor_ms
             };
-            counts
-                .iter()
-                .map(|&c| {
-                    let n = (c as f64 * scale).round() as usize;
-                    let mut v: Vec<f64> = (0..n).map(|_| rng.gen::<f64>()).collect();
-                    v.sort_by(f64::total_cmp);
-                    v
-                })
-                .collect()
-        })
-        .collect()
-}
-
-fn p99(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
+            if least_ms > self.ctx.slo_ms {
+                if !warm {
+                    let _ = tx.send(Msg::Load);
+                }
+                sh.finish(
+                    &self.ctx,
+                    second,
+                    arrival,
+                    f64::NAN,
+                    Some(Refusal::Deadline),
+                    !warm,
+                );
+                return;
+            }
+        }
+        slot.pending.fetch_add(1, Ordering::AcqRel);
+        if tx
+            .send(Msg::Request {
+                id,
+                arrival,
+                second,
+            })
+            .is_err()
+        {
+            slot.pending.fetch_sub(1, Ordering::AcqRel);
+            sh.finish(
+                &self.ctx,
+                second,
+                arrival,
+                f64::NAN,
+                Some(Refusal::Failed),
+                !warm,
+            );
+        }
     }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * 0.99).round() as usize]
 }
 
-pub fn run(a: DemoArgs) -> Result<()> {
-    let prewarm_spec =
-        PolicySpec::parse(&a.prewarm).with_context(|| format!("--prewarm {:?}", a.prewarm))?;
-    let node = Arc::new(if a.gpu {
-        real_node(&a.out, a.profiling.as_deref())?
-    } else {
-        simulated_node(&a.out)?
-    });
-    let label = if a.gpu {
-        "real GPU 0 (PyTorch workloads)"
-    } else {
-        "simulated GPU (interference is the simulator's time-slicing, not a real GPU's)"
+/// Polls the arbiter's status (the snapshot `smore status --json` prints) once per second until
+/// `stop`: (seconds since `origin`, function, instance id, SM share %).
+fn poll_shares(
+    socket: PathBuf,
+    origin: Instant,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<ShareSample>> {
+    use smore_protocol::wire::{Reply, Request};
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let mut client: Option<smore_protocol::conn::Client> = None;
+        while !stop.load(Ordering::Relaxed) {
+            let next = Instant::now() + Duration::from_secs(1);
+            if client.is_none() {
+                client = smore_protocol::conn::Client::connect(&socket).ok();
+            }
+            let t = origin.elapsed().as_secs_f64();
+            match client.as_ref().map(|c| c.call(Request::Status)) {
+                Some(Ok(Reply::Status { snapshot })) => {
+                    for g in snapshot["gpus"].as_array().into_iter().flatten() {
+                        for f in g["functions"].as_array().into_iter().flatten() {
+                            if let (Some(name), Some(id), Some(share)) = (
+                                f["function"].as_str(),
+                                f["id"].as_u64(),
+                                f["share"].as_f64(),
+                            ) {
+                                v.push(ShareSample {
+                                    t_s: t,
+                                    function: name.to_string(),
+                                    instance: id,
+                                    share_pct: share,
+                                });
+                            }
+                        }
+                    }
+                }
+                _ => client = None,
+            }
+            while !stop.load(Ordering::Relaxed) && Instant::now() < next {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        v
+    })
+}
+
+/// One instance's SM share at one poll.
+#[derive(Debug, Clone)]
+struct ShareSample {
+    t_s: f64,
+    function: String,
+    instance: u64,
+    share_pct: f64,
+}
+
+/// Each function's solo service times (measured once per demo, alone on the GPU).
+struct Solo {
+    p50_ms: Vec<f64>,
+    p99_ms: Vec<f64>,
+}
+
+fn measure_solo(node: &Node, fs: &[FunctionSpec]) -> Result<Solo> {
+    let mut s = Solo {
+        p50_ms: Vec::new(),
+        p99_ms: Vec::new(),
     };
-    let shim = artifacts::require("libsmore_shim.so")?;
-    let fs = functions();
-    if a.gpu {
-        eprintln!(
-            "smore demo: real GPU mode, output in {}",
-            node.dir.display()
-        );
-    } else {
-        eprintln!(
-            "smore demo: simulated node in {} (1 GPU, 16 GiB)",
-            node.dir.display()
-        );
-    }
-    let arb = start_arbiter(&node, &a)?;
-
-    // 1. Baselines.
-    eprintln!("smore demo: baseline — training job alone (5 s)");
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = sample_util(&node, stop.clone())?;
-    let out = run_to_end(trainer_cmd(&node, &a, 5.0, true)?, "the trainer alone")?;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let excl_util = sampler
-        .join()
-        .map_err(|_| anyhow::anyhow!("sampler panicked"))?;
-    let util_exclusive = mean(excl_util.iter().skip(2).map(|x| x.1));
-    let iter_alone = summary_field(&out, "trainer", "mean_ms")?;
-    let mut solo_p99 = Vec::new();
-    for f in &fs {
-        let argv = function_argv(&node, f, false)?;
+    for f in fs {
+        let argv = function_argv(node, f, false, None)?;
         let mut c = node.command(&argv[0]);
         c.args(&argv[1..])
             .args(["--interval-ms", "10", "--seconds", "1.5", "--quiet"]);
         let out = run_to_end(c, "a function alone")?;
-        solo_p99.push(summary_field(&out, "function", "p99_ms")?);
+        s.p50_ms.push(summary_field(&out, "function", "p50_ms")?);
+        s.p99_ms.push(summary_field(&out, "function", "p99_ms")?);
     }
+    Ok(s)
+}
+
+/// Every figure of one scenario (`summary.json`; the pre-scenario keys are kept).
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioSummary {
+    pub scenario: &'static str,
+    pub about: &'static str,
+    /// True when every figure comes from the simulated GPU.
+    pub simulated: bool,
+    pub seconds: usize,
+    pub prewarm: String,
+    pub policy: String,
+    pub theta_train: f64,
+    pub seed: u64,
+    pub trainer_kernel_us: f64,
+    pub trainer_kernels: u32,
+    pub trainer_host_ms: f64,
+    pub load: f64,
+    pub instances_per_function: usize,
+    pub burst: usize,
+    /// GPU time the replayed trace asks for, % of the GPU (idle-GPU service times).
+    pub offered_load_pct: f64,
+    pub gui_exclusive_pct: f64,
+    pub gui_colocated_pct: f64,
+    /// gui_colocated_pct − gui_exclusive_pct, percentage points.
+    pub gui_gain_pp: f64,
+    pub trainer_iter_alone_ms: f64,
+    pub trainer_iter_colocated_ms: f64,
+    pub sfd: f64,
+    /// Instance starts the arbiter refused (attempts).
+    pub refused_instances: u64,
+    /// Instance starts that failed for another reason (a defect of the run; see the logs).
+    pub instance_start_failures: u64,
+    #[serde(flatten)]
+    pub requests: RequestFigures,
+}
+
+/// The time series of one scenario's co-located run (seconds since the trainer started).
+struct Series {
+    /// NVML utilization of the GPU, %.
+    util: Vec<(f64, f64)>,
+    /// The trainer's iterations: (end, ms).
+    iterations: Vec<(f64, f64)>,
+    /// The arbiter's grants, polled once per second.
+    shares: Vec<ShareSample>,
+    /// When the replay started and ended.
+    replay: (f64, f64),
+}
+
+impl Series {
+    /// `shares.csv` (the grants over time) and `trainer.csv` (iteration times over time).
+    fn write_csv(&self, out: &Path) -> Result<()> {
+        let mut csv = String::from("t_s,function,instance,share_pct\n");
+        for s in &self.shares {
+            csv.push_str(&format!(
+                "{:.3},{},{},{}\n",
+                s.t_s, s.function, s.instance, s.share_pct
+            ));
+        }
+        std::fs::write(out.join("shares.csv"), csv)?;
+        let mut csv = String::from("t_s,iteration_ms\n");
+        for (t, ms) in &self.iterations {
+            csv.push_str(&format!("{t:.4},{ms:.3}\n"));
+        }
+        std::fs::write(out.join("trainer.csv"), csv)?;
+        Ok(())
+    }
+}
+
+/// Runs one scenario on `node`, its files in `out`.
+#[allow(clippy::too_many_arguments)]
+fn run_scenario(
+    a: &DemoArgs,
+    sc: &Scenario,
+    node: &Arc<Node>,
+    nvml: NvmlSource,
+    out: &Path,
+    shim: &Path,
+    fs: &[FunctionSpec],
+    solo: &Solo,
+    prewarm_spec: &PolicySpec,
+) -> Result<(ScenarioSummary, NvmlSource)> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let out = out.canonicalize()?;
+    eprintln!("smore demo: scenario {} — {}", sc.name, sc.about);
+    let arb = start_arbiter(node, &out, a)?;
+
+    // 1. The training job alone.
+    eprintln!("smore demo: baseline — training job alone ({BASELINE_S} s)");
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sample_util(nvml, Instant::now(), stop.clone());
+    let alone = run_to_end(
+        trainer_cmd(node, &sc.trainer, BASELINE_S, true)?,
+        "the trainer alone",
+    );
+    stop.store(true, Ordering::Relaxed);
+    let (nvml, excl_util) = sampler
+        .join()
+        .map_err(|_| anyhow::anyhow!("sampler panicked"))?;
+    let alone = alone?;
+    let util_exclusive = mean(excl_util.iter().skip(2).map(|x| x.1));
+    let iter_alone = summary_field(&alone, "trainer", "mean_ms")?;
     // SLO: 5 × solo P99 — SMORE sets SLOs as multiples of solo latency; 5× leaves room for
     // queueing behind a 5 ms training kernel on a time-sliced GPU, but not for a cold start.
-    let slo: Vec<f64> = solo_p99.iter().map(|p| p * 5.0).collect();
+    let slo: Vec<f64> = solo.p99_ms.iter().map(|p| p * 5.0).collect();
     eprintln!(
         "smore demo: trainer alone {iter_alone:.2} ms/iteration, GPU {util_exclusive:.0} % busy"
     );
 
     // 2. Co-located replay.
     let seconds = a.seconds.max(5) as usize;
-    let tr = trace(&fs, seconds, a.seed, a.load);
+    let tr = trace(fs, seconds, a.seed, sc.load, sc.burst);
+    let offered = offered_load(fs, &tr, seconds);
     let mut pm = PrewarmManager::new(prewarm_spec.clone(), PolicySettings::default())?;
-    for f in &fs {
+    for f in fs {
         pm.register(f.name, f.model_mib << 20);
     }
+    let origin = Instant::now();
     let sh = Arc::new(Shared {
         records: Mutex::new(Vec::new()),
         prewarm: Mutex::new(pm),
-        t0: Instant::now(),
-        refusals: std::sync::atomic::AtomicU64::new(0),
+        origin,
+        starts_refused: AtomicU64::new(0),
+        start_failures: AtomicU64::new(0),
         node: node.clone(),
+        out: out.clone(),
         socket: arb.1.clone(),
-        shim: shim.clone(),
+        shim: shim.to_path_buf(),
+        deadline_refusal: !a.no_deadline_refusal,
     });
-    let trainer_log = node.dir.join("trainer-colocated.log");
-    let trainer = trainer_cmd(&node, &a, seconds as f64 + 2.0 + SETTLE_S, false)?
-        .stdout(std::fs::File::create(&trainer_log)?)
+    let mut trainer = trainer_cmd(node, &sc.trainer, seconds as f64 + 2.0 + SETTLE_S, false)?
+        .stdout(Stdio::piped())
         .spawn()?;
+    let follower = follow_trainer(
+        trainer.stdout.take().context("trainer stdout")?,
+        std::fs::File::create(out.join("trainer-colocated.log"))?,
+        origin,
+    );
     // The training job runs alone first, as on a real node where functions arrive beside a
     // running job: the arbiter learns its solo utilization (it trusts it after 8 samples).
     std::thread::sleep(Duration::from_secs_f64(SETTLE_S));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = sample_util(&node, stop.clone())?;
-    let mut txs = Vec::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sample_util(nvml, origin, stop.clone());
+    let poller = poll_shares(arb.1.clone(), origin, stop.clone());
+    let mut pools = Vec::new();
     let mut workers = Vec::new();
     for (i, f) in fs.iter().enumerate() {
-        let (tx, rx) = mpsc::channel();
-        txs.push(tx);
-        let (f, sh, slo) = (f.clone(), sh.clone(), slo[i]);
-        workers.push(std::thread::spawn(move || worker(i, f, slo, rx, sh)));
+        let ctx = Arc::new(FnCtx {
+            index: i,
+            spec: f.clone(),
+            slo_ms: slo[i],
+            floor_ms: solo.p50_ms[i],
+        });
+        let mut slots = Vec::new();
+        for _ in 0..sc.instances.max(1) {
+            let (tx, rx) = mpsc::channel();
+            let state = Arc::new(SlotState::default());
+            let (c, s, sh) = (ctx.clone(), state.clone(), sh.clone());
+            workers.push(std::thread::spawn(move || worker(c, s, rx, sh)));
+            slots.push((tx, state));
+        }
+        pools.push(Pool { ctx, slots });
     }
     eprintln!(
-        "smore demo: co-located — trainer + {} functions replaying {seconds} trace minutes (1 per second), prewarm {}",
+        "smore demo: co-located — trainer + {} functions replaying {seconds} trace minutes (1 per second), offering {:.0} % of the GPU, prewarm {}",
         fs.len(),
+        offered * 100.0,
         prewarm_spec.name()
     );
     let start = Instant::now();
-    let mut submitted = vec![0u64; seconds];
+    let replay_start_s = start.duration_since(origin).as_secs_f64();
     let mut next_id = 0u64;
-    for (sec, slot) in submitted.iter_mut().enumerate() {
+    for sec in 0..seconds {
         let hints = sh
             .prewarm
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .tick(sec as u64)?;
         for h in hints {
-            if let Some(i) = fs.iter().position(|f| f.name == h.function) {
-                let _ = txs[i].send(match h.action {
-                    Action::Load | Action::Keep => Msg::Load,
-                    Action::Unload => Msg::Unload,
+            if let Some(p) = pools.iter().find(|p| p.ctx.spec.name == h.function) {
+                p.broadcast(match h.action {
+                    Action::Load | Action::Keep => || Msg::Load,
+                    Action::Unload => || Msg::Unload,
                 });
             }
         }
@@ -725,19 +1068,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
             if let Some(w) = due.checked_duration_since(Instant::now()) {
                 std::thread::sleep(w);
             }
-            let t = sh.t0.elapsed().as_secs_f64() * 60.0;
-            let _ = sh
-                .prewarm
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .request_begin(fs[fi].name, t);
-            let _ = txs[fi].send(Msg::Request {
-                id: next_id,
-                arrival: Instant::now(),
-                second: sec,
-            });
+            pools[fi].submit(&sh, next_id, sec);
             next_id += 1;
-            *slot += 1;
         }
         let end = start + Duration::from_secs(sec as u64 + 1);
         if let Some(w) = end.checked_duration_since(Instant::now()) {
@@ -747,174 +1079,326 @@ pub fn run(a: DemoArgs) -> Result<()> {
             eprintln!("smore demo: {} / {seconds} s", sec + 1);
         }
     }
-    drop(txs);
+    drop(pools);
     for w in workers {
         let _ = w.join();
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let colo_util = sampler
+    let replay_end_s = origin.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let (nvml, colo_util) = sampler
         .join()
         .map_err(|_| anyhow::anyhow!("sampler panicked"))?;
-    let out = trainer.wait_with_output()?;
-    let _ = out;
+    let shares = poller
+        .join()
+        .map_err(|_| anyhow::anyhow!("status poller panicked"))?;
+    let _ = trainer.wait()?;
+    let iterations = follower
+        .join()
+        .map_err(|_| anyhow::anyhow!("trainer reader panicked"))?;
     drop(arb);
-    let trainer_out = std::fs::read_to_string(&trainer_log)?;
-    let iters: Vec<f64> = trainer_out
-        .lines()
-        .filter_map(|l| l.strip_prefix("iter="))
-        .filter_map(|l| l.split("ms=").nth(1)?.trim().parse().ok())
-        .collect();
-    // Iterations of the settle period ran alone: leave them out of the co-located mean.
-    let settle_iters = (SETTLE_S * 1e3 / iter_alone) as usize;
-    let iter_colo = mean(iters.iter().copied().skip(settle_iters));
+    // The co-located mean: iterations that ran wholly while functions were offered load (the
+    // settle period before and the tail after the replay ran alone).
+    let iter_colo = mean(
+        iterations
+            .iter()
+            .filter(|(t, ms)| t - ms / 1e3 >= replay_start_s && *t <= replay_end_s)
+            .map(|x| x.1),
+    );
     let records = sh.records.lock().unwrap_or_else(|e| e.into_inner()).clone();
 
     // 3. Figures.
     let util_colo = mean(
         colo_util
             .iter()
-            .filter(|x| x.0 > 1.0 && x.0 < seconds as f64)
+            .filter(|x| x.0 > replay_start_s + 1.0 && x.0 < replay_start_s + seconds as f64)
             .map(|x| x.1),
     );
-    let sfd = iter_colo / iter_alone - 1.0;
-    let mut per_fn = Vec::new();
-    for (i, f) in fs.iter().enumerate() {
-        let mine: Vec<&Record> = records.iter().filter(|r| r.function == i).collect();
-        // SLD compares the service time of admitted requests with the solo P99 (co-location's
-        // effect); DSR judges end-to-end latency (queueing and cold starts included).
-        let mut warm: Vec<f64> = mine
-            .iter()
-            .filter(|r| r.admitted)
-            .map(|r| r.service_ms)
-            .collect();
-        let met = mine
-            .iter()
-            .filter(|r| r.admitted && r.latency_ms <= slo[i])
-            .count();
-        let cold = mine.iter().filter(|r| r.cold).count();
-        let p = p99(&mut warm);
-        per_fn.push(serde_json::json!({
-            "function": f.name, "requests": mine.len(), "admitted": mine.iter().filter(|r| r.admitted).count(),
-            "cold_starts": cold, "solo_p99_ms": solo_p99[i], "colocated_p99_ms": p, "slo_ms": slo[i],
-            "sld": p / solo_p99[i] - 1.0, "dsr": met as f64 / mine.len().max(1) as f64,
-        }));
-    }
-    let total = records.len().max(1) as f64;
-    let dsr = records
-        .iter()
-        .filter(|r| r.admitted && r.latency_ms <= slo[r.function])
-        .count() as f64
-        / total;
-    let cold = records.iter().filter(|r| r.cold).count();
-    let sld = mean(
-        per_fn
-            .iter()
-            .filter_map(|f| f["sld"].as_f64())
-            .filter(|x| x.is_finite()),
-    );
-    let mut admitted_per_s = vec![0u64; seconds];
-    for r in records.iter().filter(|r| r.admitted) {
-        admitted_per_s[r.second] += 1;
-    }
-    let summary = serde_json::json!({
-        "simulated": !a.gpu,
-        "seconds": seconds, "prewarm": prewarm_spec.name(), "theta_train": a.theta_train, "seed": a.seed,
-        "gui_exclusive_pct": util_exclusive, "gui_colocated_pct": util_colo,
-        "trainer_iter_alone_ms": iter_alone, "trainer_iter_colocated_ms": iter_colo, "sfd": sfd,
-        "sld": sld, "dsr": dsr, "requests": records.len(), "cold_starts": cold,
-        "cold_start_rate": cold as f64 / total, "refused_instances": sh.refusals.load(std::sync::atomic::Ordering::Relaxed),
-        "functions": per_fn,
-    });
+    let names: Vec<&str> = fs.iter().map(|f| f.name).collect();
+    let requests = report::request_figures(&names, &records, &solo.p99_ms, &slo);
+    let summary = ScenarioSummary {
+        scenario: sc.name,
+        about: sc.about,
+        simulated: !a.gpu,
+        seconds,
+        prewarm: prewarm_spec.name(),
+        policy: a.policy.clone(),
+        theta_train: a.theta_train,
+        seed: a.seed,
+        trainer_kernel_us: sc.trainer.kernel_us,
+        trainer_kernels: sc.trainer.kernels,
+        trainer_host_ms: sc.trainer.host_ms,
+        load: sc.load,
+        instances_per_function: sc.instances.max(1),
+        burst: sc.burst,
+        offered_load_pct: offered * 100.0,
+        gui_exclusive_pct: util_exclusive,
+        gui_colocated_pct: util_colo,
+        gui_gain_pp: util_colo - util_exclusive,
+        trainer_iter_alone_ms: iter_alone,
+        trainer_iter_colocated_ms: iter_colo,
+        sfd: iter_colo / iter_alone - 1.0,
+        refused_instances: sh.starts_refused.load(Ordering::Relaxed),
+        instance_start_failures: sh.start_failures.load(Ordering::Relaxed),
+        requests,
+    };
     std::fs::write(
-        node.dir.join("summary.json"),
+        out.join("summary.json"),
         serde_json::to_string_pretty(&summary)?,
     )?;
-    let mut csv = String::from("function,second,latency_ms,service_ms,admitted,cold\n");
+    let mut csv =
+        String::from("function,second,arrival_s,latency_ms,service_ms,admitted,cold,refused\n");
     for r in &records {
         csv.push_str(&format!(
-            "{},{},{:.3},{:.3},{},{}\n",
+            "{},{},{:.4},{:.3},{:.3},{},{},{}\n",
             fs[r.function].name,
             r.second,
+            r.arrival_s,
             r.latency_ms,
             r.service_ms,
-            r.admitted as u8,
-            r.cold as u8
+            r.served() as u8,
+            r.cold as u8,
+            r.refused.map(Refusal::label).unwrap_or("")
         ));
     }
-    std::fs::write(node.dir.join("requests.csv"), csv)?;
-    let png = node.dir.join("demo.png");
-    plot(
-        &png,
-        &colo_util,
-        &submitted,
-        &admitted_per_s,
-        util_exclusive,
-        !a.gpu,
-    )?;
+    std::fs::write(out.join("requests.csv"), csv)?;
+    let series = Series {
+        util: colo_util,
+        iterations,
+        shares,
+        replay: (replay_start_s, replay_end_s),
+    };
+    series.write_csv(&out)?;
+    plot(&out.join("demo.png"), &summary, &series, &records, fs)?;
+    Ok((summary, nvml))
+}
 
-    println!("smore demo — {label}");
-    println!();
-    println!("  GPU utilization (GUI)     exclusive {util_exclusive:5.1} %   co-located {util_colo:5.1} %");
-    println!("  trainer slowdown (SFD)    {:5.1} %   ({iter_alone:.2} → {iter_colo:.2} ms/iteration, bound θ_train {:.0} %)", sfd * 100.0, a.theta_train * 100.0);
-    println!(
-        "  function P99 degr. (SLD)  {:5.1} %   (service time co-located vs solo)",
-        sld * 100.0
-    );
-    println!(
-        "  deadline satisfaction     {:5.1} %   (DSR: requests within SLO = 5 × solo P99)",
-        dsr * 100.0
-    );
-    println!(
-        "  cold starts               {cold} of {} requests ({:.2} %), prewarm {}",
-        records.len(),
-        cold as f64 / total * 100.0,
-        prewarm_spec.name()
-    );
-    let refused = sh.refusals.load(std::sync::atomic::Ordering::Relaxed);
-    println!(
-        "  instance starts refused   {refused} (policy {}; see arbiter.log and state/decisions.jsonl)",
-        a.policy
-    );
-    println!();
-    println!(
-        "  {:<10} {:>8} {:>9} {:>6} {:>10} {:>10} {:>8} {:>7}",
-        "function", "requests", "admitted", "cold", "solo p99", "co p99", "SLO", "DSR"
-    );
-    for f in &per_fn {
-        println!(
-            "  {:<10} {:>8} {:>9} {:>6} {:>8.2}ms {:>8.2}ms {:>6.1}ms {:>6.1}%",
-            f["function"].as_str().unwrap_or(""),
-            f["requests"].to_string(),
-            f["admitted"].to_string(),
-            f["cold_starts"].to_string(),
-            f["solo_p99_ms"].as_f64().unwrap_or(f64::NAN),
-            f["colocated_p99_ms"].as_f64().unwrap_or(f64::NAN),
-            f["slo_ms"].as_f64().unwrap_or(f64::NAN),
-            f["dsr"].as_f64().unwrap_or(0.0) * 100.0
+pub fn run(a: DemoArgs) -> Result<()> {
+    let prewarm_spec =
+        PolicySpec::parse(&a.prewarm).with_context(|| format!("--prewarm {:?}", a.prewarm))?;
+    let node = Arc::new(if a.gpu {
+        real_node(&a.out, a.profiling.as_deref())?
+    } else {
+        simulated_node(&a.out)?
+    });
+    let shim = artifacts::require("libsmore_shim.so")?;
+    let fs = functions();
+    if a.gpu {
+        eprintln!(
+            "smore demo: real GPU mode, output in {}",
+            node.dir.display()
+        );
+    } else {
+        eprintln!(
+            "smore demo: simulated node in {} (1 GPU, 16 GiB)",
+            node.dir.display()
         );
     }
-    println!();
-    println!("  plot: {}", png.display());
-    println!("  summary: {}", node.dir.join("summary.json").display());
+    let mut nvml = open_nvml(&node)?;
+    eprintln!("smore demo: baseline — each function alone");
+    let solo = measure_solo(&node, &fs)?;
+    let scenarios = a.scenario.scenarios();
+    let several = scenarios.len() > 1;
+    let mut summaries = Vec::new();
+    for sc in scenarios {
+        let sc = a.resolve(sc);
+        let out = if several {
+            node.dir.join(sc.name)
+        } else {
+            node.dir.clone()
+        };
+        let (s, n) = run_scenario(&a, &sc, &node, nvml, &out, &shim, &fs, &solo, &prewarm_spec)?;
+        nvml = n;
+        print_scenario(&s, &out, a.gpu);
+        summaries.push(s);
+    }
+    if several {
+        print_table(&summaries, a.gpu);
+        std::fs::write(
+            node.dir.join("summary.json"),
+            serde_json::to_string_pretty(&serde_json::json!({
+                "simulated": !a.gpu,
+                "scenarios": summaries,
+            }))?,
+        )?;
+        println!("  summary: {}", node.dir.join("summary.json").display());
+    }
     Ok(())
 }
 
-fn mean(it: impl Iterator<Item = f64>) -> f64 {
-    let (s, n) = it.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
-    if n == 0 {
-        f64::NAN
+/// What every printed figure is measured on.
+fn device_label(gpu: bool) -> &'static str {
+    if gpu {
+        "real GPU 0 (PyTorch workloads)"
     } else {
-        s / n as f64
+        "SIMULATED GPU (interference is the simulator's time-slicing, not a real GPU's)"
+    }
+}
+
+fn print_scenario(s: &ScenarioSummary, out: &Path, gpu: bool) {
+    let r = &s.requests;
+    println!(
+        "smore demo — scenario {} — {} — all figures {}",
+        s.scenario,
+        device_label(gpu),
+        if gpu { "measured" } else { "simulated" }
+    );
+    println!("  {}", s.about);
+    println!();
+    println!(
+        "  function load offered    {:5.1} % of the GPU (trace: {} s, load ×{}, bursts of {}, {} instance(s) per function)",
+        s.offered_load_pct, s.seconds, s.load, s.burst, s.instances_per_function
+    );
+    println!(
+        "  GPU utilization (GUI)     exclusive {:5.1} %   co-located {:5.1} %   gain {:+.1} pp",
+        s.gui_exclusive_pct, s.gui_colocated_pct, s.gui_gain_pp
+    );
+    println!(
+        "  trainer slowdown (SFD)    {:5.1} %   ({:.2} → {:.2} ms/iteration, bound θ_train {:.0} %)",
+        s.sfd * 100.0,
+        s.trainer_iter_alone_ms,
+        s.trainer_iter_colocated_ms,
+        s.theta_train * 100.0
+    );
+    println!(
+        "  function P99 degr. (SLD)  {:5.1} %   (service time co-located vs solo)",
+        r.sld * 100.0
+    );
+    println!(
+        "  deadline satisfaction     {:5.1} %   of all requests; {:5.1} % of admitted (DSR: within SLO = 5 × solo P99)",
+        r.dsr * 100.0,
+        r.dsr_admitted * 100.0
+    );
+    println!(
+        "  requests refused          {} of {} ({:.1} %): {} deadline (could not meet the SLO), {} deferred by the arbiter, {} no instance (start refused), {} failed",
+        r.refused,
+        r.requests,
+        r.refused as f64 / r.requests.max(1) as f64 * 100.0,
+        r.refused_by.deadline,
+        r.refused_by.deferred,
+        r.refused_by.instance,
+        r.refused_by.failed
+    );
+    println!(
+        "  cold starts               {} of {} requests ({:.2} %), prewarm {}",
+        r.cold_starts,
+        r.requests,
+        r.cold_start_rate * 100.0,
+        s.prewarm
+    );
+    println!(
+        "  instance starts refused   {} (policy {}; see arbiter.log and state/decisions.jsonl){}",
+        s.refused_instances,
+        s.policy,
+        if s.instance_start_failures > 0 {
+            format!(
+                "; {} failed to start (see function-*.log)",
+                s.instance_start_failures
+            )
+        } else {
+            String::new()
+        }
+    );
+    println!();
+    println!(
+        "  {:<10} {:>8} {:>8} {:>8} {:>5} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8}",
+        "function",
+        "requests",
+        "served",
+        "refused",
+        "cold",
+        "solo p99",
+        "svc p99",
+        "e2e p99",
+        "SLO",
+        "DSR",
+        "DSR adm"
+    );
+    for f in &r.functions {
+        println!(
+            "  {:<10} {:>8} {:>8} {:>8} {:>5} {:>9} {:>9} {:>9} {:>8} {:>5.1}% {:>7.1}%",
+            f.function,
+            f.requests,
+            f.admitted,
+            f.refused,
+            f.cold_starts,
+            ms(f.solo_p99_ms),
+            ms(f.colocated_p99_ms),
+            ms(f.latency_p99_ms),
+            ms(f.slo_ms),
+            f.dsr * 100.0,
+            f.dsr_admitted * 100.0
+        );
+    }
+    println!();
+    println!("  plot: {}", out.join("demo.png").display());
+    println!("  summary: {}", out.join("summary.json").display());
+    println!();
+}
+
+/// A latency for the tables: "-" when there was none (no request served).
+fn ms(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.2}ms")
+    } else {
+        "-".into()
+    }
+}
+
+fn print_table(v: &[ScenarioSummary], gpu: bool) {
+    println!(
+        "smore demo — summary of {} scenarios — {} — all figures {}",
+        v.len(),
+        device_label(gpu),
+        if gpu { "measured" } else { "simulated" }
+    );
+    println!();
+    println!(
+        "  {:<8} {:>7} {:>8} {:>8} {:>7} {:>7} {:>8} {:>6} {:>8} {:>13} {:>11}",
+        "scenario",
+        "offered",
+        "GUI excl",
+        "GUI co",
+        "gain",
+        "SFD",
+        "SLD",
+        "DSR",
+        "DSR adm",
+        "refused",
+        "cold starts"
+    );
+    for s in v {
+        let r = &s.requests;
+        println!(
+            "  {:<8} {:>6.1}% {:>7.1}% {:>7.1}% {:>+5.1}pp {:>6.1}% {:>7.0}% {:>5.1}% {:>7.1}% {:>6}/{:<6} {:>11}",
+            s.scenario,
+            s.offered_load_pct,
+            s.gui_exclusive_pct,
+            s.gui_colocated_pct,
+            s.gui_gain_pp,
+            s.sfd * 100.0,
+            r.sld * 100.0,
+            r.dsr * 100.0,
+            r.dsr_admitted * 100.0,
+            r.refused,
+            r.requests,
+            r.cold_starts
+        );
+    }
+    println!();
+    if let Some(s) = v.first() {
+        println!(
+            "  θ_train {:.0} %; SFD must stay under it. DSR counts refused requests as misses; DSR adm only the served ones.",
+            s.theta_train * 100.0
+        );
     }
 }
 
 fn plot(
     png: &Path,
-    colo: &[(f64, f64)],
-    submitted: &[u64],
-    admitted: &[u64],
-    excl_mean: f64,
-    simulated: bool,
+    s: &ScenarioSummary,
+    series: &Series,
+    records: &[Record],
+    _fs: &[FunctionSpec],
 ) -> Result<()> {
     use plotters::prelude::*;
     static FONT: std::sync::Once = std::sync::Once::new();
@@ -925,15 +1409,17 @@ fn plot(
             dejavu::sans::regular(),
         );
     });
+    let e = |e: &dyn std::fmt::Display| anyhow::anyhow!("drawing {}: {e}", png.display());
     let root = BitMapBackend::new(png, (1100, 700)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    root.fill(&WHITE).map_err(|x| e(&x))?;
     let (top, bottom) = root.split_vertically(350);
-    let secs = submitted.len() as f64;
+    let (t0, t1) = series.replay;
     let mut c = ChartBuilder::on(&top)
         .caption(
             format!(
-                "GPU utilization (NVML) — {}",
-                if simulated {
+                "scenario {}: GPU utilization (NVML) — {}",
+                s.scenario,
+                if s.simulated {
                     "simulated GPU"
                 } else {
                     "real GPU"
@@ -944,67 +1430,70 @@ fn plot(
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(45)
-        .build_cartesian_2d(0f64..secs, 0f64..105f64)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .build_cartesian_2d(0f64..t1, 0f64..105f64)
+        .map_err(|x| e(&x))?;
     c.configure_mesh()
-        .x_desc("seconds")
+        .x_desc("seconds since the trainer started")
         .y_desc("%")
         .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    c.draw_series(LineSeries::new(colo.iter().map(|&(t, u)| (t, u)), &BLUE))
-        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .map_err(|x| e(&x))?;
+    c.draw_series(LineSeries::new(series.util.iter().copied(), &BLUE))
+        .map_err(|x| e(&x))?
         .label("co-located (trainer + functions)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-    c.draw_series(LineSeries::new([(0.0, excl_mean), (secs, excl_mean)], &RED))
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-        .label("trainer alone (mean)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    c.draw_series(LineSeries::new(
+        [(0.0, s.gui_exclusive_pct), (t1, s.gui_exclusive_pct)],
+        &RED,
+    ))
+    .map_err(|x| e(&x))?
+    .label("trainer alone (mean)")
+    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
     c.configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(|x| e(&x))?;
+    let secs = s.seconds;
+    let mut submitted = vec![0u64; secs];
+    let mut served = vec![0u64; secs];
+    for r in records.iter().filter(|r| r.second < secs) {
+        submitted[r.second] += 1;
+        if r.served() {
+            served[r.second] += 1;
+        }
+    }
     let ymax = submitted.iter().copied().max().unwrap_or(1).max(1) as f64 * 1.1;
     let mut c = ChartBuilder::on(&bottom)
         .caption(
-            "requests per second: submitted vs admitted",
+            "requests per second: submitted vs served",
             ("sans-serif", 20),
         )
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(45)
-        .build_cartesian_2d(0f64..secs, 0f64..ymax)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .build_cartesian_2d(0f64..t1, 0f64..ymax)
+        .map_err(|x| e(&x))?;
     c.configure_mesh()
-        .x_desc("seconds (1 s = 1 trace minute)")
+        .x_desc("seconds since the trainer started (1 s = 1 trace minute)")
         .y_desc("requests")
         .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    c.draw_series(LineSeries::new(
-        submitted
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| (i as f64, v as f64)),
-        &BLACK,
-    ))
-    .map_err(|e| anyhow::anyhow!("{e}"))?
-    .label("submitted")
-    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-    c.draw_series(LineSeries::new(
-        admitted
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| (i as f64, v as f64)),
-        &GREEN,
-    ))
-    .map_err(|e| anyhow::anyhow!("{e}"))?
-    .label("admitted and served")
-    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
+        .map_err(|x| e(&x))?;
+    for (v, color, label) in [(&submitted, BLACK, "submitted"), (&served, GREEN, "served")] {
+        c.draw_series(LineSeries::new(
+            v.iter()
+                .enumerate()
+                .map(|(i, &n)| (t0 + i as f64, n as f64)),
+            color,
+        ))
+        .map_err(|x| e(&x))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
     c.configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(|x| e(&x))?;
+    root.present().map_err(|x| e(&x))?;
     Ok(())
 }
