@@ -27,12 +27,12 @@ use smore_predictor::catalog::{Catalog, GpuType};
 use smore_predictor::multiway::{MultiWay, SgdConfig};
 use smore_predictor::pairwise::{ForestParams, PairModel};
 use smore_predictor::sched::{
-    self, CandidateEval, Correction, GpuSnapshot, Mode, PendingItem, Resident, Rule, SchedConfig,
-    ShareInput, Verdict,
+    self, CandidateEval, Correction, GpuSnapshot, PendingItem, Resident, SchedConfig, ShareInput,
+    Verdict,
 };
 use smore_predictor::synth::{generate, SynthParams};
 use smore_predictor::table::PairTable;
-use smore_predictor::{DegradationModel, Explanation, ModelKey, Predictor, Role};
+use smore_predictor::{DegradationModel, ModelKey, Predictor, Role};
 use smore_protocol::size::format_size;
 use smore_protocol::wire::RefuseCode;
 use std::collections::{HashMap, VecDeque};
@@ -494,40 +494,27 @@ impl Policy for SmorePolicy {
         let fast = self.fast_mode();
         // Candidate order: the preferred GPU first (re-registration), then d sampled GPUs
         // (power of d), then — a registration is answered now, not requeued — every other GPU.
-        let mut order: Vec<usize> = Vec::with_capacity(gpus.len());
-        if let Some(p) = ask.prefer_gpu {
-            if let Some(i) = gpus.iter().position(|g| g.index == p) {
-                order.push(i);
-            }
-        }
-        let sampled = sched::sample_candidates(&mut self.rng, gpus.len(), self.sched.d);
-        let n_first = {
-            for i in sampled {
-                if !order.contains(&i) {
-                    order.push(i);
-                }
-            }
-            order.len()
-        };
-        for i in 0..gpus.len() {
-            if !order.contains(&i) {
-                order.push(i);
-            }
-        }
-        let mut evals: Vec<CandidateEval> = Vec::new();
-        let mut best: Option<(usize, f64, usize)> = None; // (gpu idx, score, eval idx)
+        let prefer = ask
+            .prefer_gpu
+            .and_then(|p| gpus.iter().position(|g| g.index == p));
+        let cands = sched::Candidates::preferred_sampled(
+            &mut self.rng,
+            gpus.len(),
+            self.sched.d,
+            prefer,
+            true,
+        );
         let mut fn_error = None;
-        for (pos, &gi) in order.iter().enumerate() {
-            if best.is_some() && pos >= n_first {
-                break; // widen to the other GPUs only when no sampled one fits
-            }
+        // Algorithm 1 itself is `sched::choose`; this closure only maps a GPU onto the
+        // predictor's world and plugs the share-sizing step in.
+        let choice = sched::choose(&cands, fast, |gi| {
             let g = &gpus[gi];
             let ti = self.type_of(g);
             let (key, lat, util) = match self.function_key(ti, &ask.model) {
                 Ok(v) => v,
                 Err(e) => {
                     fn_error = Some(e);
-                    continue;
+                    return None;
                 }
             };
             let item = PendingItem {
@@ -542,8 +529,8 @@ impl Policy for SmorePolicy {
             };
             let snap = self.snapshot(ti, g);
             // The σ rule on the arbiter's own accounting (same as GpuView::free_for_functions).
-            let mut e = if ask.memory > g.free_for_functions(self.sched.sigma) {
-                CandidateEval {
+            if ask.memory > g.free_for_functions(self.sched.sigma) {
+                return Some(CandidateEval {
                     gpu: g.index,
                     verdict: Verdict::Memory {
                         used: snap.used,
@@ -553,94 +540,29 @@ impl Policy for SmorePolicy {
                     d_train: None,
                     d_fn: None,
                     score: None,
-                }
-            } else {
-                sched::evaluate_candidate(&self.sched, &snap, &item, &self.types[ti].predictor)
-            };
-            // Beyond SMORE: an acceptable GPU must also leave a share that meets both bounds —
-            // and a GPU refused only because D̂_train at a *full* share exceeds θ_train is
-            // acceptable when a smaller share keeps both θ_train and the SLO (the share the
-            // arbiter will then grant).
-            let theta_only = matches!(e.verdict, Verdict::ThetaTrain { .. });
-            if (e.score.is_some() || theta_only) && snap.training.is_some() {
-                let mut s2 = snap.clone();
-                s2.functions.push(Resident {
-                    id: u64::MAX,
-                    key: item.key.clone(),
-                    slo_ms: ask.slo_ms,
-                    solo_latency_ms: lat,
-                    sm_util: util,
                 });
-                let sized = sched::size_gpu_shares(&self.sched, &s2, &self.types[ti].predictor);
-                if let Some((_, d)) = sized.iter().find(|(id, _)| *id == u64::MAX) {
-                    if theta_only && d.share.is_some() {
-                        let d_fn = (d.predicted_latency_ms / lat.max(1e-9) - 1.0).max(0.0);
-                        e.verdict = Verdict::Acceptable;
-                        e.d_train = Some(d.predicted_train);
-                        e.d_fn = Some(d_fn);
-                        e.score = Some(
-                            self.sched.lambda * d.predicted_train
-                                + (1.0 - self.sched.lambda) * d_fn,
-                        );
-                    } else if d.share.is_none() {
-                        e.verdict = if d.limited_by == Some("slo") {
-                            Verdict::Slo {
-                                predicted_ms: d.predicted_latency_ms,
-                                slo_ms: ask.slo_ms,
-                            }
-                        } else {
-                            Verdict::ThetaTrain {
-                                predicted: d.predicted_train,
-                                theta: self.sched.theta_train / s2.functions.len() as f64,
-                            }
-                        };
-                        e.score = None;
-                    }
-                }
             }
-            let score = e.score;
-            evals.push(e);
-            if let Some(s) = score {
-                let better = match best {
-                    None => true,
-                    Some((bg, bs, _)) => s < bs || (s == bs && g.index < gpus[bg].index),
-                };
-                if better {
-                    best = Some((gi, s, evals.len() - 1));
-                }
-                if fast || (ask.prefer_gpu == Some(g.index) && pos == 0) {
-                    break;
-                }
-            }
-        }
+            let model = &self.types[ti].predictor;
+            let e = sched::evaluate_candidate(&self.sched, &snap, &item, model);
+            Some(sched::refine_with_share(
+                &self.sched,
+                &snap,
+                &item,
+                e,
+                model,
+            ))
+        });
+        let rule = choice.rule();
+        let evals = choice.evals;
         if evals.is_empty() {
             return Decision::Refuse {
                 code: RefuseCode::Invalid,
                 reason: fn_error.unwrap_or_else(|| "no GPU could be evaluated".into()),
             };
         }
-        let mode = if fast {
-            Mode::FirstFit
-        } else {
-            Mode::LeastDegradation
-        };
-        match best {
-            Some((gi, _, ei)) => {
+        match choice.chosen {
+            Some((gi, ei)) => {
                 let e = &evals[ei];
-                let exp = Explanation {
-                    item: 0,
-                    mode,
-                    rule: if fast {
-                        Rule::FirstFit
-                    } else {
-                        Rule::LeastDegradation
-                    },
-                    gpu: Some(gpus[gi].index),
-                    predicted_train: e.d_train,
-                    predicted_fn: e.d_fn,
-                    predicted_latency_ms: None,
-                    candidates: evals.clone(),
-                };
                 let others: Vec<String> = evals
                     .iter()
                     .filter(|c| c.gpu != gpus[gi].index)
@@ -654,7 +576,7 @@ impl Policy for SmorePolicy {
                     rule: format!(
                         "smore {:?}: GPU {} D̂_train {} ≤ θ_train {}, D̂_fn {} (SLO {} ms), \
                          {} ≤ free {}; {} candidate(s){}{}; {}",
-                        exp.rule,
+                        rule,
                         gpus[gi].index,
                         opt3(e.d_train),
                         self.sched.theta_train,

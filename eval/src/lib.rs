@@ -22,7 +22,7 @@ use rand::{Rng, SeedableRng};
 use smore_predictor::catalog::Catalog;
 use smore_predictor::multiway::SgdConfig;
 use smore_predictor::pairwise::{ForestParams, PairModel};
-use smore_predictor::sched::{self, GpuSnapshot, PendingItem, Resident, SchedConfig};
+use smore_predictor::sched::{GpuSnapshot, PendingItem, Resident, SchedConfig, Scheduler};
 use smore_predictor::synth::{generate, pressure, Pressure, SynthParams};
 use smore_predictor::table::PairTable;
 use smore_predictor::{DegradationModel, ModelKey, Predictor, Role};
@@ -193,9 +193,6 @@ struct Req {
     func: usize,
     arrival: f64,
     deadline: f64,
-    /// SMORE's requeue back-off: not before this time, ms.
-    not_before: f64,
-    attempts: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -217,6 +214,13 @@ struct SimGpu {
     train_work: f64,
     util_sum: f64,
     base_util_sum: f64,
+}
+
+/// What the scheduling core sees of a simulated GPU.
+impl AsRef<GpuSnapshot> for SimGpu {
+    fn as_ref(&self) -> &GpuSnapshot {
+        &self.snap
+    }
 }
 
 impl SimGpu {
@@ -462,8 +466,9 @@ fn simulate(
     sc: &Scenario,
     a: &EvalArgs,
     exclusive_gpus: usize,
-) -> PolicyResult {
-    let mut rng = StdRng::seed_from_u64(a.seed ^ 0x9e37_79b9_7f4a_7c15);
+) -> Result<PolicyResult> {
+    let seed = a.seed ^ 0x9e37_79b9_7f4a_7c15;
+    let mut rng = StdRng::seed_from_u64(seed);
     let mut gpus: Vec<SimGpu> = (0..a.gpus)
         .map(|i| new_gpu(i as u32, Some(i), sc))
         .collect();
@@ -476,6 +481,15 @@ fn simulate(
         sigma: SIGMA,
         theta_train: a.theta_train,
         ..SchedConfig::default()
+    };
+    // SMORE's queue, priority order and requeueing are `sched::Scheduler`'s (the only
+    // implementation); the other policies keep their requests in `pending`.
+    let mut smore: Option<Scheduler<Req>> = match policy {
+        PolicyName::Smore => Some(
+            Scheduler::new(cfg.clone(), seed)
+                .context("SMORE's settings (--power-of-d, --theta-train) are out of range")?,
+        ),
+        _ => None,
     };
     let dt = a.step_ms;
     let horizon = a.seconds * 1e3;
@@ -491,36 +505,46 @@ fn simulate(
         // 1. arrivals of this step
         while next < sc.trace.len() && sc.trace[next].0 < now + dt {
             let (t, f) = sc.trace[next];
-            pending.push_back(Req {
+            let r = Req {
                 id: next as u64,
                 func: f,
                 arrival: t,
                 deadline: t + sc.funcs[f].slo_ms,
-                not_before: t,
-                attempts: 0,
-            });
+            };
+            match &mut smore {
+                Some(s) => s.submit_with(item_of(&r, &sc.funcs[f], now), r),
+                None => pending.push_back(r),
+            }
             next += 1;
         }
         // 2. requests that can no longer start in time are dropped (missed)
-        pending.retain(|r| {
-            let keep = r.deadline - now >= sc.funcs[r.func].solo_ms;
-            if !keep {
-                dropped += 1;
-            }
-            keep
-        });
+        let alive = |r: &Req| r.deadline - now >= sc.funcs[r.func].solo_ms;
+        let before = pending.len();
+        pending.retain(alive);
+        dropped += before - pending.len();
         // 3. the policy places what it can
-        place(
-            policy,
-            &mut pending,
-            &mut gpus,
-            &mut dedicated,
-            sc,
-            &cfg,
-            now,
-            &mut rng,
-            a.noise,
-        );
+        match &mut smore {
+            Some(s) => {
+                // A queued request's SLO is the time left to its deadline.
+                dropped += s.retain(|item, r| {
+                    item.slo_ms = r.deadline - now;
+                    alive(r)
+                });
+                s.run_round_with(&mut gpus, &sc.predictor, |g, _, r| {
+                    start(g, r, now, sc, &mut rng, a.noise)
+                });
+            }
+            None => place(
+                policy,
+                &mut pending,
+                &mut gpus,
+                &mut dedicated,
+                sc,
+                now,
+                &mut rng,
+                a.noise,
+            ),
+        }
         // 4. service with ground-truth interference
         for g in gpus.iter_mut().chain(dedicated.iter_mut()) {
             let tp = g.trainer.map(|t| sc.trainers[t].press);
@@ -577,7 +601,7 @@ fn simulate(
         }
         now += dt;
     }
-    dropped += pending.len();
+    dropped += pending.len() + smore.as_ref().map_or(0, |s| s.queue_len());
     let n = sc.trace.len();
     let horizon_ms = steps_in_horizon as f64 * dt;
     let sfd = gpus
@@ -590,7 +614,7 @@ fn simulate(
         .map(|g| (g.util_sum - g.base_util_sum) / steps_in_horizon.max(1) as f64)
         .sum::<f64>()
         / gpus.len() as f64;
-    PolicyResult {
+    Ok(PolicyResult {
         policy: policy.label(),
         dsr: ok as f64 / n.max(1) as f64,
         gui,
@@ -603,7 +627,7 @@ fn simulate(
         requests: n,
         served,
         dropped,
-    }
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -613,7 +637,6 @@ fn place(
     gpus: &mut [SimGpu],
     dedicated: &mut [SimGpu],
     sc: &Scenario,
-    cfg: &SchedConfig,
     now: f64,
     rng: &mut StdRng,
     noise: f64,
@@ -698,71 +721,10 @@ fn place(
                 }
             }
         }
-        PolicyName::Smore => {
-            // Eligible items in priority order (SMORE eq. 5), ties by id; first fit when the
-            // eligible queue is longer than the threshold; refused items back off.
-            let (mut ready, wait): (Vec<Req>, Vec<Req>) =
-                pending.drain(..).partition(|r| r.not_before <= now);
-            left.extend(wait);
-            let prio = |r: &Req| {
-                let f = &sc.funcs[r.func];
-                f.util / (f.mean_pred_fn.max(0.0) + cfg.epsilon)
-            };
-            ready.sort_by(|a, b| prio(b).total_cmp(&prio(a)).then(a.id.cmp(&b.id)));
-            let fast = ready.len() > cfg.first_fit_queue;
-            for mut r in ready {
-                let f = &sc.funcs[r.func];
-                let item = item_of(&r, f, now);
-                let cand = sched::sample_candidates(rng, gpus.len(), cfg.d);
-                let chosen = {
-                    // allocate() over the live snapshots (borrowed, not cloned).
-                    let views: Vec<&GpuSnapshot> = gpus.iter().map(|g| &g.snap).collect();
-                    choose(cfg, &item, &views, &cand, fast, &sc.predictor)
-                };
-                match chosen {
-                    Some(i) => start(&mut gpus[i], r, now, sc, rng, noise),
-                    None => {
-                        r.attempts += 1;
-                        let wait = (cfg.backoff_base << (r.attempts - 1).min(16))
-                            .min(cfg.backoff_max)
-                            .max(1);
-                        r.not_before = now + wait as f64;
-                        left.push_back(r);
-                    }
-                }
-            }
-        }
+        // SMORE's requests queue in `sched::Scheduler` (see `simulate`): none arrive here.
+        PolicyName::Smore => left.extend(pending.drain(..)),
     }
     *pending = left;
-}
-
-/// Algorithm 1's choice among sampled candidates (the same rules as `sched::allocate`, over
-/// borrowed snapshots).
-fn choose(
-    cfg: &SchedConfig,
-    item: &PendingItem,
-    gpus: &[&GpuSnapshot],
-    cand: &[usize],
-    fast: bool,
-    model: &dyn DegradationModel,
-) -> Option<usize> {
-    let mut best: Option<(usize, f64)> = None;
-    for &g in cand {
-        let e = sched::evaluate_candidate(cfg, gpus[g], item, model);
-        if let Some(s) = e.score {
-            if fast {
-                return Some(g);
-            }
-            let better = match best {
-                None => true,
-                Some((bg, bs)) => s < bs || (s == bs && gpus[g].index < gpus[bg].index),
-            };
-            if better {
-                best = Some((g, s));
-            }
-        }
-    }
-    best.map(|(g, _)| g)
 }
 
 /// A pending request as Algorithm 1 sees it: its SLO is the time left to its deadline.
@@ -786,7 +748,7 @@ pub fn evaluate(a: &EvalArgs) -> Result<(Vec<PolicyResult>, String)> {
     let rows = PolicyName::ALL
         .iter()
         .map(|&p| simulate(p, &sc, a, excl))
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
     let header = format!(
         "SIMULATED — ground truth = synthetic interference model (predictor::synth), not a GPU \
          measurement.\n{} GPUs ({} profiles, estimated) each running one training job; {} \

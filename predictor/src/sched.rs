@@ -9,7 +9,6 @@
 //! Randomness comes only from the seeded RNG inside [`Scheduler`] (reproducible decisions).
 
 use crate::features::ModelKey;
-use anyhow::{bail, Result};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
@@ -69,28 +68,60 @@ impl Default for SchedConfig {
 }
 
 impl SchedConfig {
+    /// Algorithm 1's placement score λ·D̂_train + (1−λ)·D̂_fn (lower is better).
+    pub fn score(&self, d_train: f64, d_fn: f64) -> f64 {
+        self.lambda * d_train + (1.0 - self.lambda) * d_fn
+    }
+
     /// Rejects settings that would make decisions meaningless, naming the field.
-    pub fn validate(&self) -> Result<()> {
+    pub fn validate(&self) -> Result<(), SchedConfigError> {
+        let bad = |field: &'static str, value: String, expected: &'static str| {
+            Err(SchedConfigError {
+                field,
+                value,
+                expected,
+            })
+        };
         if self.d == 0 {
-            bail!("sched.d must be ≥ 1");
+            return bad("d (power of d)", "0".into(), "≥ 1");
         }
         if !(self.sigma > 0.0 && self.sigma <= 1.0) {
-            bail!("sched.sigma = {} must be in (0, 1]", self.sigma);
+            return bad("sigma (memory safety)", self.sigma.to_string(), "in (0, 1]");
         }
         if !(self.theta_train.is_finite() && self.theta_train >= 0.0) {
-            bail!("sched.theta_train = {} must be ≥ 0", self.theta_train);
+            return bad(
+                "theta_train",
+                self.theta_train.to_string(),
+                "finite and ≥ 0",
+            );
         }
         if !(0.0..=1.0).contains(&self.lambda) {
-            bail!("sched.lambda = {} must be in [0, 1]", self.lambda);
+            return bad("lambda", self.lambda.to_string(), "in [0, 1]");
         }
         if self.epsilon.is_nan() || self.epsilon <= 0.0 {
-            bail!("sched.epsilon = {} must be > 0", self.epsilon);
+            return bad("epsilon", self.epsilon.to_string(), "> 0");
         }
         if self.share_grid.is_empty() || self.share_grid.iter().any(|&s| s == 0 || s > 100) {
-            bail!("sched.share_grid must list percents in 1..=100");
+            return bad(
+                "share_grid",
+                format!("{:?}", self.share_grid),
+                "non-empty percents in 1..=100",
+            );
         }
         Ok(())
     }
+}
+
+/// A [`SchedConfig`] field out of range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("scheduler setting {field} = {value} must be {expected}; fix it in [policy] or the command line")]
+pub struct SchedConfigError {
+    /// The field (as named in [`SchedConfig`]).
+    pub field: &'static str,
+    /// Its value.
+    pub value: String,
+    /// The accepted range.
+    pub expected: &'static str,
 }
 
 /// A function already on a GPU.
@@ -355,12 +386,175 @@ pub fn evaluate_candidate(
             }
         }
     }
-    c.score = Some(cfg.lambda * d_train + (1.0 - cfg.lambda) * d_fn);
+    c.score = Some(cfg.score(d_train, d_fn));
     c
 }
 
-/// Algorithm 1 over already-sampled candidates (indices into `gpus`, in sampled order).
-/// Returns the chosen index into `gpus` and the explanation.
+/// The GPUs one decision looks at, in the order it looks at them (Algorithm 1 line 3, plus what
+/// the arbiter needs: a preferred GPU first and widening to every GPU before refusing).
+///
+/// Candidates `[0, sampled)` are always evaluated (the first acceptable one in first-fit mode);
+/// those after `sampled` only while no earlier candidate was acceptable (widening).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidates {
+    order: Vec<usize>,
+    sampled: usize,
+    /// `order[0]` is the caller's preferred GPU: when acceptable it is taken at once.
+    preferred: bool,
+}
+
+impl Candidates {
+    /// Exactly these GPU indices, in this order (no preference, no widening).
+    pub fn fixed(order: Vec<usize>) -> Candidates {
+        Candidates {
+            sampled: order.len(),
+            order,
+            preferred: false,
+        }
+    }
+
+    /// SMORE's power of d: `d` distinct GPUs of `n` drawn from `rng` ([`sample_candidates`]).
+    pub fn power_of_d(rng: &mut StdRng, n: usize, d: usize) -> Candidates {
+        Candidates::fixed(sample_candidates(rng, n, d))
+    }
+
+    /// The arbiter's order: `prefer` (an index into the GPUs) first, then a power-of-d sample,
+    /// then — when `widen` — every other GPU, evaluated only if nothing earlier was acceptable
+    /// (a registration is answered now, not requeued).
+    pub fn preferred_sampled(
+        rng: &mut StdRng,
+        n: usize,
+        d: usize,
+        prefer: Option<usize>,
+        widen: bool,
+    ) -> Candidates {
+        let prefer = prefer.filter(|&p| p < n);
+        let mut order: Vec<usize> = Vec::with_capacity(n);
+        order.extend(prefer);
+        for i in sample_candidates(rng, n, d) {
+            if !order.contains(&i) {
+                order.push(i);
+            }
+        }
+        let sampled = order.len();
+        if widen {
+            for i in 0..n {
+                if !order.contains(&i) {
+                    order.push(i);
+                }
+            }
+        }
+        Candidates {
+            order,
+            sampled,
+            preferred: prefer.is_some(),
+        }
+    }
+
+    /// The GPU indices in evaluation order.
+    pub fn order(&self) -> &[usize] {
+        &self.order
+    }
+}
+
+/// Result of [`choose`]: every evaluated candidate and the chosen one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    /// First fit or least degradation.
+    pub mode: Mode,
+    /// The chosen GPU (index into the caller's GPUs) and its evaluation (index into `evals`).
+    pub chosen: Option<(usize, usize)>,
+    /// The candidates evaluated, in evaluation order (skipped ones are absent).
+    pub evals: Vec<CandidateEval>,
+    /// No candidate was offered at all.
+    pub no_candidates: bool,
+}
+
+impl Choice {
+    /// The chosen GPU's evaluation.
+    pub fn chosen_eval(&self) -> Option<&CandidateEval> {
+        self.chosen.map(|(_, e)| &self.evals[e])
+    }
+
+    /// The rule that decided.
+    pub fn rule(&self) -> Rule {
+        match (self.chosen, self.mode) {
+            _ if self.no_candidates => Rule::NoGpus,
+            (None, _) => Rule::NothingFits,
+            (Some(_), Mode::FirstFit) => Rule::FirstFit,
+            (Some(_), Mode::LeastDegradation) => Rule::LeastDegradation,
+        }
+    }
+
+    /// The explanation of this decision for `item` (consumes the evaluations).
+    pub fn explain(self, item: &PendingItem) -> Explanation {
+        let rule = self.rule();
+        let (pt, pf) = self
+            .chosen_eval()
+            .map_or((None, None), |e| (e.d_train, e.d_fn));
+        Explanation {
+            item: item.id,
+            mode: self.mode,
+            rule,
+            gpu: self.chosen_eval().map(|e| e.gpu),
+            predicted_train: pt,
+            predicted_fn: pf,
+            predicted_latency_ms: pf.map(|d| item.solo_latency_ms * (1.0 + d)),
+            candidates: self.evals,
+        }
+    }
+}
+
+/// THE Algorithm 1 choice (lines 4–12), the only implementation: evaluates `cands` in order with
+/// `eval` (which returns None for a candidate it cannot evaluate, e.g. a GPU type without a
+/// profile of the function) and keeps the acceptable candidate with the least score
+/// λ·D̂_train + (1−λ)·D̂_fn (ties: the lower GPU index), or — `fast`, SMORE's first fit on long
+/// queues — the first acceptable one. An acceptable preferred GPU is taken at once; candidates
+/// after the sampled ones are looked at only while nothing fits. `eval` is where callers plug a
+/// per-candidate step in (the arbiter: [`evaluate_candidate`] then [`refine_with_share`]).
+pub fn choose(
+    cands: &Candidates,
+    fast: bool,
+    mut eval: impl FnMut(usize) -> Option<CandidateEval>,
+) -> Choice {
+    let mode = if fast {
+        Mode::FirstFit
+    } else {
+        Mode::LeastDegradation
+    };
+    let mut evals: Vec<CandidateEval> = Vec::with_capacity(cands.sampled);
+    let mut best: Option<(usize, f64, usize)> = None; // (gpu idx, score, eval idx)
+    for (pos, &g) in cands.order.iter().enumerate() {
+        if best.is_some() && pos >= cands.sampled {
+            break; // widen only while nothing fits
+        }
+        let Some(e) = eval(g) else { continue };
+        let score = e.score;
+        let gpu = e.gpu;
+        evals.push(e);
+        let Some(s) = score else { continue };
+        let better = match best {
+            None => true,
+            Some((_, bs, bi)) => s < bs || (s == bs && gpu < evals[bi].gpu),
+        };
+        if better {
+            best = Some((g, s, evals.len() - 1));
+        }
+        if fast || (cands.preferred && pos == 0) {
+            break;
+        }
+    }
+    Choice {
+        mode,
+        chosen: best.map(|(g, _, e)| (g, e)),
+        evals,
+        no_candidates: cands.order.is_empty(),
+    }
+}
+
+/// Algorithm 1 for one item over `gpus` and the candidate indices `candidates` (in sampled
+/// order): [`choose`] with [`evaluate_candidate`]. Returns the chosen index into `gpus` and the
+/// explanation.
 pub fn allocate(
     cfg: &SchedConfig,
     item: &PendingItem,
@@ -369,53 +563,66 @@ pub fn allocate(
     fast: bool,
     model: &dyn DegradationModel,
 ) -> (Option<usize>, Explanation) {
-    let mode = if fast {
-        Mode::FirstFit
-    } else {
-        Mode::LeastDegradation
+    let c = choose(&Candidates::fixed(candidates.to_vec()), fast, |g| {
+        Some(evaluate_candidate(cfg, &gpus[g], item, model))
+    });
+    let chosen = c.chosen.map(|(g, _)| g);
+    (chosen, c.explain(item))
+}
+
+/// Beyond SMORE, the arbiter's per-candidate share-sizing step (docs/predictor.md): an
+/// acceptable GPU with a training job must also leave the new function a share (on the
+/// [`SchedConfig::share_grid`]) meeting both θ_train (split among the residents) and the SLO —
+/// and a GPU refused only because D̂_train at a *full* share exceeds θ_train is acceptable when
+/// a smaller share keeps both bounds (the share the arbiter then grants).
+pub fn refine_with_share(
+    cfg: &SchedConfig,
+    snap: &GpuSnapshot,
+    item: &PendingItem,
+    mut e: CandidateEval,
+    model: &dyn DegradationModel,
+) -> CandidateEval {
+    let theta_only = matches!(e.verdict, Verdict::ThetaTrain { .. });
+    if !((e.score.is_some() || theta_only) && snap.training.is_some()) {
+        return e;
+    }
+    let mut s2 = snap.clone();
+    s2.functions.push(Resident {
+        id: item.id,
+        key: item.key.clone(),
+        slo_ms: item.slo_ms,
+        solo_latency_ms: item.solo_latency_ms,
+        sm_util: item.sm_util,
+    });
+    let k = s2.functions.len();
+    // size_gpu_shares answers in resident order: the new function is the last one.
+    let Some((_, d)) = size_gpu_shares(cfg, &s2, model).pop() else {
+        return e;
     };
-    let mut evals = Vec::with_capacity(candidates.len());
-    let mut best: Option<(usize, f64, usize)> = None; // (gpu idx, score, eval idx)
-    for &g in candidates {
-        let e = evaluate_candidate(cfg, &gpus[g], item, model);
-        let score = e.score;
-        evals.push(e);
-        if let Some(s) = score {
-            if fast {
-                best = Some((g, s, evals.len() - 1));
-                break;
-            }
-            // Ties keep the lower GPU index (deterministic).
-            let better = match best {
-                None => true,
-                Some((bg, bs, _)) => s < bs || (s == bs && gpus[g].index < gpus[bg].index),
+    match d.share {
+        Some(_) if theta_only => {
+            let d_fn = (d.predicted_latency_ms / item.solo_latency_ms.max(1e-9) - 1.0).max(0.0);
+            e.verdict = Verdict::Acceptable;
+            e.d_train = Some(d.predicted_train);
+            e.d_fn = Some(d_fn);
+            e.score = Some(cfg.score(d.predicted_train, d_fn));
+        }
+        Some(_) => {}
+        None => {
+            e.verdict = match d.limited_by {
+                Some(ShareBound::Slo) => Verdict::Slo {
+                    predicted_ms: d.predicted_latency_ms,
+                    slo_ms: item.slo_ms,
+                },
+                _ => Verdict::ThetaTrain {
+                    predicted: d.predicted_train,
+                    theta: cfg.theta_train / k as f64,
+                },
             };
-            if better {
-                best = Some((g, s, evals.len() - 1));
-            }
+            e.score = None;
         }
     }
-    let rule = match (&best, fast, candidates.is_empty()) {
-        (_, _, true) => Rule::NoGpus,
-        (None, _, _) => Rule::NothingFits,
-        (Some(_), true, _) => Rule::FirstFit,
-        (Some(_), false, _) => Rule::LeastDegradation,
-    };
-    let (chosen, pt, pf) = match best {
-        Some((g, _, ei)) => (Some(g), evals[ei].d_train, evals[ei].d_fn),
-        None => (None, None, None),
-    };
-    let exp = Explanation {
-        item: item.id,
-        mode,
-        rule,
-        gpu: chosen.map(|g| gpus[g].index),
-        predicted_train: pt,
-        predicted_fn: pf,
-        predicted_latency_ms: pf.map(|d| item.solo_latency_ms * (1.0 + d)),
-        candidates: evals,
-    };
-    (chosen, exp)
+    e
 }
 
 /// Power-of-d sampling: `d` distinct indices in random order, or all (in order) when d ≥ n.
@@ -431,16 +638,21 @@ pub fn sample_candidates(rng: &mut StdRng, n: usize, d: usize) -> Vec<usize> {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
+    /// Placed on this GPU.
     Placed {
+        /// GPU index ([`GpuSnapshot::index`]).
         gpu: u32,
     },
     /// Back in the queue; eligible again at `retry_round`.
     Requeued {
+        /// Failed attempts so far.
         attempts: u32,
+        /// First round it is looked at again.
         retry_round: u64,
     },
     /// Gave up after `max_attempts`.
     Dropped {
+        /// Failed attempts.
         attempts: u32,
     },
 }
@@ -448,29 +660,36 @@ pub enum Outcome {
 /// One decision of a round.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Decision {
+    /// [`PendingItem::id`].
     pub item: u64,
+    /// What happened to it.
     pub outcome: Outcome,
+    /// Why.
     pub explanation: Explanation,
 }
 
 #[derive(Debug, Clone)]
-struct Queued {
+struct Queued<T> {
     item: PendingItem,
+    payload: T,
     attempts: u32,
     not_before: u64,
 }
 
-/// The pending queue plus the seeded RNG: SMORE's scheduling loop.
+/// The pending queue plus the seeded RNG: SMORE's scheduling loop (the only one: the cluster
+/// evaluation drives it with its requests as payloads `T`).
 #[derive(Debug, Clone)]
-pub struct Scheduler {
+pub struct Scheduler<T = ()> {
+    /// Settings (validated at construction).
     pub cfg: SchedConfig,
     rng: StdRng,
-    queue: Vec<Queued>,
+    queue: Vec<Queued<T>>,
     round: u64,
 }
 
-impl Scheduler {
-    pub fn new(cfg: SchedConfig, seed: u64) -> Result<Scheduler> {
+impl<T> Scheduler<T> {
+    /// A scheduler whose power-of-d sampler is seeded with `seed`.
+    pub fn new(cfg: SchedConfig, seed: u64) -> Result<Scheduler<T>, SchedConfigError> {
         cfg.validate()?;
         Ok(Scheduler {
             cfg,
@@ -480,20 +699,32 @@ impl Scheduler {
         })
     }
 
-    pub fn submit(&mut self, item: PendingItem) {
+    /// Queues `item`, carrying `payload` back to the caller when it is placed.
+    pub fn submit_with(&mut self, item: PendingItem, payload: T) {
         self.queue.push(Queued {
             item,
+            payload,
             attempts: 0,
             not_before: self.round,
         });
     }
 
+    /// Items waiting (eligible or backing off).
     pub fn queue_len(&self) -> usize {
         self.queue.len()
     }
 
+    /// The next round's number.
     pub fn round(&self) -> u64 {
         self.round
+    }
+
+    /// Keeps the queued items for which `keep` returns true; `keep` may update an item (e.g. its
+    /// SLO, the time left to its deadline). Returns the number removed.
+    pub fn retain(&mut self, mut keep: impl FnMut(&mut PendingItem, &T) -> bool) -> usize {
+        let before = self.queue.len();
+        self.queue.retain_mut(|q| keep(&mut q.item, &q.payload));
+        before - self.queue.len()
     }
 
     /// Places one item right now (registration path, no queue): sample d GPUs and run Algorithm 1
@@ -510,17 +741,18 @@ impl Scheduler {
     }
 
     /// One scheduling round: eligible items in priority order (ties: lower id first); first fit
-    /// when more than `first_fit_queue` are eligible. Placed items are added to `gpus` (memory and
-    /// resident list) so later decisions in the round see them; refused items are requeued with
-    /// exponential back-off.
-    pub fn run_round(
+    /// when more than `first_fit_queue` are eligible. `place` applies a placement to the chosen
+    /// GPU (so later decisions in the round see it); refused items are requeued with exponential
+    /// back-off (or dropped after `max_attempts`).
+    pub fn run_round_with<G: AsRef<GpuSnapshot>>(
         &mut self,
-        gpus: &mut [GpuSnapshot],
+        gpus: &mut [G],
         model: &dyn DegradationModel,
+        mut place: impl FnMut(&mut G, &PendingItem, T),
     ) -> Vec<Decision> {
         let round = self.round;
         self.round += 1;
-        let (mut ready, wait): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut self.queue)
+        let (mut ready, wait): (Vec<Queued<T>>, Vec<Queued<T>>) = std::mem::take(&mut self.queue)
             .into_iter()
             .partition(|q| q.not_before <= round);
         self.queue = wait;
@@ -534,20 +766,19 @@ impl Scheduler {
         let fast = ready.len() > self.cfg.first_fit_queue;
         let mut out = Vec::with_capacity(ready.len());
         for mut q in ready {
-            let cand = sample_candidates(&mut self.rng, gpus.len(), self.cfg.d);
-            let (chosen, exp) = allocate(&self.cfg, &q.item, gpus, &cand, fast, model);
+            let cands = Candidates::power_of_d(&mut self.rng, gpus.len(), self.cfg.d);
+            let cfg = &self.cfg;
+            let choice = choose(&cands, fast, |g| {
+                Some(evaluate_candidate(cfg, gpus[g].as_ref(), &q.item, model))
+            });
+            let chosen = choice.chosen.map(|(g, _)| g);
+            let explanation = choice.explain(&q.item);
+            let item = q.item.id;
             let outcome = match chosen {
                 Some(g) => {
-                    let gpu = &mut gpus[g];
-                    gpu.used = gpu.used.saturating_add(q.item.memory);
-                    gpu.functions.push(Resident {
-                        id: q.item.id,
-                        key: q.item.key.clone(),
-                        slo_ms: q.item.slo_ms,
-                        solo_latency_ms: q.item.solo_latency_ms,
-                        sm_util: q.item.sm_util,
-                    });
-                    Outcome::Placed { gpu: gpu.index }
+                    let gpu = gpus[g].as_ref().index;
+                    place(&mut gpus[g], &q.item, q.payload);
+                    Outcome::Placed { gpu }
                 }
                 None => {
                     q.attempts += 1;
@@ -556,11 +787,10 @@ impl Scheduler {
                             attempts: q.attempts,
                         }
                     } else {
-                        let shift = (q.attempts - 1).min(32);
                         let wait = self
                             .cfg
                             .backoff_base
-                            .saturating_mul(1u64 << shift)
+                            .saturating_mul(1u64.checked_shl(q.attempts - 1).unwrap_or(u64::MAX))
                             .min(self.cfg.backoff_max)
                             .max(1);
                         q.not_before = round + wait;
@@ -568,18 +798,55 @@ impl Scheduler {
                             attempts: q.attempts,
                             retry_round: q.not_before,
                         };
-                        self.queue.push(q.clone());
+                        self.queue.push(q);
                         o
                     }
                 }
             };
             out.push(Decision {
-                item: q.item.id,
+                item,
                 outcome,
-                explanation: exp,
+                explanation,
             });
         }
         out
+    }
+}
+
+impl Scheduler<()> {
+    /// Queues `item`.
+    pub fn submit(&mut self, item: PendingItem) {
+        self.submit_with(item, ());
+    }
+
+    /// [`Scheduler::run_round_with`] over plain snapshots: a placed item becomes a resident of
+    /// the chosen snapshot (its memory is added to `used`).
+    pub fn run_round(
+        &mut self,
+        gpus: &mut [GpuSnapshot],
+        model: &dyn DegradationModel,
+    ) -> Vec<Decision> {
+        self.run_round_with(gpus, model, |g, item, ()| g.add_resident(item))
+    }
+}
+
+impl AsRef<GpuSnapshot> for GpuSnapshot {
+    fn as_ref(&self) -> &GpuSnapshot {
+        self
+    }
+}
+
+impl GpuSnapshot {
+    /// Records `item` as placed here: its memory is added to `used`, it becomes a resident.
+    pub fn add_resident(&mut self, item: &PendingItem) {
+        self.used = self.used.saturating_add(item.memory);
+        self.functions.push(Resident {
+            id: item.id,
+            key: item.key.clone(),
+            slo_ms: item.slo_ms,
+            solo_latency_ms: item.solo_latency_ms,
+            sm_util: item.sm_util,
+        });
     }
 }
 
@@ -663,6 +930,16 @@ pub struct ShareInput {
     pub slo_ms: f64,
 }
 
+/// The bound that no share on the grid could meet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareBound {
+    /// Even the smallest share predicts D̂_train > the θ budget.
+    ThetaTrain,
+    /// Shares within the θ budget stretch the latency beyond the SLO.
+    Slo,
+}
+
 /// Result of share sizing.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ShareDecision {
@@ -670,8 +947,8 @@ pub struct ShareDecision {
     pub share: Option<u32>,
     pub predicted_train: f64,
     pub predicted_latency_ms: f64,
-    /// Which bound failed when `share` is None: ThetaTrain or Slo.
-    pub limited_by: Option<&'static str>,
+    /// Which bound failed when `share` is None.
+    pub limited_by: Option<ShareBound>,
 }
 
 /// Predicted training degradation contributed at `share` percent.
@@ -717,7 +994,11 @@ pub fn size_share(grid: &[u32], inp: &ShareInput) -> ShareDecision {
         share: None,
         predicted_train: train_deg_at_share(inp, smin),
         predicted_latency_ms: latency_at_share(inp, smin),
-        limited_by: Some(if theta_ok_any { "slo" } else { "theta_train" }),
+        limited_by: Some(if theta_ok_any {
+            ShareBound::Slo
+        } else {
+            ShareBound::ThetaTrain
+        }),
     }
 }
 

@@ -610,6 +610,87 @@ fn resident_slo_protection_and_unpredictable() {
 }
 
 #[test]
+fn preferred_candidate_is_taken_at_once_and_widening_only_when_nothing_fits() {
+    use rand::SeedableRng;
+    let cfg = all_gpus_cfg();
+    let model = fake();
+    let it = item(1, "small", 100.0, 1);
+    // GPU 0 acceptable but worse than GPU 1: preferred ⇒ taken without looking further.
+    let gpus = vec![
+        gpu(0, "hightrain", 1),
+        gpu(1, "lowtrain", 1),
+        gpu(2, "lowtrain", 1),
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let c = Candidates::preferred_sampled(&mut rng, 3, 1, Some(0), true);
+    assert_eq!(c.order()[0], 0);
+    let mut seen = vec![];
+    let ch = choose(&c, false, |g| {
+        seen.push(g);
+        Some(evaluate_candidate(&cfg, &gpus[g], &it, &model))
+    });
+    assert_eq!(ch.chosen.map(|x| x.0), Some(0));
+    assert_eq!(seen, vec![0], "an acceptable preferred GPU ends the search");
+    // Only the GPU outside the sample fits: widening finds it; without widening, refusal.
+    for _ in 0..8 {
+        let full = vec![
+            gpu(0, "lowtrain", 10),
+            gpu(1, "lowtrain", 10),
+            gpu(2, "lowtrain", 1),
+        ];
+        let eval = |g: usize| Some(evaluate_candidate(&cfg, &full[g], &it, &model));
+        let wide = Candidates::preferred_sampled(&mut rng, 3, 1, None, true);
+        assert_eq!(choose(&wide, false, eval).chosen.map(|x| x.0), Some(2));
+        let narrow = Candidates::preferred_sampled(&mut rng, 3, 1, None, false);
+        let got = choose(&narrow, false, eval);
+        assert_eq!(
+            got.evals.len(),
+            1,
+            "no widening: only the sample is evaluated"
+        );
+        assert_eq!(got.chosen.is_some(), narrow.order() == [2]);
+    }
+    // When a sampled GPU fits, the others are not evaluated.
+    let c = Candidates::preferred_sampled(&mut rng, 3, 3, None, true);
+    let ch = choose(&c, true, |g| {
+        Some(evaluate_candidate(&cfg, &gpus[g], &it, &model))
+    });
+    assert_eq!(ch.evals.len(), 1, "first fit stops at the first acceptable");
+    // A candidate the caller cannot evaluate is skipped, not counted.
+    let ch = choose(&Candidates::fixed(vec![0, 1]), false, |g| {
+        (g == 1).then(|| evaluate_candidate(&cfg, &gpus[g], &it, &model))
+    });
+    assert_eq!((ch.evals.len(), ch.chosen.map(|x| x.0)), (1, Some(1)));
+}
+
+#[test]
+fn share_sizing_step_admits_a_theta_refusal_with_a_smaller_share_and_refuses_slo() {
+    let cfg = all_gpus_cfg();
+    let model = fake();
+    // hightrain + big: D̂_train 0.25 > θ 0.10 at a full share, but sm_util 0.3 ⇒ a 10 % share
+    // gives 0.25·(0.10/0.3) ≈ 0.083 ≤ θ and latency 10·1.9·3 = 57 ms ≤ SLO 100 ms.
+    let g = gpu(0, "hightrain", 1);
+    let it = item(1, "big", 100.0, 1);
+    let e = evaluate_candidate(&cfg, &g, &it, &model);
+    assert!(matches!(e.verdict, Verdict::ThetaTrain { .. }));
+    let r = refine_with_share(&cfg, &g, &it, e, &model);
+    assert_eq!(r.verdict, Verdict::Acceptable, "{r:?}");
+    assert!(r.d_train.unwrap() <= cfg.theta_train && r.score.is_some());
+    // Same GPU, an SLO no throttled share can meet (solo·(1+D̂_fn) = 19 ms fits at full share
+    // only, which θ forbids): refused on the SLO.
+    let tight = item(1, "big", 20.0, 1);
+    let e = evaluate_candidate(&cfg, &g, &tight, &model);
+    let r = refine_with_share(&cfg, &g, &tight, e, &model);
+    assert!(matches!(r.verdict, Verdict::Slo { .. }), "{r:?}");
+    assert!(r.score.is_none());
+    // No training job: nothing to size, the evaluation is kept as is.
+    let mut free = gpu(1, "lowtrain", 1);
+    free.training = None;
+    let e = evaluate_candidate(&cfg, &free, &it, &model);
+    assert_eq!(refine_with_share(&cfg, &free, &it, e.clone(), &model), e);
+}
+
+#[test]
 fn power_of_d_sampling_is_seeded_and_distinct() {
     use rand::SeedableRng;
     let mut a = rand::rngs::StdRng::seed_from_u64(3);
@@ -668,10 +749,10 @@ fn share_sizing_is_monotone() {
     let mut tight = share_in(0.1, 0.2);
     tight.slo_ms = 20.0;
     let d = size_share(&grid, &tight);
-    assert_eq!((d.share, d.limited_by), (None, Some("slo")));
+    assert_eq!((d.share, d.limited_by), (None, Some(ShareBound::Slo)));
     assert_eq!(
         size_share(&[5], &share_in(0.001, 0.5)).limited_by,
-        Some("theta_train")
+        Some(ShareBound::ThetaTrain)
     );
 }
 
