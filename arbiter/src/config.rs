@@ -24,8 +24,11 @@ pub enum FailurePolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WatchdogAction {
+    /// Only log the violation.
     Log,
+    /// Send SIGTERM to the process.
     Sigterm,
+    /// Send SIGKILL to the process.
     Sigkill,
 }
 
@@ -115,18 +118,25 @@ struct RawWatchdog {
 pub struct Config {
     /// Where the config came from (for messages); `None` = built-in defaults.
     pub source: Option<PathBuf>,
+    /// Path of the arbiter's Unix socket.
     pub socket: PathBuf,
     /// Permission bits of the socket (octal in the file, e.g. `"0660"`).
     pub socket_mode: u32,
     /// Where grants are persisted across arbiter restarts.
     pub state_dir: PathBuf,
+    /// Address of the Prometheus `/metrics` endpoint (None: off).
     pub metrics_addr: Option<String>,
+    /// What functions do while the arbiter is unreachable.
     pub failure_policy: FailurePolicy,
     /// Period of the NVML reconcile / watchdog loop, milliseconds.
     pub reconcile_ms: u64,
+    /// Whether to discover GPUs through NVML at start.
     pub discover: bool,
+    /// The GPUs to manage by NVML index (None: all).
     pub gpu_indices: Option<Vec<u32>>,
+    /// Path or name of `libnvidia-ml.so.1`.
     pub nvml_library: String,
+    /// The placement policy.
     pub policy: PolicyKind,
     /// σ: fraction of each GPU's memory smore may hand out (training included).
     pub memory_safety: f64,
@@ -134,13 +144,23 @@ pub struct Config {
     pub theta_train: f64,
     /// Smallest SM share granted, percent.
     pub min_share: u32,
+    /// Power-of-d choices of the SMORE policy (GPUs sampled per placement).
     pub power_of_d: u32,
+    /// λ of the SMORE policy: weight of training's predicted degradation in the placement score
+    /// λ·D̂_train + (1−λ)·D̂_fn.
     pub lambda: f64,
+    /// The SMORE policy switches to first fit ("fast processing") when more than this many
+    /// registrations arrived within its queue window.
     pub first_fit_queue: u32,
+    /// SMORE predictor catalog file (None: the built-in one).
     pub catalog: Option<PathBuf>,
+    /// SMORE predictor model file (None: the built-in one).
     pub model: Option<PathBuf>,
+    /// SLO of a registration that declares none, ms.
     pub default_slo_ms: f64,
+    /// Memory cap of a registration that declares none, bytes.
     pub default_memory: u64,
+    /// What the watchdog does to a function breaking its grant.
     pub watchdog_action: WatchdogAction,
     /// Bytes a function may exceed its cap by in NVML before the watchdog acts (the context and
     /// allocator rounding NVML counts but the shim's ledger does not).

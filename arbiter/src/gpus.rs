@@ -17,7 +17,9 @@ use std::ffi::OsStr;
 pub struct GpuInfo {
     /// NVML index (what `CUDA_VISIBLE_DEVICES` names, absent remapping).
     pub index: u32,
+    /// NVML UUID.
     pub uuid: String,
+    /// Product name.
     pub name: String,
     /// Total memory, bytes.
     pub total: u64,
@@ -38,7 +40,9 @@ pub struct GpuSample {
 
 /// Where GPU facts come from.
 pub trait GpuSource: Send {
+    /// The GPUs present.
     fn discover(&self) -> Result<Vec<GpuInfo>>;
+    /// One sample of GPU `index`: memory, utilization, processes.
     fn sample(&mut self, index: u32) -> Result<GpuSample>;
 }
 
@@ -53,6 +57,7 @@ pub struct NvmlSource {
 }
 
 impl NvmlSource {
+    /// Loads NVML from `library` (a path or a soname) and initializes it.
     pub fn open(library: &str) -> Result<NvmlSource> {
         let nvml = Nvml::builder()
             .lib_path(OsStr::new(library))

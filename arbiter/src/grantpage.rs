@@ -96,6 +96,7 @@ impl PageView {
         Ok(v)
     }
 
+    /// The mapped page (the arbiter's writable view).
     pub fn page(&self) -> &GrantPage {
         // SAFETY: the mapping is PAGE_BYTES long, page-aligned, written only through atomics by
         // the arbiter, and lives as long as `self`.

@@ -15,6 +15,9 @@
 //! Must never: touch a training process (they are observed through NVML only), hand out memory
 //! beyond σ·capacity − training − other grants, or trust a client's word about who it is.
 
+#![warn(missing_docs)]
+
+pub mod budget;
 pub mod config;
 pub mod gpus;
 pub mod grantpage;

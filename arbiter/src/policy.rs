@@ -11,10 +11,15 @@ use smore_protocol::wire::RefuseCode;
 /// A grant as policies see it.
 #[derive(Debug, Clone)]
 pub struct GrantView {
+    /// Instance id.
     pub instance: u64,
+    /// Model id.
     pub model: String,
+    /// Latency SLO, ms.
     pub slo_ms: f64,
+    /// Memory cap, bytes.
     pub cap: u64,
+    /// SM share, percent.
     pub share: u32,
     /// A share an operator fixed with `smore share`; policies must keep it.
     pub share_override: Option<u32>,
@@ -23,7 +28,9 @@ pub struct GrantView {
 /// A GPU as policies see it.
 #[derive(Debug, Clone)]
 pub struct GpuView {
+    /// NVML index.
     pub index: u32,
+    /// Memory capacity, bytes.
     pub total: u64,
     /// Memory NVML attributes to training (unregistered) processes, bytes.
     pub training_used: u64,
@@ -32,16 +39,20 @@ pub struct GpuView {
     /// Training's GPU utilization when running alone (fraction 0..=1), if observed.
     pub training_solo_util: Option<f64>,
     /// Multiplier (≥ 1) on the worst-case time budget, raised by the arbiter's feedback loop
-    /// while the training slowdown it observes stays well under θ_train (see `state::observe`).
+    /// while the training slowdown it observes stays well under θ_train (see [`crate::budget::TimeBudget`]).
     pub budget_boost: f64,
+    /// The grants placed on it.
     pub grants: Vec<GrantView>,
 }
 
 impl GpuView {
     /// The functions' total time budget on this GPU: the worst-case θ/(u+θ), times the boost.
     pub fn time_budget(&self, cfg: &Config) -> f64 {
-        let solo = self.training_solo_util.unwrap_or(1.0);
-        (function_time_budget(solo, cfg.theta_train) * self.budget_boost.max(1.0)).min(1.0)
+        crate::budget::TimeBudget::total(
+            self.budget_boost,
+            self.training_solo_util,
+            cfg.theta_train,
+        )
     }
 }
 
@@ -59,9 +70,13 @@ impl GpuView {
 /// What a registration asks for (defaults already applied).
 #[derive(Debug, Clone)]
 pub struct Ask {
+    /// Function name.
     pub function: String,
+    /// Model id (`unknown` when not declared).
     pub model: String,
+    /// Latency SLO, ms.
     pub slo_ms: f64,
+    /// Memory asked for, bytes.
     pub memory: u64,
     /// The GPU the instance already runs on (re-registration): keep it if it fits.
     pub prefer_gpu: Option<u32>,
@@ -70,15 +85,24 @@ pub struct Ask {
 /// A placement decision.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
+    /// Place the instance.
     Admit {
+        /// On this GPU (NVML index).
         gpu: u32,
+        /// With this memory cap, bytes.
         cap: u64,
+        /// Predicted training slowdown (fraction), if predicted.
         predicted_train: Option<f64>,
+        /// Predicted function degradation (fraction), if predicted.
         predicted_fn: Option<f64>,
+        /// The rule that admitted it (shown by `status`).
         rule: String,
     },
+    /// Refuse the registration.
     Refuse {
+        /// The class of refusal.
         code: RefuseCode,
+        /// Why, for a person.
         reason: String,
     },
 }
@@ -86,14 +110,19 @@ pub enum Decision {
 /// Request-level admission (SMORE style).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Admission {
+    /// Whether the request may run now.
     pub admitted: bool,
+    /// Predicted training slowdown (fraction), if predicted.
     pub predicted_train: Option<f64>,
+    /// Predicted function degradation (fraction), if predicted.
     pub predicted_fn: Option<f64>,
+    /// The rule behind the decision.
     pub reason: String,
 }
 
 /// A placement/sizing policy.
 pub trait Policy: Send {
+    /// The policy's name (config and status).
     fn name(&self) -> &'static str;
     /// Where (and with what cap) to place a new instance.
     fn place(&mut self, cfg: &Config, gpus: &[GpuView], ask: &Ask) -> Decision;
@@ -135,22 +164,7 @@ pub fn refuse_impossible(gpus: &[GpuView], ask: &Ask) -> Option<Decision> {
     None
 }
 
-/// Total SM time S (fraction of the GPU) functions on a GPU may take while training is slowed by
-/// at most θ. The shim spreads a function's time evenly over its window; it does not know when
-/// training idles, so function time lands in training's busy phases as often as anywhere. A busy
-/// phase of length B then stretches to B' with B' = B + S·B', i.e. B/(1−S), and an iteration that
-/// is busy a fraction u of its time slows by D = u·S/(1−S). D ≤ θ ⇔ S ≤ θ/(u+θ).
-///
-/// An earlier model, (1 − u) + u·θ/(1+θ), assumed functions fill training's idle gaps first; on
-/// the simulated GPU it let a trainer busy 72 % slow by 23 % at θ = 10 % (test
-/// `colocation_loop`), because nothing aligns function kernels with those gaps.
-pub fn function_time_budget(solo_util: f64, theta: f64) -> f64 {
-    let u = solo_util.clamp(0.0, 1.0);
-    if u <= 0.0 {
-        return 1.0;
-    }
-    (theta / (u + theta)).min(1.0)
-}
+pub use crate::budget::function_time_budget;
 
 /// Predicted training slowdown (fraction) when functions take `shares` (fraction sum) of the time
 /// on a GPU whose training is busy `u` alone: D = u·S/(1−S), the same model inverted.

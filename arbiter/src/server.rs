@@ -13,7 +13,8 @@ use crate::config::{Config, PolicyKind, WatchdogAction};
 use crate::gpus::{GpuSource, NvmlSource};
 use crate::metrics;
 use crate::policy::{FitPolicy, Policy};
-use crate::state::{Peer, PersistFile, RegisterArgs, State, PERSIST_VERSION};
+use crate::state::persist::{self, PersistFile};
+use crate::state::{Peer, State};
 use anyhow::{bail, Context, Result};
 use smore_protocol::conn::{peer_cred, recv_with_fd, send_with_fd};
 use smore_protocol::wire::{
@@ -38,42 +39,20 @@ fn persist_path(cfg: &Config) -> PathBuf {
     cfg.state_dir.join("instances.json")
 }
 
-/// Writes the persisted state atomically (temp file + rename) if it changed.
+/// Writes the persisted state atomically (temp file + rename) if it changed; on failure the
+/// previous file stays and the state stays dirty (retried on the next change or round).
 pub fn persist(state: &mut State) {
     if !state.dirty {
         return;
     }
-    let path = persist_path(&state.cfg);
-    let tmp = path.with_extension("json.tmp");
-    let body = serde_json::to_vec_pretty(&state.persisted()).unwrap_or_default();
-    let r = std::fs::write(&tmp, body).and_then(|_| std::fs::rename(&tmp, &path));
-    match r {
+    match persist::save(&persist_path(&state.cfg), &state.persisted()) {
         Ok(()) => state.dirty = false,
-        Err(e) => tracing::warn!("cannot persist grants to {}: {e}", path.display()),
+        Err(e) => tracing::warn!("{e}"),
     }
 }
 
 fn load_persisted(cfg: &Config) -> Result<Option<PersistFile>> {
-    let path = persist_path(cfg);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
-    let file: PersistFile = serde_json::from_str(&text).with_context(|| {
-        format!(
-            "{} is corrupt; move it away to start without the previous grants",
-            path.display()
-        )
-    })?;
-    if file.version != PERSIST_VERSION {
-        bail!(
-            "{} has format version {} (this arbiter reads {PERSIST_VERSION}); move it away to start fresh",
-            path.display(),
-            file.version
-        );
-    }
-    Ok(Some(file))
+    Ok(persist::load(&persist_path(cfg))?)
 }
 
 /// Builds the policy named in the config.
@@ -105,6 +84,7 @@ fn bind(cfg: &Config) -> Result<UnixListener> {
 
 /// A running arbiter (the daemon's parts, startable in-process by tests).
 pub struct Daemon {
+    /// The node state, shared with the connection, reconcile and metrics threads.
     pub state: Shared,
     listener: UnixListener,
     source: Box<dyn GpuSource>,
@@ -337,15 +317,7 @@ fn handle(
         current.ok_or_else(|| error(ErrorCode::NotRegistered, "register (or attach) first"))
     };
     match req {
-        Request::Register {
-            function,
-            model,
-            slo_ms,
-            memory,
-            resume,
-            gpu,
-            exec,
-        } => {
+        Request::Register(args) => {
             if registered.is_some() {
                 return (
                     error(
@@ -355,21 +327,18 @@ fn handle(
                     None,
                 );
             }
-            let args = RegisterArgs {
-                function,
-                model,
-                slo_ms,
-                memory,
-                resume,
-                gpu,
-                exec,
-            };
             match st.register(peer, args) {
                 Ok((grant, page)) => {
                     *registered = Some(grant.instance);
                     (Reply::Granted(grant), Some(page))
                 }
-                Err((code, reason)) => (Reply::Refused { code, reason }, None),
+                Err(r) => (
+                    Reply::Refused {
+                        code: r.code,
+                        reason: r.reason,
+                    },
+                    None,
+                ),
             }
         }
         Request::Attach { instance } => {
@@ -383,11 +352,7 @@ fn handle(
                 );
             }
             match st.instances.get(&instance) {
-                Some(i)
-                    if i.uid == peer.uid
-                        && (i.pid == peer.pid
-                            || crate::proc::is_descendant_of(peer.pid, i.pid)) =>
-                {
+                Some(_) if st.may_bind(peer, instance) => {
                     *attached = Some(instance);
                     (Reply::Granted(st.grant_of(instance)), None)
                 }
@@ -451,7 +416,7 @@ fn handle(
             let share = (share != 0).then_some(share);
             match st.set_share(instance, share) {
                 Ok(_) => (Reply::Ok, None),
-                Err(m) => (error(ErrorCode::Invalid, m), None),
+                Err(e) => (error(ErrorCode::Invalid, e.to_string()), None),
             }
         }
         Request::SetMemory { instance, bytes } => {
@@ -466,7 +431,7 @@ fn handle(
             }
             match st.set_memory(instance, bytes) {
                 Ok(()) => (Reply::Ok, None),
-                Err(m) => (error(ErrorCode::Invalid, m), None),
+                Err(e) => (error(ErrorCode::Invalid, e.to_string()), None),
             }
         }
         Request::Release => match registered.take() {

@@ -18,7 +18,7 @@
 //! through a pointer it was not given, or block the runtime indefinitely.
 
 use smore_protocol::conn::Client;
-use smore_protocol::wire::{Reply, Request, WireError};
+use smore_protocol::wire::{HintAction, Register, Reply, Request, WireError};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
@@ -307,7 +307,7 @@ pub unsafe extern "C" fn smore_register(
             .and_then(|s| s.parse::<u64>().ok());
         let req = match inherited {
             Some(instance) => Request::Attach { instance },
-            None => Request::Register {
+            None => Request::Register(Register {
                 function,
                 model,
                 slo_ms: (slo_ms > 0.0).then_some(slo_ms),
@@ -315,7 +315,7 @@ pub unsafe extern "C" fn smore_register(
                 resume: None,
                 gpu: None,
                 exec: false,
-            },
+            }),
         };
         match inner.client.call(req.clone()) {
             Ok(Reply::Granted(g)) => {
@@ -379,14 +379,14 @@ impl Inner {
                 instance,
                 gpu,
                 request:
-                    Request::Register {
+                    Request::Register(Register {
                         function,
                         model,
                         slo_ms,
                         memory,
                         ..
-                    },
-            }) => Request::Register {
+                    }),
+            }) => Request::Register(Register {
                 function,
                 model,
                 slo_ms,
@@ -394,7 +394,7 @@ impl Inner {
                 resume: Some(instance),
                 gpu: Some(gpu),
                 exec: false,
-            },
+            }),
             _ => return Err(WireError::Closed),
         };
         match client.call(req)? {
@@ -590,10 +590,10 @@ pub unsafe extern "C" fn smore_poll_hints(
             for (d, b) in name.iter_mut().zip(hint.function.bytes().take(63)) {
                 *d = b as c_char;
             }
-            let action = match hint.action.as_str() {
-                "load" => SmoreAction::Load,
-                "unload" => SmoreAction::Unload,
-                _ => SmoreAction::Keep,
+            let action = match hint.action {
+                HintAction::Load => SmoreAction::Load,
+                HintAction::Unload => SmoreAction::Unload,
+                HintAction::Keep => SmoreAction::Keep,
             };
             // SAFETY: i < cap and `out` points to `cap` writable hints.
             unsafe {

@@ -4,7 +4,7 @@
 use smore_e2e::{Arbiter, SimGpu};
 use smore_protocol::conn::{recv_with_fd, send_with_fd, Client};
 use smore_protocol::grant::{GrantPage, PAGE_BYTES};
-use smore_protocol::wire::{self, Envelope, ErrorCode, Reply, Request, MAX_FRAME};
+use smore_protocol::wire::{self, Envelope, ErrorCode, Register, Reply, Request, MAX_FRAME};
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -28,7 +28,7 @@ fn sim(devices: u32) -> SimGpu {
 }
 
 fn register(c: &Client, function: &str, memory: u64) -> (Reply, Option<OwnedFd>) {
-    c.call_with_fd(Request::Register {
+    c.call_with_fd(Request::Register(Register {
         function: function.into(),
         model: None,
         slo_ms: Some(50.0),
@@ -36,7 +36,7 @@ fn register(c: &Client, function: &str, memory: u64) -> (Reply, Option<OwnedFd>)
         resume: None,
         gpu: None,
         exec: true,
-    })
+    }))
     .unwrap()
 }
 
@@ -314,7 +314,7 @@ fn an_arbiter_restart_loses_nothing_and_counts_nothing_twice() {
     // The client re-registers with `resume`: same instance, attached, counted once.
     let c = arb.client();
     let (reply, fd) = c
-        .call_with_fd(Request::Register {
+        .call_with_fd(Request::Register(Register {
             function: "survivor".into(),
             model: None,
             slo_ms: None,
@@ -322,7 +322,7 @@ fn an_arbiter_restart_loses_nothing_and_counts_nothing_twice() {
             resume: Some(g.instance),
             gpu: Some(g.gpu_index),
             exec: true,
-        })
+        }))
         .unwrap();
     let Reply::Granted(g2) = reply else {
         panic!("{reply:?}")

@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use smore_e2e::{Arbiter, SimGpu};
 use smore_protocol::conn::recv_with_fd;
-use smore_protocol::wire::{Reply, Request, WireError, MAX_FRAME};
+use smore_protocol::wire::{Register, Reply, Request, WireError, MAX_FRAME};
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -75,7 +75,7 @@ fn the_arbiter_survives_arbitrary_input() {
     // A registered client whose grant must survive everything below.
     let good = arb.client();
     let r = good
-        .call(Request::Register {
+        .call(Request::Register(Register {
             function: "survivor".into(),
             model: None,
             slo_ms: None,
@@ -83,7 +83,7 @@ fn the_arbiter_survives_arbitrary_input() {
             resume: None,
             gpu: None,
             exec: true,
-        })
+        }))
         .unwrap();
     assert!(matches!(r, Reply::Granted(_)), "{r:?}");
     let cfg = ProptestConfig {

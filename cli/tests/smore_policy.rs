@@ -5,7 +5,7 @@
 
 use smore_e2e::{Arbiter, SimGpu};
 use smore_protocol::conn::Client;
-use smore_protocol::wire::{RefuseCode, Reply, Request};
+use smore_protocol::wire::{RefuseCode, Register, Reply, Request};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,7 @@ fn sim(devices: u32) -> SimGpu {
 }
 
 fn register(c: &Client, function: &str, model: &str, slo_ms: f64) -> Reply {
-    c.call_with_fd(Request::Register {
+    c.call_with_fd(Request::Register(Register {
         function: function.into(),
         model: Some(model.into()),
         slo_ms: Some(slo_ms),
@@ -38,7 +38,7 @@ fn register(c: &Client, function: &str, model: &str, slo_ms: f64) -> Reply {
         resume: None,
         gpu: None,
         exec: true,
-    })
+    }))
     .unwrap()
     .0
 }

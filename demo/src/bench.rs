@@ -69,8 +69,8 @@ fn register(
     c: &smore_protocol::conn::Client,
     name: &str,
 ) -> Result<(smore_protocol::wire::Grant, Option<std::os::fd::OwnedFd>)> {
-    use smore_protocol::wire::{Reply, Request};
-    let (r, fd) = c.call_with_fd(Request::Register {
+    use smore_protocol::wire::{Register, Reply, Request};
+    let (r, fd) = c.call_with_fd(Request::Register(Register {
         function: name.into(),
         model: None,
         slo_ms: None,
@@ -78,7 +78,7 @@ fn register(
         resume: None,
         gpu: None,
         exec: true,
-    })?;
+    }))?;
     match r {
         Reply::Granted(g) => Ok((g, fd)),
         other => anyhow::bail!("registration answered {other:?}"),

@@ -20,8 +20,11 @@ use std::path::Path;
 /// Credentials of the process at the other end, as the kernel recorded them at `connect`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerCred {
+    /// Process id (in the arbiter's pid namespace).
     pub pid: u32,
+    /// Effective user id.
     pub uid: u32,
+    /// Effective group id.
     pub gid: u32,
 }
 
@@ -139,10 +142,12 @@ impl Client {
         Client { stream }
     }
 
+    /// The underlying socket (for timeouts, polling).
     pub fn stream(&self) -> &UnixStream {
         &self.stream
     }
 
+    /// The socket, e.g. to hand it to an exec'd command.
     pub fn into_stream(self) -> UnixStream {
         self.stream
     }
@@ -163,6 +168,15 @@ impl AsFd for Client {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.stream.as_fd()
     }
+}
+
+/// The arbiter socket a client connects to: `explicit` (a `--socket` flag), else
+/// `$SMORE_ARBITER_SOCKET`, else the default path.
+pub fn socket_path(explicit: Option<&Path>) -> std::path::PathBuf {
+    explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(wire::ENV_SOCKET).map(std::path::PathBuf::from))
+        .unwrap_or_else(|| std::path::PathBuf::from(wire::DEFAULT_SOCKET))
 }
 
 #[cfg(test)]
@@ -208,13 +222,4 @@ mod tests {
             Err(WireError::Closed)
         ));
     }
-}
-
-/// The arbiter socket a client connects to: `explicit` (a `--socket` flag), else
-/// `$SMORE_ARBITER_SOCKET`, else the default path.
-pub fn socket_path(explicit: Option<&Path>) -> std::path::PathBuf {
-    explicit
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os(wire::ENV_SOCKET).map(std::path::PathBuf::from))
-        .unwrap_or_else(|| std::path::PathBuf::from(wire::DEFAULT_SOCKET))
 }

@@ -13,8 +13,11 @@
 //! or lock on the read side of the grant page, or change a layout or message without bumping its
 //! version.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod conn;
+// grant.rs belongs to the shim re-layering (documented there); exempt until it is.
+#[allow(missing_docs)]
 pub mod grant;
 pub mod install;
 pub mod size;

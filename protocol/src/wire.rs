@@ -13,7 +13,6 @@
 //! arbiter answers a different version with [`ErrorCode::Version`] and closes.
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
-use std::fmt;
 use std::io::{self, Read, Write};
 
 /// Version of the messages below. Bump on any incompatible change.
@@ -39,12 +38,15 @@ pub const ENV_GRANT_FD: &str = "SMORE_GRANT_FD";
 /// A request with the sender's protocol version.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
+    /// The sender's [`PROTOCOL_VERSION`].
     pub v: u32,
+    /// The request itself.
     #[serde(flatten)]
     pub req: Request,
 }
 
 impl Envelope {
+    /// `req` at this crate's protocol version.
     pub fn new(req: Request) -> Envelope {
         Envelope {
             v: PROTOCOL_VERSION,
@@ -58,51 +60,35 @@ impl Envelope {
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
     /// Register the peer process as a function instance and ask for a grant.
-    Register {
-        /// Function name (what `status` shows; several instances may share it).
-        function: String,
-        /// Model id in the predictor's catalog (`unknown` when the runtime does not know).
-        #[serde(default)]
-        model: Option<String>,
-        /// Latency SLO of one request, milliseconds.
-        #[serde(default)]
-        slo_ms: Option<f64>,
-        /// Declared device memory need in bytes (the cap asked for).
-        #[serde(default)]
-        memory: Option<u64>,
-        /// Instance id of an earlier grant this process held (re-registration after an arbiter
-        /// restart): the arbiter keeps the same id, GPU and cap if they still fit.
-        #[serde(default)]
-        resume: Option<u64>,
-        /// GPU index the instance already runs on (re-registration), so it is not moved.
-        #[serde(default)]
-        gpu: Option<u32>,
-        /// Set by `smore run`: the command will be exec'd with `CUDA_VISIBLE_DEVICES` naming only
-        /// the granted GPU, so the grant is written to page slot 0. Otherwise the slot is the
-        /// GPU's NVML index (the process must then order devices by PCI bus id).
-        #[serde(default)]
-        exec: bool,
-    },
+    Register(Register),
     /// Attach this connection to an instance registered on another connection (a runtime inside
     /// a process `smore run` started): allowed only for that instance's process or a descendant
     /// of it (checked by `SO_PEERCRED`). Reports and admissions then refer to the instance;
     /// closing an attached connection does not release the grant. Answered with `Granted`
     /// (without a page fd).
-    Attach { instance: u64 },
+    Attach {
+        /// The instance registered on the other connection.
+        instance: u64,
+    },
     /// Request latencies observed by the runtime since the last report (milliseconds), and the
     /// shim's view of the device memory it holds (a hint: NVML is the authority).
     Report {
+        /// Latencies of the requests finished since the last report, ms.
         #[serde(default)]
         latencies_ms: Vec<f64>,
+        /// Device memory the shim counts as held, bytes (a hint).
         #[serde(default)]
         used_bytes: Option<u64>,
+        /// Total time the shim held launches back, ns (cumulative).
         #[serde(default)]
         throttled_ns: Option<u64>,
+        /// Allocations the shim refused (cumulative).
         #[serde(default)]
         refusals: Option<u64>,
     },
     /// Request-level admission (SMORE style): may one more request run now?
     Admit {
+        /// The runtime's request id (for its own correlation; the arbiter does not use it).
         #[serde(default)]
         request: Option<u64>,
     },
@@ -112,11 +98,51 @@ pub enum Request {
     Status,
     /// Operator: change an instance's SM share (percent, 1..=100). Allowed for root or the
     /// arbiter's own uid.
-    SetShare { instance: u64, share: u32 },
+    SetShare {
+        /// The instance.
+        instance: u64,
+        /// The share, percent; 0 = back to the policy's share.
+        share: u32,
+    },
     /// Operator: change an instance's memory cap (bytes). Allowed for root or the arbiter's uid.
-    SetMemory { instance: u64, bytes: u64 },
+    SetMemory {
+        /// The instance.
+        instance: u64,
+        /// The new cap, bytes.
+        bytes: u64,
+    },
     /// Give the grant back (a closed connection does the same).
     Release,
+}
+
+/// What a registration asks for, defaults not yet applied: the one definition the shim, `smore
+/// run`, the C bindings and the arbiter share (the arbiter applies its config's defaults).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Register {
+    /// Function name (what `status` shows; several instances may share it).
+    pub function: String,
+    /// Model id in the predictor's catalog (`unknown` when the runtime does not know).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Latency SLO of one request, milliseconds.
+    #[serde(default)]
+    pub slo_ms: Option<f64>,
+    /// Declared device memory need in bytes (the cap asked for).
+    #[serde(default)]
+    pub memory: Option<u64>,
+    /// Instance id of an earlier grant this process held (re-registration after an arbiter
+    /// restart): the arbiter keeps the same id, GPU and cap if they still fit.
+    #[serde(default)]
+    pub resume: Option<u64>,
+    /// GPU index the instance already runs on (re-registration), so it is not moved.
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    /// Set by `smore run`: the command will be exec'd with `CUDA_VISIBLE_DEVICES` naming only
+    /// the granted GPU, so the grant is written to page slot 0. Otherwise the slot is the
+    /// GPU's NVML index (the process must then order devices by PCI bus id).
+    #[serde(default)]
+    pub exec: bool,
 }
 
 /// Why a registration was refused (also the exit code `smore run` uses, see `docs/cli.md`).
@@ -174,12 +200,17 @@ pub enum ErrorCode {
 /// One grant, as the arbiter answers a registration. The page passed with it is the live copy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Grant {
+    /// The instance id (what `resume`, `attach` and operator requests name).
     pub instance: u64,
     /// NVML index of the GPU (what `CUDA_VISIBLE_DEVICES` must name).
     pub gpu_index: u32,
+    /// NVML UUID of the GPU.
     pub gpu_uuid: String,
+    /// Device memory cap, bytes.
     pub memory_cap: u64,
+    /// SM time share, percent.
     pub sm_share: u32,
+    /// The page slot's generation when the grant was written (bumps on every change).
     pub generation: u64,
     /// Predicted slowdown of the GPU's training job with this instance (fraction), if predicted.
     #[serde(default)]
@@ -192,12 +223,26 @@ pub struct Grant {
     pub rule: String,
 }
 
+/// What the prewarm policy advises for a function this minute (the arbiter converts
+/// `smore_prewarm::policy::Action` into this; the protocol crate stays free of the prewarm stack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HintAction {
+    /// Load the model now: requests are expected.
+    Load,
+    /// Keep the model resident.
+    Keep,
+    /// The model may be unloaded.
+    Unload,
+}
+
 /// A pre-warm hint for one function.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hint {
+    /// Function name.
     pub function: String,
-    /// `load`, `keep` or `unload`.
-    pub action: String,
+    /// What to do with the function's model.
+    pub action: HintAction,
     /// Requests per minute the policy expects this minute; negative when the policy makes no
     /// forecast (histogram and keep-alive policies).
     pub forecast_rpm: f64,
@@ -211,61 +256,66 @@ pub enum Reply {
     Granted(Grant),
     /// Registration refused.
     Refused {
+        /// The class of refusal (and `smore run`'s exit code).
         code: RefuseCode,
+        /// Why, for a person.
         reason: String,
     },
     /// Request-level admission decision.
     Admission {
+        /// Whether the request may run now.
         admitted: bool,
+        /// Predicted training slowdown (fraction), if predicted.
         #[serde(default)]
         predicted_train: Option<f64>,
+        /// Predicted function latency degradation (fraction), if predicted.
         #[serde(default)]
         predicted_fn: Option<f64>,
+        /// The rule behind the decision.
         reason: String,
     },
+    /// The node's pre-warm hints.
     Hints {
+        /// One per function the prewarm policy tracks.
         hints: Vec<Hint>,
     },
     /// A node snapshot (the schema is the arbiter's `status` JSON, documented in docs/cli.md).
     Status {
+        /// The snapshot.
         snapshot: serde_json::Value,
     },
+    /// The request was carried out.
     Ok,
+    /// The request failed.
     Error {
+        /// The class of failure.
         code: ErrorCode,
+        /// What went wrong and what to do.
         message: String,
     },
 }
 
 /// Errors of reading or writing a frame.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum WireError {
     /// The peer closed the connection at a frame boundary.
+    #[error("connection closed by peer (is the arbiter still running?)")]
     Closed,
     /// The frame announced more bytes than allowed.
+    #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
     TooLarge {
+        /// Announced length, bytes.
         len: usize,
+        /// The limit, bytes.
         max: usize,
     },
     /// The bytes were not a valid message.
+    #[error("malformed message: {0} (are both sides the same smore version?)")]
     Malformed(String),
+    /// The socket failed.
+    #[error("i/o error on the arbiter connection: {0}")]
     Io(io::Error),
 }
-
-impl fmt::Display for WireError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            WireError::Closed => write!(f, "connection closed by peer"),
-            WireError::TooLarge { len, max } => {
-                write!(f, "frame of {len} bytes exceeds the limit of {max} bytes")
-            }
-            WireError::Malformed(m) => write!(f, "malformed message: {m}"),
-            WireError::Io(e) => write!(f, "i/o error: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for WireError {}
 
 impl From<io::Error> for WireError {
     fn from(e: io::Error) -> Self {
@@ -335,6 +385,7 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R, max: usize) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fmt;
 
     fn roundtrip<T: Serialize + DeserializeOwned + PartialEq + fmt::Debug>(m: T) {
         let bytes = encode(&m);
@@ -344,7 +395,7 @@ mod tests {
 
     #[test]
     fn every_message_round_trips() {
-        roundtrip(Envelope::new(Request::Register {
+        roundtrip(Envelope::new(Request::Register(Register {
             function: "resnet".into(),
             model: Some("resnet50".into()),
             slo_ms: Some(50.0),
@@ -352,7 +403,14 @@ mod tests {
             resume: None,
             gpu: None,
             exec: false,
-        }));
+        })));
+        roundtrip(Reply::Hints {
+            hints: vec![Hint {
+                function: "f".into(),
+                action: HintAction::Unload,
+                forecast_rpm: -1.0,
+            }],
+        });
         roundtrip(Envelope::new(Request::Report {
             latencies_ms: vec![1.5, 2.0],
             used_bytes: Some(10),
@@ -396,6 +454,33 @@ mod tests {
             message: "x".into(),
         });
         roundtrip(Reply::Ok);
+    }
+
+    #[test]
+    fn a_registration_keeps_its_flat_wire_form_and_refuses_unknown_fields() {
+        let bytes = encode(&Envelope::new(Request::Register(Register {
+            function: "f".into(),
+            exec: true,
+            ..Register::default()
+        })));
+        let v: serde_json::Value = serde_json::from_slice(&bytes[4..]).unwrap();
+        assert_eq!(v["op"], "register");
+        assert_eq!(v["function"], "f");
+        assert_eq!(v["exec"], true);
+        let unknown = encode(&serde_json::json!({"v":1,"op":"register","function":"f","pid":1}));
+        assert!(matches!(
+            read_frame::<_, Envelope>(&mut &unknown[..], MAX_FRAME),
+            Err(WireError::Malformed(_))
+        ));
+        let minimal = encode(&serde_json::json!({"v":1,"op":"register","function":"f"}));
+        let e: Envelope = read_frame(&mut &minimal[..], MAX_FRAME).unwrap();
+        assert_eq!(
+            e.req,
+            Request::Register(Register {
+                function: "f".into(),
+                ..Register::default()
+            })
+        );
     }
 
     #[test]

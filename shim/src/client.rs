@@ -21,7 +21,9 @@ use crate::config::Config;
 use crate::limits::GrantPage;
 use crate::sys::grant;
 use smore_protocol::conn::Client;
-use smore_protocol::wire::{Grant, Reply, Request, ENV_CONN_FD, ENV_GRANT_FD, ENV_SOCKET};
+use smore_protocol::wire::{
+    Grant, Register, Reply, Request, ENV_CONN_FD, ENV_GRANT_FD, ENV_SOCKET,
+};
 use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -58,7 +60,7 @@ pub fn register_request(get: &impl Fn(&str) -> Option<String>, config: &Config) 
         })
         .unwrap_or_else(|| "unknown".into());
     let memory = config.mem_cap[0];
-    Request::Register {
+    Request::Register(Register {
         function,
         model: get("SMORE_MODEL").filter(|m| !m.is_empty()),
         slo_ms: get("SMORE_SLO_MS").and_then(|s| s.trim().parse::<f64>().ok()),
@@ -69,7 +71,7 @@ pub fn register_request(get: &impl Fn(&str) -> Option<String>, config: &Config) 
         // index (the shim indexes slots by CUDA ordinal: equal unless CUDA_VISIBLE_DEVICES or
         // CUDA_DEVICE_ORDER reorder devices; see docs/shim.md).
         exec: false,
-    }
+    })
 }
 
 /// How to re-register after the arbiter restarts: the connection whose hang-up says the arbiter
@@ -308,13 +310,13 @@ pub fn reregister(r: &Resume, last_cap: u64, visible: Option<&str>) -> Rejoin {
         }
     }
     let mut req = r.request.clone();
-    if let Request::Register {
+    if let Request::Register(Register {
         resume,
         gpu: g,
         exec,
         memory,
         ..
-    } = &mut req
+    }) = &mut req
     {
         *resume = Some(r.instance);
         *g = gpu;
@@ -370,7 +372,7 @@ mod tests {
             ("SMORE_SLO_MS", "50"),
         ]);
         match register_request(&get, &c) {
-            Request::Register {
+            Request::Register(Register {
                 function,
                 model,
                 slo_ms,
@@ -378,7 +380,7 @@ mod tests {
                 resume,
                 gpu,
                 exec,
-            } => {
+            }) => {
                 assert_eq!(function, "resnet");
                 assert_eq!(model.as_deref(), Some("resnet50"));
                 assert_eq!(slo_ms, Some(50.0));
@@ -389,12 +391,12 @@ mod tests {
         }
         // Defaults: the executable's name, no declared memory, a bad SLO is simply not sent.
         match register_request(&env(&[("SMORE_SLO_MS", "fast")]), &Config::default()) {
-            Request::Register {
+            Request::Register(Register {
                 function,
                 slo_ms,
                 memory,
                 ..
-            } => {
+            }) => {
                 assert!(!function.is_empty() && function != "unknown");
                 assert_eq!((slo_ms, memory), (None, None));
             }

@@ -10,7 +10,7 @@ use smore_protocol::conn::socket_path as client_socket;
 use smore_protocol::conn::Client;
 use smore_protocol::install as artifacts;
 use smore_protocol::size::{format_size, parse_size};
-use smore_protocol::wire::{self, Reply, Request};
+use smore_protocol::wire::{self, Register, Reply, Request};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -82,7 +82,7 @@ fn try_run(a: RunArgs) -> Result<i32> {
         }
     };
     let (reply, page) = client
-        .call_with_fd(Request::Register {
+        .call_with_fd(Request::Register(Register {
             function: function.clone(),
             model: a.model.clone(),
             slo_ms: a.slo,
@@ -90,7 +90,7 @@ fn try_run(a: RunArgs) -> Result<i32> {
             resume: None,
             gpu: None,
             exec: true,
-        })
+        }))
         .with_context(|| format!("registering with the arbiter at {}", socket.display()))?;
     let grant = match reply {
         Reply::Granted(g) => g,

@@ -5,7 +5,7 @@
 use smore_e2e::*;
 use smore_protocol::conn::send_with_fd;
 use smore_protocol::grant::{GrantPage, PAGE_BYTES};
-use smore_protocol::wire::{self, Envelope, Grant, RefuseCode, Reply, Request};
+use smore_protocol::wire::{self, Envelope, Grant, RefuseCode, Register, Reply, Request};
 use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
@@ -176,13 +176,13 @@ fn registration_maps_the_granted_page_and_follows_its_changes() {
         "exit closes the connection (the release)"
     );
     match seen.request.req {
-        Request::Register {
+        Request::Register(Register {
             function,
             model,
             slo_ms,
             memory,
             ..
-        } => {
+        }) => {
             assert_eq!(function, "resnet");
             assert_eq!(model.as_deref(), Some("resnet50"));
             assert_eq!(slo_ms, Some(50.0));

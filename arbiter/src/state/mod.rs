@@ -1,318 +1,250 @@
 //! The arbiter's node state and every transition of it: registration, release, live share and
-//! cap changes, NVML reconciliation (training detection, watchdog, reaping), persistence, and the
-//! status snapshot. Pure logic over plain data: sockets (`server`) and NVML (`gpus`) feed it, so
-//! each rule here is unit-tested without either.
+//! cap changes, NVML reconciliation, persistence records and the status snapshot.
+//!
+//! Pure over injected facts: sockets (`server`) and NVML (`gpus`) feed it samples, and the clock
+//! and process facts come through [`facts::Clock`] and [`facts::ProcFacts`], so every rule is
+//! unit-tested with fakes. The rules live in small modules: [`attribution`] (which process is
+//! whose), [`training`] (the training estimate), [`watchdog`] (the checks), [`crate::budget`]
+//! (the functions' time budget), [`events`], [`persist`], [`instance`].
 //!
 //! Invariants: (1) for every GPU, Σ caps of grants + training memory ≤ σ·capacity at admission
 //! time; (2) every grant's page holds exactly the cap and share in this state (writes happen
 //! before the reply that announces them); (3) an instance is counted once — a re-registration
 //! with `resume` re-attaches the persisted instance instead of adding one.
+//!
+//! Must never: block, touch sockets or NVML, or treat a process it cannot read as another's.
 
+pub mod attribution;
+pub mod events;
+pub mod facts;
+pub mod instance;
+pub mod persist;
+pub mod training;
+pub mod watchdog;
+
+use crate::budget::{FunctionLoad, TimeBudget};
 use crate::config::{Config, WatchdogAction};
 use crate::gpus::{GpuInfo, GpuSample};
 use crate::grantpage::PageHandle;
 use crate::policy::{Admission, Ask, Decision, GpuView, GrantView, Policy};
-use crate::proc;
-use serde::{Deserialize, Serialize};
+use events::{Event, EventKind, EventLog};
+use facts::{Clock, LiveProcs, ProcFacts, SystemClock};
+pub use instance::Instance;
+pub use persist::{PersistFile, Persisted, Record, PERSIST_VERSION};
+use serde::Serialize;
 use smore_protocol::grant::MAX_DEVICES;
 use smore_protocol::size::format_size;
-use smore_protocol::wire::{Grant, RefuseCode};
-use std::collections::{BTreeMap, VecDeque};
+use smore_protocol::wire::{Grant, Hint, HintAction, RefuseCode, Register};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+pub use training::{TrainingEstimate, TrainingProc};
+pub use watchdog::Violation;
 
-/// Events kept for `status` (oldest dropped first).
-const MAX_EVENTS: usize = 256;
-/// Latency samples kept per instance for percentiles.
-const MAX_LATENCIES: usize = 1024;
-/// Smoothing of training's solo utilization (EWMA weight of a new sample). Reasoning: samples
-/// come every reconcile period (250 ms); 0.2 averages over ~1 s, enough to ride out one sample.
-const SOLO_UTIL_ALPHA: f64 = 0.2;
-/// SM use (NVML per-process samples, percent) a function may show above its share before a
-/// sample counts as over-use: the samples cover 1/6 s and a time-sliced GPU gives a function
-/// whole timeslices, so short excursions are normal. Reasoning, checked on the simulated GPU
-/// (shimmed functions at 10–75 % stay within a few points over 1 s).
-const SM_SLACK_PCT: u32 = 15;
-/// Consecutive over-use samples before the watchdog acts (× reconcile period: 2 s at 250 ms).
-const SM_OVERUSE_SAMPLES: u32 = 8;
 /// Reconcile rounds between two observations fed to the policy's online learning (20 × 250 ms
 /// = 5 s: long enough for NVML's 1/6 s samples and the reported latencies to average out).
-const OBSERVE_EVERY: u64 = 20;
-/// Largest multiplier of the worst-case time budget the feedback loop may reach. Reasoning: at
-/// ×6 a 60 %-busy trainer's budget (14 %) reaches the ~85 % a light function set could use;
-/// the loop shrinks it again as soon as the measured slowdown passes θ.
-const BOOST_MAX: f64 = 6.0;
-/// Solo samples before training's solo utilization is trusted (× reconcile period: 2 s at
-/// 250 ms). A job's first samples are often idle (loading data, building the model): trusting
-/// them gave functions 100 % shares beside a trainer that then ran flat out (test
-/// `a_function_using_more_sm_time_than_its_share_gets_the_watchdog` caught it).
-const SOLO_MIN_SAMPLES: u32 = 8;
-/// Training utilization change (fraction) that makes the arbiter re-split shares.
-const RESHARE_DELTA: f64 = 0.05;
+pub const OBSERVE_EVERY: u64 = 20;
 
-fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
+/// An instance id (what the protocol's `Grant::instance` carries).
+pub type InstanceId = u64;
 
-/// Who is asking, from `SO_PEERCRED` plus `/proc`.
+/// Who is asking, from `SO_PEERCRED`.
 #[derive(Debug, Clone, Copy)]
 pub struct Peer {
+    /// Process id.
     pub pid: u32,
+    /// User id.
     pub uid: u32,
 }
 
-/// A registration request with defaults not yet applied.
-#[derive(Debug, Clone, Default)]
-pub struct RegisterArgs {
-    pub function: String,
-    pub model: Option<String>,
-    pub slo_ms: Option<f64>,
-    pub memory: Option<u64>,
-    pub resume: Option<u64>,
-    pub gpu: Option<u32>,
-    /// `smore run` registered and will exec the command with `CUDA_VISIBLE_DEVICES` = the GPU:
-    /// the grant goes in page slot 0. Otherwise the slot is the GPU's index.
-    pub exec: bool,
+/// A registration request with defaults not yet applied (the protocol's one definition).
+pub type RegisterArgs = Register;
+
+/// A registration the arbiter refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Refusal {
+    /// The class (and `smore run`'s exit code).
+    pub code: RefuseCode,
+    /// Why, for a person.
+    pub reason: String,
 }
 
-/// One function instance.
-#[derive(Serialize)]
-pub struct Instance {
-    pub id: u64,
-    pub pid: u32,
-    #[serde(skip)]
-    pub start: u64,
-    pub uid: u32,
-    pub function: String,
-    pub model: String,
-    pub slo_ms: f64,
-    pub gpu: u32,
-    pub slot: u32,
-    pub cap: u64,
-    pub share: u32,
-    pub share_override: Option<u32>,
-    /// False after an arbiter restart until the process re-registers (its memory stays counted).
-    pub attached: bool,
-    #[serde(skip)]
-    pub page: Option<Arc<PageHandle>>,
-    pub predicted_train: Option<f64>,
-    pub predicted_fn: Option<f64>,
-    pub rule: String,
-    pub registered_at: f64,
-    /// NVML memory of the instance's processes (authority), bytes.
-    pub nvml_used: u64,
-    /// Memory the shim reports (hint), bytes.
-    pub used_hint: Option<u64>,
-    pub throttled_ns: u64,
-    pub refusals: u64,
-    pub requests: u64,
-    pub deferred: u64,
-    /// SM utilization NVML attributes to the instance's processes, percent.
-    pub sm_used: Option<u32>,
-    pub shim_loaded: Option<bool>,
-    #[serde(skip)]
-    pub latencies: VecDeque<f64>,
-    #[serde(skip)]
-    pub acted_on: bool,
-    /// Consecutive NVML samples in which the instance used more SM time than its share allows.
-    #[serde(skip)]
-    pub over_share: u32,
-}
-
-impl Instance {
-    /// An instance from what persists of it; `page` None = detached (restored after a restart,
-    /// waiting for the process to re-register). Runtime counters start at zero.
-    fn from_persisted(p: Persisted, page: Option<Arc<PageHandle>>, rule: String) -> Instance {
-        Instance {
-            id: p.id,
-            pid: p.pid,
-            start: p.start,
-            uid: p.uid,
-            function: p.function,
-            model: p.model,
-            slo_ms: p.slo_ms,
-            gpu: p.gpu,
-            slot: p.slot,
-            cap: p.cap,
-            share: p.share,
-            share_override: p.share_override,
-            attached: page.is_some(),
-            page,
-            predicted_train: None,
-            predicted_fn: None,
-            rule,
-            registered_at: now(),
-            nvml_used: 0,
-            used_hint: None,
-            throttled_ns: 0,
-            refusals: 0,
-            requests: 0,
-            deferred: 0,
-            sm_used: None,
-            shim_loaded: None,
-            latencies: VecDeque::new(),
-            acted_on: false,
-            over_share: 0,
-        }
-    }
-
-    /// Latency percentile `q` (0..=1) over the kept samples, ms.
-    pub fn latency_percentile(&self, q: f64) -> Option<f64> {
-        if self.latencies.is_empty() {
-            return None;
-        }
-        let mut v: Vec<f64> = self.latencies.iter().copied().collect();
-        v.sort_by(f64::total_cmp);
-        let i = ((v.len() - 1) as f64 * q).round() as usize;
-        Some(v[i])
-    }
-
-    fn write_page(&self) {
-        if let Some(p) = &self.page {
-            let page = p.page();
-            for d in 0..MAX_DEVICES {
-                if d as u32 == self.slot {
-                    page.set(d, self.cap, self.share);
-                } else if page.cap(d) != 0 {
-                    // Devices the instance was not admitted to: no memory at all.
-                    page.set(d, 0, 100);
-                }
-            }
-        }
-    }
-}
-
-/// A training (unregistered) process on a GPU.
-#[derive(Debug, Clone, Serialize)]
-pub struct TrainingProc {
-    pub pid: u32,
-    pub used: u64,
-    pub sm_util: Option<u32>,
+/// Why an operator request failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StateError {
+    /// No such instance.
+    #[error("no instance {0}; `smore status` lists the live ones")]
+    NoInstance(InstanceId),
+    /// A share outside 1..=100.
+    #[error("share {0} is outside 1..=100 %; pass 0 to return to the policy's share")]
+    ShareOutOfRange(u32),
+    /// The cap does not fit.
+    #[error("{} exceeds the {} available on GPU {gpu}; ask for less or release other functions", format_size(*.asked), format_size(*.free))]
+    NoRoom {
+        /// Asked, bytes.
+        asked: u64,
+        /// Available to this instance, bytes.
+        free: u64,
+        /// The GPU.
+        gpu: u32,
+    },
+    /// The instance's GPU is no longer managed.
+    #[error("GPU {0} of the instance is no longer managed; release the instance")]
+    GpuGone(u32),
 }
 
 /// A managed GPU.
 #[derive(Serialize)]
 pub struct Gpu {
+    /// What NVML says about it.
     #[serde(flatten)]
     pub info: GpuInfo,
+    /// Memory in use (NVML), bytes.
     pub used: u64,
+    /// Device utilization, percent.
     pub util: Option<u32>,
+    /// Training processes in the last sample.
     pub training: Vec<TrainingProc>,
+    /// Their memory, bytes.
     pub training_used: u64,
-    /// Training's utilization while no function ran on the GPU (EWMA, fraction).
-    pub training_solo_util: Option<f64>,
-    /// Samples behind `training_solo_util` (it is trusted from SOLO_MIN_SAMPLES on).
-    #[serde(skip)]
-    solo_samples: u32,
-    /// Training's utilization while functions share the GPU (EWMA, fraction).
-    pub training_colocated_util: Option<f64>,
-    /// Multiplier on the worst-case time budget (feedback loop, `State::observe`).
-    pub budget_boost: f64,
-    #[serde(skip)]
-    solo_util_at_last_share: Option<f64>,
+    /// Training's utilization, alone and co-located.
+    #[serde(flatten)]
+    pub estimate: TrainingEstimate,
+    /// The functions' time budget.
+    #[serde(flatten)]
+    pub budget: TimeBudget,
 }
 
 impl Gpu {
+    fn new(info: GpuInfo) -> Gpu {
+        Gpu {
+            info,
+            used: 0,
+            util: None,
+            training: Vec::new(),
+            training_used: 0,
+            estimate: TrainingEstimate::default(),
+            budget: TimeBudget::default(),
+        }
+    }
+
     /// Training's solo utilization once enough samples back it.
     pub fn trusted_solo_util(&self) -> Option<f64> {
-        self.training_solo_util
-            .filter(|_| self.solo_samples >= SOLO_MIN_SAMPLES)
+        self.estimate.trusted()
     }
-}
-
-/// Something worth telling the operator.
-#[derive(Debug, Clone, Serialize)]
-pub struct Event {
-    pub time: f64,
-    pub kind: String,
-    pub instance: Option<u64>,
-    pub pid: Option<u32>,
-    pub message: String,
 }
 
 /// Running totals for metrics.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Counters {
+    /// Admitted registrations.
     pub registrations: u64,
+    /// Refused registrations.
     pub refusals: u64,
+    /// Released instances.
     pub releases: u64,
+    /// Watchdog actions.
     pub watchdog_actions: u64,
+    /// Requests admitted by request-level admission.
     pub admitted_requests: u64,
+    /// Requests deferred.
     pub deferred_requests: u64,
 }
 
 /// A watchdog action for the caller to carry out.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Enforcement {
+    /// The process to act on.
     pub pid: u32,
+    /// What to do.
     pub action: WatchdogAction,
-    pub instance: u64,
+    /// Its instance.
+    pub instance: InstanceId,
+    /// What it did wrong.
+    pub violation: Violation,
+    /// Why, for a person.
     pub reason: String,
 }
 
-/// What survives an arbiter restart (written to `state_dir/instances.json`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Persisted {
-    pub id: u64,
-    pub pid: u32,
-    pub start: u64,
-    pub uid: u32,
-    pub function: String,
-    pub model: String,
-    pub slo_ms: f64,
-    pub gpu: u32,
-    pub slot: u32,
-    pub cap: u64,
-    pub share: u32,
-    pub share_override: Option<u32>,
-}
-
-/// Version of the persisted state file.
-pub const PERSIST_VERSION: u32 = 1;
-
-#[derive(Serialize, Deserialize)]
-pub struct PersistFile {
-    pub version: u32,
-    pub next_id: u64,
-    pub instances: Vec<Persisted>,
+/// The online prewarm manager, or why there is none.
+enum Prewarm {
+    Off,
+    On(Box<smore_prewarm::PrewarmManager>),
+    Failed(String),
 }
 
 /// The node.
 pub struct State {
+    /// The configuration.
     pub cfg: Config,
+    /// The managed GPUs.
     pub gpus: Vec<Gpu>,
-    pub instances: BTreeMap<u64, Instance>,
-    next_id: u64,
-    pub events: VecDeque<Event>,
+    /// Live (and restored) instances.
+    pub instances: BTreeMap<InstanceId, Instance>,
+    next_id: InstanceId,
+    /// Recent events and the decision log.
+    pub events: EventLog,
+    /// Running totals.
     pub counters: Counters,
     policy: Box<dyn Policy>,
+    /// When the arbiter started, seconds since the epoch.
     pub started_at: f64,
     /// Set when something persisted changed.
     pub dirty: bool,
     /// The latest pre-warm hints (refreshed every minute by `prewarm_tick`).
-    pub hints: Vec<smore_protocol::wire::Hint>,
-    /// Online prewarm over request reports (None when `[prewarm] policy = "off"`).
-    prewarm: Option<smore_prewarm::PrewarmManager>,
+    pub hints: Vec<Hint>,
+    prewarm: Prewarm,
     prewarm_minute: Option<u64>,
     /// Reconcile rounds so far (observations go to the policy every OBSERVE_EVERY rounds).
     rounds: u64,
+    clock: Box<dyn Clock>,
+    procs: Box<dyn ProcFacts>,
+}
+
+fn hint_action(a: smore_prewarm::policy::Action) -> HintAction {
+    match a {
+        smore_prewarm::policy::Action::Load => HintAction::Load,
+        smore_prewarm::policy::Action::Keep => HintAction::Keep,
+        smore_prewarm::policy::Action::Unload => HintAction::Unload,
+    }
 }
 
 impl State {
+    /// A state over this machine's clock and `/proc`.
     pub fn new(cfg: Config, gpus: Vec<GpuInfo>, policy: Box<dyn Policy>) -> State {
-        let prewarm = (cfg.prewarm_policy != "off")
-            .then(|| smore_prewarm::policy::PolicySpec::parse(&cfg.prewarm_policy).ok())
-            .flatten()
-            .and_then(|spec| {
+        State::with_facts(
+            cfg,
+            gpus,
+            policy,
+            Box::new(SystemClock),
+            Box::new(LiveProcs),
+        )
+    }
+
+    /// A state over injected facts (tests).
+    pub fn with_facts(
+        cfg: Config,
+        gpus: Vec<GpuInfo>,
+        policy: Box<dyn Policy>,
+        clock: Box<dyn Clock>,
+        procs: Box<dyn ProcFacts>,
+    ) -> State {
+        let prewarm = if cfg.prewarm_policy == "off" {
+            Prewarm::Off
+        } else {
+            match smore_prewarm::policy::PolicySpec::parse(&cfg.prewarm_policy).and_then(|spec| {
                 smore_prewarm::PrewarmManager::new(
                     spec,
                     smore_prewarm::policy::PolicySettings::default(),
                 )
-                .ok()
-            });
+            }) {
+                Ok(m) => Prewarm::On(Box::new(m)),
+                Err(e) => Prewarm::Failed(format!(
+                    "prewarm policy {:?} failed to start: {e:#}; no pre-warm hints until the config names a working policy (or \"off\")",
+                    cfg.prewarm_policy
+                )),
+            }
+        };
         let gpus = gpus
             .into_iter()
             .filter(|g| {
@@ -320,69 +252,67 @@ impl State {
                     .as_ref()
                     .is_none_or(|l| l.contains(&g.index))
             })
-            .map(|info| Gpu {
-                info,
-                used: 0,
-                util: None,
-                training: Vec::new(),
-                training_used: 0,
-                training_solo_util: None,
-                solo_samples: 0,
-                training_colocated_util: None,
-                budget_boost: 1.0,
-                solo_util_at_last_share: None,
-            })
+            .map(Gpu::new)
             .collect();
-        State {
+        // The decision log: only a daemon with a state directory keeps one.
+        let log = cfg
+            .state_dir
+            .is_dir()
+            .then(|| cfg.state_dir.join("decisions.jsonl"));
+        let started_at = clock.now();
+        let mut st = State {
             cfg,
             gpus,
             instances: BTreeMap::new(),
             next_id: 1,
-            events: VecDeque::new(),
+            events: EventLog::new(log),
             counters: Counters::default(),
             policy,
-            started_at: now(),
+            started_at,
             dirty: false,
             hints: Vec::new(),
             prewarm,
             prewarm_minute: None,
             rounds: 0,
+            clock,
+            procs,
+        };
+        if let Prewarm::Failed(why) = &st.prewarm {
+            let why = why.clone();
+            tracing::warn!("{why}");
+            st.event(EventKind::Arbiter, None, None, why);
         }
+        st
     }
 
     /// Seconds since the arbiter started (the prewarm clock; minute = ⌊t/60⌋).
-    fn clock(&self) -> f64 {
-        (now() - self.started_at).max(0.0)
+    fn uptime(&self) -> f64 {
+        (self.clock.now() - self.started_at).max(0.0)
     }
 
     /// Start of a new minute: ask the prewarm policy for hints (called by the reconcile loop).
     pub fn prewarm_tick(&mut self) {
-        let minute = (self.clock() / 60.0) as u64;
+        let minute = (self.uptime() / 60.0) as u64;
         if self.prewarm_minute == Some(minute) {
             return;
         }
         self.prewarm_minute = Some(minute);
-        let Some(pm) = self.prewarm.as_mut() else {
+        let Prewarm::On(pm) = &mut self.prewarm else {
             return;
         };
         // Residency is what the node actually has: a function is loaded iff an instance runs.
         let names: Vec<String> = pm.status().iter().map(|f| f.function.clone()).collect();
         for n in names {
-            let loaded = self.instances.values().any(|i| i.function == n);
+            let loaded = self.instances.values().any(|i| i.rec.function == n);
             let _ = pm.set_loaded(&n, loaded);
         }
         match pm.tick(minute) {
             Ok(h) => {
                 self.hints = h
                     .into_iter()
-                    .map(|h| smore_protocol::wire::Hint {
+                    .map(|h| Hint {
                         function: h.function,
-                        action: match h.action {
-                            smore_prewarm::policy::Action::Load => "load",
-                            smore_prewarm::policy::Action::Keep => "keep",
-                            smore_prewarm::policy::Action::Unload => "unload",
-                        }
-                        .into(),
+                        action: hint_action(h.action),
                         forecast_rpm: h.forecast.unwrap_or(-1.0),
                     })
                     .collect();
@@ -393,43 +323,41 @@ impl State {
 
     /// GPU memory held by models the prewarm manager believes resident, bytes.
     pub fn warm_memory(&self) -> u64 {
-        self.prewarm.as_ref().map_or(0, |p| p.warm_memory_bytes())
+        match &self.prewarm {
+            Prewarm::On(p) => p.warm_memory_bytes(),
+            _ => 0,
+        }
     }
 
+    /// Why the prewarm manager is not running although configured.
+    pub fn prewarm_error(&self) -> Option<&str> {
+        match &self.prewarm {
+            Prewarm::Failed(why) => Some(why),
+            _ => None,
+        }
+    }
+
+    /// The placement policy's name.
     pub fn policy_name(&self) -> &'static str {
         self.policy.name()
     }
 
-    pub fn event(&mut self, kind: &str, instance: Option<u64>, pid: Option<u32>, message: String) {
-        tracing::info!(kind, instance, pid, "{message}");
-        if self.events.len() >= MAX_EVENTS {
-            self.events.pop_front();
-        }
+    /// Records an event.
+    pub fn event(
+        &mut self,
+        kind: EventKind,
+        instance: Option<InstanceId>,
+        pid: Option<u32>,
+        message: String,
+    ) {
         let ev = Event {
-            time: now(),
-            kind: kind.into(),
+            time: self.clock.now(),
+            kind,
             instance,
             pid,
             message,
         };
-        // The decision log: every admission, refusal, release and enforcement, one JSON object
-        // per line, kept across restarts (status keeps only the last 256 events). Only a daemon
-        // with a state directory keeps one (unit tests' states have none).
-        if self.cfg.state_dir.is_dir() {
-            let line = serde_json::to_string(&ev).unwrap_or_default();
-            let path = self.cfg.state_dir.join("decisions.jsonl");
-            let r = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .and_then(|mut f| {
-                    std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes())
-                });
-            if let Err(e) = r {
-                tracing::debug!("decision log {}: {e}", path.display());
-            }
-        }
-        self.events.push_back(ev);
+        self.events.push(ev);
     }
 
     fn view(&self, g: &Gpu) -> GpuView {
@@ -441,23 +369,24 @@ impl State {
             // Until enough solo samples are in (a job just starting looks idle), unknown: the
             // policy then assumes a fully busy trainer.
             training_solo_util: g.trusted_solo_util(),
-            budget_boost: g.budget_boost,
+            budget_boost: g.budget.boost(),
             grants: self
                 .instances
                 .values()
-                .filter(|i| i.gpu == g.info.index)
+                .filter(|i| i.rec.gpu == g.info.index)
                 .map(|i| GrantView {
-                    instance: i.id,
-                    model: i.model.clone(),
-                    slo_ms: i.slo_ms,
-                    cap: i.cap,
-                    share: i.share,
-                    share_override: i.share_override,
+                    instance: i.rec.id,
+                    model: i.rec.model.clone(),
+                    slo_ms: i.rec.slo_ms,
+                    cap: i.rec.cap,
+                    share: i.rec.share,
+                    share_override: i.rec.share_override,
                 })
                 .collect(),
         }
     }
 
+    /// Every GPU as policies see it.
     pub fn views(&self) -> Vec<GpuView> {
         self.gpus.iter().map(|g| self.view(g)).collect()
     }
@@ -471,15 +400,15 @@ impl State {
         let shares = self.policy.shares(&self.cfg, &view);
         for (id, share) in shares {
             if let Some(i) = self.instances.get_mut(&id) {
-                if i.share != share {
-                    i.share = share;
+                if i.rec.share != share {
+                    i.rec.share = share;
                     i.write_page();
                     self.dirty = true;
                 }
             }
         }
         if let Some(g) = self.gpus.iter_mut().find(|g| g.info.index == gpu) {
-            g.solo_util_at_last_share = g.trusted_solo_util();
+            g.estimate.mark_shared();
         }
     }
 
@@ -488,7 +417,8 @@ impl State {
         &mut self,
         peer: Peer,
         args: RegisterArgs,
-    ) -> Result<(Grant, Arc<PageHandle>), (RefuseCode, String)> {
+    ) -> Result<(Grant, Arc<PageHandle>), Refusal> {
+        let refuse = |code, reason: String| Refusal { code, reason };
         if let Some(id) = args.resume {
             if let Some(r) = self.try_resume(peer, id) {
                 return Ok(r);
@@ -501,14 +431,14 @@ impl State {
                 } else {
                     "it belongs to another process"
                 };
-                return Err((
+                return Err(refuse(
                     RefuseCode::Invalid,
                     format!("instance {id} cannot be resumed by pid {}: {why}", peer.pid),
                 ));
             }
         }
         if args.function.trim().is_empty() {
-            return Err((RefuseCode::Invalid, "empty function name".into()));
+            return Err(refuse(RefuseCode::Invalid, "empty function name".into()));
         }
         let ask = Ask {
             function: args.function.clone(),
@@ -518,7 +448,10 @@ impl State {
             prefer_gpu: args.gpu,
         };
         if !(ask.slo_ms.is_finite() && ask.slo_ms > 0.0) {
-            return Err((RefuseCode::Invalid, format!("SLO of {} ms", ask.slo_ms)));
+            return Err(refuse(
+                RefuseCode::Invalid,
+                format!("SLO of {} ms", ask.slo_ms),
+            ));
         }
         let views = self.views();
         let decision = self.policy.place(&self.cfg, &views, &ask);
@@ -533,7 +466,7 @@ impl State {
             Decision::Refuse { code, reason } => {
                 self.counters.refusals += 1;
                 self.event(
-                    "refused",
+                    EventKind::Refused,
                     None,
                     Some(peer.pid),
                     format!(
@@ -542,11 +475,11 @@ impl State {
                         format_size(ask.memory)
                     ),
                 );
-                return Err((code, reason));
+                return Err(refuse(code, reason));
             }
         };
         let page = Arc::new(PageHandle::new("smore-grant").map_err(|e| {
-            (
+            refuse(
                 RefuseCode::Invalid,
                 format!("cannot create the grant page: {e}"),
             )
@@ -558,11 +491,11 @@ impl State {
         } else {
             gpu.min(MAX_DEVICES as u32 - 1)
         };
-        let mut inst = Instance::from_persisted(
-            Persisted {
+        let mut inst = Instance::new(
+            Record {
                 id,
                 pid: peer.pid,
-                start: proc::start_time(peer.pid).unwrap_or(0),
+                start: self.procs.start_time(peer.pid).unwrap_or(0),
                 uid: peer.uid,
                 function: ask.function.clone(),
                 model: ask.model.clone(),
@@ -575,11 +508,12 @@ impl State {
             },
             Some(page.clone()),
             rule.clone(),
+            self.clock.now(),
         );
         inst.predicted_train = pt;
         inst.predicted_fn = pf;
         inst.write_page();
-        if let Some(pm) = self.prewarm.as_mut() {
+        if let Prewarm::On(pm) = &mut self.prewarm {
             if !pm.status().iter().any(|f| f.function == ask.function) {
                 pm.register(&ask.function, cap);
             }
@@ -588,9 +522,9 @@ impl State {
         self.reshare(gpu);
         self.counters.registrations += 1;
         self.dirty = true;
-        let share = self.instances[&id].share;
+        let share = self.instances[&id].rec.share;
         self.event(
-            "admitted",
+            EventKind::Admitted,
             Some(id),
             Some(peer.pid),
             format!(
@@ -602,19 +536,27 @@ impl State {
         Ok((self.grant_of(id), page))
     }
 
-    fn try_resume(&mut self, peer: Peer, id: u64) -> Option<(Grant, Arc<PageHandle>)> {
-        let inst = self.instances.get_mut(&id)?;
-        let same = inst.pid == peer.pid || proc::is_descendant_of(peer.pid, inst.pid);
-        if inst.attached || !same || inst.uid != peer.uid {
+    /// Whether `peer` is the instance's process or a descendant of it, with the same uid (who
+    /// may resume or attach to it).
+    pub fn may_bind(&self, peer: Peer, id: InstanceId) -> bool {
+        self.instances.get(&id).is_some_and(|i| {
+            i.rec.uid == peer.uid
+                && (i.rec.pid == peer.pid || self.procs.is_descendant_of(peer.pid, i.rec.pid))
+        })
+    }
+
+    fn try_resume(&mut self, peer: Peer, id: InstanceId) -> Option<(Grant, Arc<PageHandle>)> {
+        if !self.may_bind(peer, id) || self.instances.get(&id)?.attached {
             return None;
         }
         let page = Arc::new(PageHandle::new("smore-grant").ok()?);
+        let inst = self.instances.get_mut(&id)?;
         inst.page = Some(page.clone());
         inst.attached = true;
         inst.write_page();
-        let (gpu, function) = (inst.gpu, inst.function.clone());
+        let (gpu, function) = (inst.rec.gpu, inst.rec.function.clone());
         self.event(
-            "resumed",
+            EventKind::Resumed,
             Some(id),
             Some(peer.pid),
             format!("function {function} re-attached on GPU {gpu}"),
@@ -622,20 +564,20 @@ impl State {
         Some((self.grant_of(id), page))
     }
 
-    /// The grant of an instance as the protocol announces it.
-    pub fn grant_of(&self, id: u64) -> Grant {
+    /// The grant of an instance as the protocol announces it (None: no such instance).
+    pub fn grant_of(&self, id: InstanceId) -> Grant {
         let i = &self.instances[&id];
-        let g = self.gpus.iter().find(|g| g.info.index == i.gpu);
+        let g = self.gpus.iter().find(|g| g.info.index == i.rec.gpu);
         Grant {
             instance: id,
-            gpu_index: i.gpu,
+            gpu_index: i.rec.gpu,
             gpu_uuid: g.map(|g| g.info.uuid.clone()).unwrap_or_default(),
-            memory_cap: i.cap,
-            sm_share: i.share,
+            memory_cap: i.rec.cap,
+            sm_share: i.rec.share,
             generation: i
                 .page
                 .as_ref()
-                .map_or(0, |p| p.page().generation(i.slot as usize)),
+                .map_or(0, |p| p.page().generation(i.rec.slot as usize)),
             predicted_train: i.predicted_train,
             predicted_fn: i.predicted_fn,
             rule: i.rule.clone(),
@@ -643,30 +585,32 @@ impl State {
     }
 
     /// Releases an instance (connection closed, process gone, or `Release`).
-    pub fn release(&mut self, id: u64, why: &str) {
+    pub fn release(&mut self, id: InstanceId, why: &str) {
         if let Some(inst) = self.instances.remove(&id) {
             self.counters.releases += 1;
             self.dirty = true;
-            self.reshare(inst.gpu);
+            self.reshare(inst.rec.gpu);
             self.event(
-                "released",
+                EventKind::Released,
                 Some(id),
-                Some(inst.pid),
-                format!("function {} on GPU {}: {why}", inst.function, inst.gpu),
+                Some(inst.rec.pid),
+                format!(
+                    "function {} on GPU {}: {why}",
+                    inst.rec.function, inst.rec.gpu
+                ),
             );
         }
     }
 
-    /// The connection of an attached instance closed. Keeps it (detached) if the process still
-    /// lives — it may be an arbiter-side hiccup — only when `keep_if_alive`.
-    pub fn disconnected(&mut self, id: u64) {
+    /// The connection of an attached instance closed: under the protocol that is a release
+    /// (the shim keeps the connection for the life of the process); the event says whether the
+    /// process lives on.
+    pub fn disconnected(&mut self, id: InstanceId) {
         let alive = self
             .instances
             .get(&id)
-            .is_some_and(|i| proc::is_same_process(i.pid, i.start));
+            .is_some_and(|i| self.procs.is_same_process(i.rec.pid, i.rec.start));
         if alive {
-            // The process closed its connection but lives on: under the protocol that is a
-            // release (the shim keeps the connection for the life of the process).
             self.release(id, "connection closed");
         } else {
             self.release(id, "process exited");
@@ -674,27 +618,27 @@ impl State {
     }
 
     /// Operator change of an instance's share (None = back to the policy's).
-    pub fn set_share(&mut self, id: u64, share: Option<u32>) -> Result<u32, String> {
+    pub fn set_share(&mut self, id: InstanceId, share: Option<u32>) -> Result<u32, StateError> {
         if let Some(s) = share {
             if !(1..=100).contains(&s) {
-                return Err(format!("share {s} is outside 1..=100 %"));
+                return Err(StateError::ShareOutOfRange(s));
             }
         }
         let inst = self
             .instances
             .get_mut(&id)
-            .ok_or_else(|| format!("no instance {id}"))?;
-        inst.share_override = share;
+            .ok_or(StateError::NoInstance(id))?;
+        inst.rec.share_override = share;
         if let Some(s) = share {
-            inst.share = s;
+            inst.rec.share = s;
             inst.write_page();
         }
-        let gpu = inst.gpu;
+        let gpu = inst.rec.gpu;
         self.dirty = true;
         self.reshare(gpu);
-        let s = self.instances[&id].share;
+        let s = self.instances[&id].rec.share;
         self.event(
-            "share",
+            EventKind::Share,
             Some(id),
             None,
             format!("share set to {s} % by the operator"),
@@ -703,31 +647,31 @@ impl State {
     }
 
     /// Operator change of an instance's memory cap (must still fit under σ).
-    pub fn set_memory(&mut self, id: u64, bytes: u64) -> Result<(), String> {
-        let inst = self
-            .instances
-            .get(&id)
-            .ok_or_else(|| format!("no instance {id}"))?;
+    pub fn set_memory(&mut self, id: InstanceId, bytes: u64) -> Result<(), StateError> {
+        let inst = self.instances.get(&id).ok_or(StateError::NoInstance(id))?;
+        let gpu = inst.rec.gpu;
         let g = self
             .gpus
             .iter()
-            .find(|g| g.info.index == inst.gpu)
-            .ok_or("GPU gone")?;
-        let free = self.view(g).free_for_functions(self.cfg.memory_safety) + inst.cap;
+            .find(|g| g.info.index == gpu)
+            .ok_or(StateError::GpuGone(gpu))?;
+        let free = self.view(g).free_for_functions(self.cfg.memory_safety) + inst.rec.cap;
         if bytes > free {
-            return Err(format!(
-                "{} exceeds the {} available on GPU {}",
-                format_size(bytes),
-                format_size(free),
-                inst.gpu
-            ));
+            return Err(StateError::NoRoom {
+                asked: bytes,
+                free,
+                gpu,
+            });
         }
-        let inst = self.instances.get_mut(&id).expect("checked");
-        inst.cap = bytes;
+        let inst = self
+            .instances
+            .get_mut(&id)
+            .ok_or(StateError::NoInstance(id))?;
+        inst.rec.cap = bytes;
         inst.write_page();
         self.dirty = true;
         self.event(
-            "memory",
+            EventKind::Memory,
             Some(id),
             None,
             format!("cap set to {} by the operator", format_size(bytes)),
@@ -738,29 +682,23 @@ impl State {
     /// A usage/latency report from an instance.
     pub fn report(
         &mut self,
-        id: u64,
+        id: InstanceId,
         latencies: &[f64],
         used: Option<u64>,
         throttled_ns: Option<u64>,
         refusals: Option<u64>,
     ) {
-        let t = self.clock();
-        if let (Some(pm), Some(i)) = (self.prewarm.as_mut(), self.instances.get(&id)) {
+        let t = self.uptime();
+        if let (Prewarm::On(pm), Some(i)) = (&mut self.prewarm, self.instances.get(&id)) {
             // Each reported request is one arrival of the function in this minute.
             for _ in latencies.iter().filter(|l| l.is_finite() && **l >= 0.0) {
-                if pm.request_begin(&i.function, t).is_ok() {
-                    let _ = pm.request_end(&i.function, t);
+                if pm.request_begin(&i.rec.function, t).is_ok() {
+                    let _ = pm.request_end(&i.rec.function, t);
                 }
             }
         }
         if let Some(i) = self.instances.get_mut(&id) {
-            for &l in latencies.iter().filter(|l| l.is_finite() && **l >= 0.0) {
-                if i.latencies.len() >= MAX_LATENCIES {
-                    i.latencies.pop_front();
-                }
-                i.latencies.push_back(l);
-                i.requests += 1;
-            }
+            i.add_latencies(latencies);
             if used.is_some() {
                 i.used_hint = used;
             }
@@ -774,16 +712,17 @@ impl State {
     }
 
     /// Request-level admission for an instance.
-    pub fn admit_request(&mut self, id: u64) -> Admission {
-        let Some(inst) = self.instances.get(&id) else {
-            return Admission {
-                admitted: false,
-                predicted_train: None,
-                predicted_fn: None,
-                reason: "not registered".into(),
-            };
+    pub fn admit_request(&mut self, id: InstanceId) -> Admission {
+        let refused = |reason: &str| Admission {
+            admitted: false,
+            predicted_train: None,
+            predicted_fn: None,
+            reason: reason.into(),
         };
-        let gpu = inst.gpu;
+        let Some(inst) = self.instances.get(&id) else {
+            return refused("not registered");
+        };
+        let gpu = inst.rec.gpu;
         let view = self
             .gpus
             .iter()
@@ -791,12 +730,7 @@ impl State {
             .map(|g| self.view(g));
         let a = match view {
             Some(v) => self.policy.admit_request(&self.cfg, &v, id),
-            None => Admission {
-                admitted: false,
-                predicted_train: None,
-                predicted_fn: None,
-                reason: "GPU gone".into(),
-            },
+            None => refused("GPU gone"),
         };
         if a.admitted {
             self.counters.admitted_requests += 1;
@@ -812,11 +746,11 @@ impl State {
     /// Folds one NVML sample per GPU into the state; returns the watchdog actions to carry out.
     pub fn reconcile(&mut self, samples: &[(u32, GpuSample)]) -> Vec<Enforcement> {
         // Instances whose process is gone are released first (pid-reuse safe).
-        let dead: Vec<u64> = self
+        let dead: Vec<InstanceId> = self
             .instances
             .values()
-            .filter(|i| !proc::is_same_process(i.pid, i.start))
-            .map(|i| i.id)
+            .filter(|i| !self.procs.is_same_process(i.rec.pid, i.rec.start))
+            .map(|i| i.rec.id)
             .collect();
         for id in dead {
             self.release(id, "process exited");
@@ -827,143 +761,78 @@ impl State {
             let Some(gi) = self.gpus.iter().position(|g| g.info.index == *index) else {
                 continue;
             };
-            let mut training = Vec::new();
-            let mut per_inst: BTreeMap<u64, (u64, u32, Vec<u32>)> = BTreeMap::new();
-            for (&pid, &used) in &s.procs {
-                let owner = self
-                    .instances
-                    .values()
-                    .find(|i| i.pid == pid || proc::is_descendant_of(pid, i.pid))
-                    .map(|i| i.id);
-                let util = s.proc_util.get(&pid).copied();
-                match owner {
-                    Some(id) => {
-                        let e = per_inst.entry(id).or_default();
-                        e.0 += used;
-                        e.1 += util.unwrap_or(0);
-                        e.2.push(pid);
-                    }
-                    None => training.push(TrainingProc {
-                        pid,
-                        used,
-                        sm_util: util,
-                    }),
-                }
-            }
-            training.sort_by_key(|t| t.pid);
-            let has_functions = self.instances.values().any(|i| i.gpu == *index);
+            let owners: Vec<(InstanceId, u32)> = self
+                .instances
+                .values()
+                .map(|i| (i.rec.id, i.rec.pid))
+                .collect();
+            let mut split = attribution::attribute(s, &owners, self.procs.as_ref());
+            let has_functions = self.instances.values().any(|i| i.rec.gpu == *index);
             let g = &mut self.gpus[gi];
-            let appeared = g.training.is_empty() != training.is_empty();
+            let appeared = g.training.is_empty() != split.training.is_empty();
             g.used = s.used;
             g.util = s.util;
-            g.training_used = training.iter().map(|t| t.used).sum();
-            // Training utilization alone: NVML's per-process samples if present, else the device
-            // utilization (which then includes nothing else, since no function is placed).
-            if !has_functions || training.is_empty() {
+            g.training_used = split.training.iter().map(|t| t.used).sum();
+            if !has_functions || split.training.is_empty() {
                 // The feedback loop starts again from the worst case with the next functions.
-                g.training_colocated_util = None;
-                g.budget_boost = 1.0;
+                g.budget.reset();
             }
-            if training.is_empty() {
-                // Training left: what is known about its utilization goes with it.
-                g.training_solo_util = None;
-                g.solo_samples = 0;
-            } else if !has_functions {
-                let u = if training.iter().any(|t| t.sm_util.is_some()) {
-                    training.iter().filter_map(|t| t.sm_util).sum::<u32>()
-                } else {
-                    s.util.unwrap_or(100)
-                };
-                let u = (u.min(100) as f64) / 100.0;
-                g.solo_samples += 1;
-                g.training_solo_util = Some(match g.training_solo_util {
-                    Some(old) => old + SOLO_UTIL_ALPHA * (u - old),
-                    None => u,
-                });
-            } else if let Some(u) = training.iter().map(|t| t.sm_util).sum::<Option<u32>>() {
-                // Co-located, training's own samples are a lower bound of its solo use: one that
-                // exceeds a trusted estimate (a job ramping up after functions arrived) raises
-                // it — the safe direction. They never create an estimate (unknown stays "fully
-                // busy").
-                let u = (u.min(100) as f64) / 100.0;
-                if g.trusted_solo_util().is_some_and(|old| u > old) {
-                    g.training_solo_util = Some(u);
-                }
-                g.training_colocated_util = Some(match g.training_colocated_util {
-                    Some(old) => old + SOLO_UTIL_ALPHA * (u - old),
-                    None => u,
-                });
-            }
-            g.training = training;
-            let drift = match (g.trusted_solo_util(), g.solo_util_at_last_share) {
-                (Some(a), Some(b)) => (a - b).abs() > RESHARE_DELTA,
-                (Some(_), None) => true,
-                _ => false,
-            };
-            if appeared || drift {
+            g.estimate.observe(&split.training, s.util, has_functions);
+            g.training = std::mem::take(&mut split.training);
+            if appeared || g.estimate.drifted() {
                 reshare.push(*index);
             }
-            for inst in self.instances.values_mut().filter(|i| i.gpu == *index) {
-                let (used, util, pids) = per_inst.remove(&inst.id).unwrap_or_default();
-                inst.nvml_used = used;
-                inst.sm_used = (!pids.is_empty()).then_some(util);
-                if pids.is_empty() {
+            for inst in self.instances.values_mut().filter(|i| i.rec.gpu == *index) {
+                let usage = split.instances.remove(&inst.rec.id).unwrap_or_default();
+                inst.nvml_used = usage.used;
+                inst.sm_used = (!usage.pids.is_empty()).then_some(usage.sm);
+                if usage.pids.is_empty() {
                     continue;
                 }
-                if self.cfg.check_shim {
-                    let loaded = pids
-                        .iter()
-                        .all(|&p| proc::maps_library(p, "libsmore_shim").unwrap_or(true));
-                    inst.shim_loaded = Some(loaded);
-                    if !loaded && !inst.acted_on {
-                        inst.acted_on = true;
-                        for &p in &pids {
-                            actions.push(Enforcement {
-                                pid: p,
-                                action: self.cfg.watchdog_action,
-                                instance: inst.id,
-                                reason: format!(
-                                    "process {p} of function {} uses GPU {index} without the smore shim",
-                                    inst.function
-                                ),
-                            });
-                        }
+                let procs = self.procs.as_ref();
+                let shim = if self.cfg.check_shim {
+                    let r = watchdog::check_shim(&usage.pids, |p| procs.shim_mapped(p));
+                    inst.shim_loaded = Some(r.is_ok());
+                    r
+                } else {
+                    Ok(())
+                };
+                // A function whose GPU time exceeds its share for long: the shim is bypassed
+                // for launches (raw driver pointers, direct ioctls) or not working. The streak
+                // counts even while the shim check fails, as it always has.
+                let overuse = inst.over_share.observe(usage.sm, inst.rec.share);
+                let verdict = shim.and(overuse).and(watchdog::check_memory(
+                    usage.used,
+                    inst.rec.cap,
+                    self.cfg.memory_slack,
+                ));
+                if let Err(violation) = verdict {
+                    if inst.acted_on {
                         continue;
                     }
-                }
-                // A function whose GPU time exceeds its share for long: the shim is bypassed
-                // for launches (raw driver pointers, direct ioctls) or not working.
-                let over = inst.share < 100 && util > inst.share + SM_SLACK_PCT;
-                inst.over_share = if over { inst.over_share + 1 } else { 0 };
-                if inst.over_share >= SM_OVERUSE_SAMPLES && !inst.acted_on {
                     inst.acted_on = true;
-                    for &p in &pids {
+                    let reason = watchdog::Described {
+                        violation: &violation,
+                        function: &inst.rec.function,
+                        gpu: *index,
+                    };
+                    for &p in &usage.pids {
+                        // The shim rule names the process at fault; the others the function.
+                        let violation = match violation {
+                            Violation::NoShim { .. } => Violation::NoShim { pid: p },
+                            ref v => v.clone(),
+                        };
+                        let reason = watchdog::Described {
+                            violation: &violation,
+                            ..reason
+                        }
+                        .to_string();
                         actions.push(Enforcement {
                             pid: p,
                             action: self.cfg.watchdog_action,
-                            instance: inst.id,
-                            reason: format!(
-                                "function {} uses {util} % of GPU {index}'s SM time in NVML, over its share {} % + {SM_SLACK_PCT} for {} samples",
-                                inst.function, inst.share, SM_OVERUSE_SAMPLES
-                            ),
-                        });
-                    }
-                    continue;
-                }
-                if used > inst.cap.saturating_add(self.cfg.memory_slack) && !inst.acted_on {
-                    inst.acted_on = true;
-                    for &p in &pids {
-                        actions.push(Enforcement {
-                            pid: p,
-                            action: self.cfg.watchdog_action,
-                            instance: inst.id,
-                            reason: format!(
-                                "function {} uses {} on GPU {index} in NVML, over its cap {} + slack {}",
-                                inst.function,
-                                format_size(used),
-                                format_size(inst.cap),
-                                format_size(self.cfg.memory_slack)
-                            ),
+                            instance: inst.rec.id,
+                            violation,
+                            reason,
                         });
                     }
                 }
@@ -979,7 +848,7 @@ impl State {
         for a in &actions {
             self.counters.watchdog_actions += 1;
             self.event(
-                "watchdog",
+                EventKind::Watchdog,
                 Some(a.instance),
                 Some(a.pid),
                 format!("{:?}: {}", a.action, a.reason),
@@ -989,15 +858,13 @@ impl State {
     }
 
     /// The latest pre-warm hints.
-    pub fn hints(&self) -> Vec<smore_protocol::wire::Hint> {
+    pub fn hints(&self) -> Vec<Hint> {
         self.hints.clone()
     }
 
-    /// Feeds observed degradations to the policy (online learning): per GPU with functions and a
-    /// training job, the training slowdown estimated from NVML — the job's utilization now
-    /// against its solo utilization (a time-sliced job that keeps its work per iteration and gets
-    /// less of the GPU shows proportionally lower utilization) — and each function's median
-    /// reported latency.
+    /// Feeds observed degradations to the policy (online learning) and to each GPU's time
+    /// budget: per GPU with functions and a training job, the training slowdown estimated from
+    /// NVML ([`TrainingEstimate::slowdown`]) and each function's median reported latency.
     fn observe(&mut self) {
         let views = self.views();
         let mut reshare = Vec::new();
@@ -1005,49 +872,37 @@ impl State {
             if view.grants.is_empty() {
                 continue;
             }
-            let g = &self.gpus[gi];
-            let slowdown = match (g.trusted_solo_util(), g.training_colocated_util) {
-                (Some(solo), Some(u)) if u > 0.0 && !g.training.is_empty() => {
-                    Some((solo / u - 1.0).clamp(0.0, 5.0))
-                }
-                _ => None,
-            };
-            // Feedback: the time budget θ/(u+θ) assumes every function uses its whole share
-            // all the time; real functions mostly do not. While the slowdown measured from
-            // NVML stays under θ/2 and some function is held at its share, the budget grows by
-            // 25 % per observation (up to BOOST_MAX×); above θ it shrinks by a third, back to
-            // the worst case at most.
+            let index = self.gpus[gi].info.index;
+            let slowdown = self.gpus[gi]
+                .estimate
+                .slowdown()
+                .filter(|_| !self.gpus[gi].training.is_empty());
             if let Some(d) = slowdown {
-                let constrained = self.instances.values().any(|i| {
-                    i.gpu == g.info.index
-                        && i.share < 100
-                        && i.sm_used.is_some_and(|u| u as f64 >= 0.7 * i.share as f64)
-                });
-                let old = g.budget_boost;
-                let new = if d > self.cfg.theta_train {
-                    (old / 1.5).max(1.0)
-                } else if d < self.cfg.theta_train / 2.0 && constrained {
-                    (old * 1.25).min(BOOST_MAX)
-                } else {
-                    old
-                };
-                if new != old {
-                    self.gpus[gi].budget_boost = new;
-                    reshare.push(self.gpus[gi].info.index);
+                let loads: Vec<FunctionLoad> = self
+                    .instances
+                    .values()
+                    .filter(|i| i.rec.gpu == index)
+                    .map(|i| FunctionLoad {
+                        share: i.rec.share,
+                        sm_used: i.sm_used,
+                    })
+                    .collect();
+                let theta = self.cfg.theta_train;
+                if self.gpus[gi].budget.feedback(d, theta, &loads) {
+                    reshare.push(index);
                     tracing::info!(
-                        "GPU {}: training slowdown {:.1} % (θ {:.0} %) → time budget ×{new:.2}",
-                        self.gpus[gi].info.index,
+                        "GPU {index}: training slowdown {:.1} % (θ {:.0} %) → time budget ×{:.2}",
                         d * 100.0,
-                        self.cfg.theta_train * 100.0
+                        theta * 100.0,
+                        self.gpus[gi].budget.boost()
                     );
                 }
             }
-            let g = &self.gpus[gi];
-            let lat: Vec<(u64, f64)> = self
+            let lat: Vec<(InstanceId, f64)> = self
                 .instances
                 .values()
-                .filter(|i| i.gpu == g.info.index)
-                .filter_map(|i| Some((i.id, i.latency_percentile(0.5)?)))
+                .filter(|i| i.rec.gpu == index)
+                .filter_map(|i| Some((i.rec.id, i.latency_percentile(0.5)?)))
                 .collect();
             if slowdown.is_some() || !lat.is_empty() {
                 self.policy.observe(&view, slowdown, &lat);
@@ -1063,24 +918,7 @@ impl State {
         PersistFile {
             version: PERSIST_VERSION,
             next_id: self.next_id,
-            instances: self
-                .instances
-                .values()
-                .map(|i| Persisted {
-                    id: i.id,
-                    pid: i.pid,
-                    start: i.start,
-                    uid: i.uid,
-                    function: i.function.clone(),
-                    model: i.model.clone(),
-                    slo_ms: i.slo_ms,
-                    gpu: i.gpu,
-                    slot: i.slot,
-                    cap: i.cap,
-                    share: i.share,
-                    share_override: i.share_override,
-                })
-                .collect(),
+            instances: self.instances.values().map(|i| i.rec.clone()).collect(),
         }
     }
 
@@ -1089,20 +927,20 @@ impl State {
     pub fn restore(&mut self, file: PersistFile) {
         self.next_id = self.next_id.max(file.next_id);
         for p in file.instances {
-            if !proc::is_same_process(p.pid, p.start)
+            if !self.procs.is_same_process(p.pid, p.start)
                 || !self.gpus.iter().any(|g| g.info.index == p.gpu)
             {
                 continue;
             }
             self.next_id = self.next_id.max(p.id + 1);
             let msg = format!("function {} (pid {}) kept from the previous arbiter; waiting for it to re-register", p.function, p.pid);
-            let id = p.id;
+            let (id, pid) = (p.id, p.pid);
+            let now = self.clock.now();
             self.instances.insert(
                 id,
-                Instance::from_persisted(p, None, "restored after arbiter restart".into()),
+                Instance::new(p, None, "restored after arbiter restart".into(), now),
             );
-            let pid = self.instances[&id].pid;
-            self.event("restored", Some(id), Some(pid), msg);
+            self.event(EventKind::Restored, Some(id), Some(pid), msg);
         }
     }
 
@@ -1116,7 +954,7 @@ impl State {
                 let functions: Vec<serde_json::Value> = self
                     .instances
                     .values()
-                    .filter(|i| i.gpu == g.info.index)
+                    .filter(|i| i.rec.gpu == g.info.index)
                     .map(|i| {
                         let mut v = serde_json::to_value(i).unwrap_or_default();
                         v["p50_ms"] = serde_json::json!(i.latency_percentile(0.5));
@@ -1141,7 +979,7 @@ impl State {
                 "theta_train": self.cfg.theta_train,
                 "failure_policy": self.cfg.failure_policy,
                 "started_at": self.started_at,
-                "now": now(),
+                "now": self.clock.now(),
             },
             "gpus": gpus,
             "counters": self.counters,
@@ -1149,14 +987,17 @@ impl State {
                 "policy": self.cfg.prewarm_policy,
                 "warm_memory": self.warm_memory(),
                 "hints": self.hints,
+                "error": self.prewarm_error(),
             },
-            "events": self.events,
+            "events": self.events.recent(),
         })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::training::SOLO_MIN_SAMPLES;
+    use super::watchdog::SM_OVERUSE_SAMPLES;
     use super::*;
     use crate::policy::FitPolicy;
 
@@ -1215,7 +1056,7 @@ mod tests {
             s.register(me(), args(4 << 30)).unwrap();
         }
         let e = s.register(me(), args(4 << 30)).unwrap_err();
-        assert_eq!(e.0, RefuseCode::NoMemory);
+        assert_eq!(e.code, RefuseCode::NoMemory);
         assert_eq!(s.counters.refusals, 1);
         for g in s.views() {
             assert!(g.grants.iter().map(|x| x.cap).sum::<u64>() as f64 <= 0.95 * g.total as f64);
@@ -1264,7 +1105,10 @@ mod tests {
         // Resuming an attached instance again is refused, not registered twice.
         let mut again = args(2 << 30);
         again.resume = Some(g.instance);
-        assert_eq!(s2.register(me(), again).unwrap_err().0, RefuseCode::Invalid);
+        assert_eq!(
+            s2.register(me(), again).unwrap_err().code,
+            RefuseCode::Invalid
+        );
         assert_eq!(s2.instances.len(), 1);
         // A dead process is not restored.
         let mut file = s2.persisted();
@@ -1328,12 +1172,12 @@ mod tests {
         }
         let grown = page.page().share(0);
         assert!(grown > base, "share {grown} did not grow");
-        assert!(s.gpus[0].budget_boost > 1.0);
+        assert!(s.gpus[0].budget.boost() > 1.0);
         // Training slowed by 50 % (60 → 40 %): the budget shrinks back.
         for _ in 0..6 * OBSERVE_EVERY {
             s.reconcile(&[(0, sample(40, grown))]);
         }
-        assert_eq!(s.gpus[0].budget_boost, 1.0);
+        assert_eq!(s.gpus[0].budget.boost(), 1.0);
         assert_eq!(page.page().share(0), base);
     }
 
@@ -1397,6 +1241,118 @@ mod tests {
 }
 
 #[cfg(test)]
+mod injected_facts_tests {
+    //! The state over a fake process table and clock: no real process, no sleeping.
+    use super::facts::fake::{FakeClock, FakeProcs};
+    use super::*;
+    use crate::policy::FitPolicy;
+
+    fn state(procs: &FakeProcs, clock: &FakeClock) -> State {
+        let gpus = vec![GpuInfo {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "sim".into(),
+            total: 10 << 30,
+        }];
+        let cfg = Config {
+            prewarm_policy: "off".into(),
+            ..Config::default()
+        };
+        State::with_facts(
+            cfg,
+            gpus,
+            Box::new(FitPolicy),
+            Box::new(clock.clone()),
+            Box::new(procs.clone()),
+        )
+    }
+
+    fn register(s: &mut State, pid: u32) -> InstanceId {
+        let args = RegisterArgs {
+            function: format!("f{pid}"),
+            memory: Some(1 << 30),
+            exec: true,
+            ..Default::default()
+        };
+        s.register(Peer { pid, uid: 0 }, args).unwrap().0.instance
+    }
+
+    #[test]
+    fn a_worker_is_its_functions_a_recycled_pid_is_released_and_a_stranger_is_training() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true);
+        procs.spawn(101, 100, 11, true);
+        procs.spawn(200, 1, 12, false);
+        let mut s = state(&procs, &clock);
+        let id = register(&mut s, 100);
+        let mut sample = GpuSample::default();
+        sample.procs.insert(101, 300 << 20);
+        sample.procs.insert(200, 2 << 30);
+        assert!(s.reconcile(&[(0, sample.clone())]).is_empty());
+        assert_eq!(s.instances[&id].nvml_used, 300 << 20);
+        assert_eq!(s.instances[&id].shim_loaded, Some(true));
+        assert_eq!(s.gpus[0].training_used, 2 << 30);
+        // The function's process exits and its pid is reused by another process: released.
+        procs.spawn(100, 1, 99, true);
+        s.reconcile(&[(0, sample)]);
+        assert!(s.instances.is_empty());
+        assert_eq!(s.events.recent().back().unwrap().kind, EventKind::Released);
+    }
+
+    #[test]
+    fn a_worker_without_the_shim_is_caught_by_name() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true);
+        procs.spawn(101, 100, 11, false);
+        let mut s = state(&procs, &clock);
+        let id = register(&mut s, 100);
+        let mut sample = GpuSample::default();
+        sample.procs.insert(101, 1 << 20);
+        let acts = s.reconcile(&[(0, sample)]);
+        assert_eq!(acts.len(), 1);
+        assert_eq!(acts[0].pid, 101);
+        assert_eq!(acts[0].violation, Violation::NoShim { pid: 101 });
+        assert_eq!(s.instances[&id].shim_loaded, Some(false));
+    }
+
+    #[test]
+    fn events_carry_the_injected_clock() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true);
+        clock.advance(1000.0);
+        let mut s = state(&procs, &clock);
+        clock.advance(5.0);
+        register(&mut s, 100);
+        let ev = s.events.recent().back().unwrap();
+        assert_eq!((ev.kind, ev.time), (EventKind::Admitted, 1005.0));
+        assert_eq!(s.snapshot()["arbiter"]["now"], 1005.0);
+    }
+
+    #[test]
+    fn a_prewarm_policy_that_fails_to_start_is_reported() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        let cfg = Config {
+            prewarm_policy: "no-such-policy".into(),
+            ..Config::default()
+        };
+        let s = State::with_facts(
+            cfg,
+            vec![],
+            Box::new(FitPolicy),
+            Box::new(clock),
+            Box::new(procs),
+        );
+        assert!(s.prewarm_error().is_some());
+        let snap = s.snapshot();
+        assert!(snap["prewarm"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-policy"));
+        assert_eq!(snap["events"][0]["kind"], "arbiter");
+    }
+}
+
+#[cfg(test)]
 mod prewarm_tests {
     use super::*;
     use crate::policy::FitPolicy;
@@ -1432,7 +1388,7 @@ mod prewarm_tests {
         s.prewarm_tick();
         assert_eq!(s.hints.len(), 1, "{:?}", s.hints);
         assert_eq!(s.hints[0].function, "f");
-        assert_eq!(s.hints[0].action, "keep");
+        assert_eq!(s.hints[0].action, HintAction::Keep);
         assert_eq!(s.warm_memory(), 1 << 30);
         let snap = s.snapshot();
         assert_eq!(snap["prewarm"]["hints"][0]["action"], "keep");

@@ -1,0 +1,144 @@
+//! The two things the state machine reads from the outside world besides NVML samples: the
+//! clock and facts about processes. Injected, so every rule in `state` is testable with fakes.
+//!
+//! Owns: the [`Clock`] and [`ProcFacts`] seams and their live implementations ([`SystemClock`],
+//! [`LiveProcs`] over [`crate::proc`]). Must never: be consulted on a path that cannot fail
+//! softly — every fact is an `Option` (the process may vanish mid-read).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Wall-clock time in seconds since the Unix epoch.
+pub trait Clock: Send {
+    /// Now, seconds since the epoch.
+    fn now(&self) -> f64;
+}
+
+/// The system clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> f64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0)
+    }
+}
+
+/// Bound on a parent walk: deeper trees are not followed (a function's processes are a few
+/// levels below it; the bound stops a cycle in a racing `/proc` from looping).
+pub const MAX_ANCESTRY_DEPTH: usize = 64;
+
+/// What the arbiter needs to know about a process.
+pub trait ProcFacts: Send {
+    /// Start time of `pid` (clock ticks since boot), None if it is gone or a zombie.
+    fn start_time(&self, pid: u32) -> Option<u64>;
+    /// Parent of `pid`.
+    fn parent(&self, pid: u32) -> Option<u32>;
+    /// Whether the smore shim is mapped into `pid` (None: cannot tell).
+    fn shim_mapped(&self, pid: u32) -> Option<bool>;
+
+    /// Whether `pid` is alive and the process that had `start` (pid reuse check).
+    fn is_same_process(&self, pid: u32, start: u64) -> bool {
+        self.start_time(pid) == Some(start)
+    }
+
+    /// Whether `ancestor` is `pid` or one of its ancestors (bounded walk).
+    fn is_descendant_of(&self, pid: u32, ancestor: u32) -> bool {
+        let mut p = pid;
+        for _ in 0..MAX_ANCESTRY_DEPTH {
+            if p == ancestor {
+                return true;
+            }
+            match self.parent(p) {
+                Some(pp) if pp != 0 && pp != p => p = pp,
+                _ => return false,
+            }
+        }
+        false
+    }
+}
+
+/// File-name fragment of the shim library (what `shim_mapped` looks for in `/proc/<pid>/maps`).
+pub const SHIM_LIBRARY: &str = "libsmore_shim";
+
+/// Facts from this machine's `/proc`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LiveProcs;
+
+impl ProcFacts for LiveProcs {
+    fn start_time(&self, pid: u32) -> Option<u64> {
+        crate::proc::start_time(pid)
+    }
+    fn parent(&self, pid: u32) -> Option<u32> {
+        crate::proc::parent(pid)
+    }
+    fn shim_mapped(&self, pid: u32) -> Option<bool> {
+        crate::proc::maps_library(pid, SHIM_LIBRARY)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod fake {
+    //! Injected facts for unit tests: a process table and a settable clock.
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    /// One fake process.
+    #[derive(Debug, Clone, Copy)]
+    pub struct FakeProc {
+        pub start: u64,
+        pub parent: u32,
+        pub shim: bool,
+    }
+
+    /// A shared, mutable fake process table.
+    #[derive(Debug, Clone, Default)]
+    pub struct FakeProcs(pub Arc<Mutex<BTreeMap<u32, FakeProc>>>);
+
+    impl FakeProcs {
+        pub fn spawn(&self, pid: u32, parent: u32, start: u64, shim: bool) {
+            self.0.lock().unwrap().insert(
+                pid,
+                FakeProc {
+                    start,
+                    parent,
+                    shim,
+                },
+            );
+        }
+        pub fn exit(&self, pid: u32) {
+            self.0.lock().unwrap().remove(&pid);
+        }
+    }
+
+    impl ProcFacts for FakeProcs {
+        fn start_time(&self, pid: u32) -> Option<u64> {
+            self.0.lock().unwrap().get(&pid).map(|p| p.start)
+        }
+        fn parent(&self, pid: u32) -> Option<u32> {
+            self.0.lock().unwrap().get(&pid).map(|p| p.parent)
+        }
+        fn shim_mapped(&self, pid: u32) -> Option<bool> {
+            self.0.lock().unwrap().get(&pid).map(|p| p.shim)
+        }
+    }
+
+    /// A clock tests move by hand.
+    #[derive(Debug, Clone, Default)]
+    pub struct FakeClock(pub Arc<Mutex<f64>>);
+
+    impl FakeClock {
+        pub fn advance(&self, s: f64) {
+            *self.0.lock().unwrap() += s;
+        }
+    }
+
+    impl Clock for FakeClock {
+        fn now(&self) -> f64 {
+            *self.0.lock().unwrap()
+        }
+    }
+}

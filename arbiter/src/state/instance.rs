@@ -1,0 +1,125 @@
+//! One function instance: its durable [`Record`] plus what the arbiter learns while it runs.
+//!
+//! Owns: writing the instance's grant into its page ([`Instance::write_page`]) and its latency
+//! window. Must never: write a device slot other than its own with anything but "no memory".
+
+use super::persist::Record;
+use super::watchdog::SmOveruse;
+use crate::grantpage::PageHandle;
+use serde::Serialize;
+use smore_protocol::grant::MAX_DEVICES;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// Latency samples kept per instance for percentiles.
+pub const MAX_LATENCIES: usize = 1024;
+
+/// One function instance.
+#[derive(Serialize)]
+pub struct Instance {
+    /// What survives a restart (flattened into the status JSON).
+    #[serde(flatten)]
+    pub rec: Record,
+    /// False after an arbiter restart until the process re-registers (its memory stays counted).
+    pub attached: bool,
+    /// The grant page (None while detached).
+    #[serde(skip)]
+    pub page: Option<Arc<PageHandle>>,
+    /// Predicted training slowdown at admission (fraction).
+    pub predicted_train: Option<f64>,
+    /// Predicted function degradation at admission (fraction).
+    pub predicted_fn: Option<f64>,
+    /// The rule that admitted it.
+    pub rule: String,
+    /// When it registered (or was restored), seconds since the epoch.
+    pub registered_at: f64,
+    /// NVML memory of the instance's processes (authority), bytes.
+    pub nvml_used: u64,
+    /// Memory the shim reports (hint), bytes.
+    pub used_hint: Option<u64>,
+    /// Time the shim held its launches back, ns (as reported).
+    pub throttled_ns: u64,
+    /// Allocations the shim refused (as reported).
+    pub refusals: u64,
+    /// Requests reported.
+    pub requests: u64,
+    /// Requests the policy deferred.
+    pub deferred: u64,
+    /// SM utilization NVML attributes to the instance's processes, percent.
+    pub sm_used: Option<u32>,
+    /// Whether every process of the instance has the shim mapped (None: not checked yet).
+    pub shim_loaded: Option<bool>,
+    /// Recent request latencies, ms.
+    #[serde(skip)]
+    pub latencies: VecDeque<f64>,
+    /// The watchdog acted on it already (it acts once per instance).
+    #[serde(skip)]
+    pub acted_on: bool,
+    /// The SM over-use streak.
+    #[serde(skip)]
+    pub over_share: SmOveruse,
+}
+
+impl Instance {
+    /// An instance from its record; `page` None = detached (restored after a restart, waiting
+    /// for the process to re-register). Runtime counters start at zero.
+    pub fn new(rec: Record, page: Option<Arc<PageHandle>>, rule: String, now: f64) -> Instance {
+        Instance {
+            rec,
+            attached: page.is_some(),
+            page,
+            predicted_train: None,
+            predicted_fn: None,
+            rule,
+            registered_at: now,
+            nvml_used: 0,
+            used_hint: None,
+            throttled_ns: 0,
+            refusals: 0,
+            requests: 0,
+            deferred: 0,
+            sm_used: None,
+            shim_loaded: None,
+            latencies: VecDeque::new(),
+            acted_on: false,
+            over_share: SmOveruse::default(),
+        }
+    }
+
+    /// Adds reported latencies (finite, non-negative ones), keeping the last [`MAX_LATENCIES`].
+    pub fn add_latencies(&mut self, latencies: &[f64]) {
+        for &l in latencies.iter().filter(|l| l.is_finite() && **l >= 0.0) {
+            if self.latencies.len() >= MAX_LATENCIES {
+                self.latencies.pop_front();
+            }
+            self.latencies.push_back(l);
+            self.requests += 1;
+        }
+    }
+
+    /// Latency percentile `q` (0..=1) over the kept samples, ms.
+    pub fn latency_percentile(&self, q: f64) -> Option<f64> {
+        if self.latencies.is_empty() {
+            return None;
+        }
+        let mut v: Vec<f64> = self.latencies.iter().copied().collect();
+        v.sort_by(f64::total_cmp);
+        let i = ((v.len() - 1) as f64 * q).round() as usize;
+        Some(v[i])
+    }
+
+    /// Writes the grant (cap and share) into its slot; other slots get no memory.
+    pub fn write_page(&self) {
+        if let Some(p) = &self.page {
+            let page = p.page();
+            for d in 0..MAX_DEVICES {
+                if d as u32 == self.rec.slot {
+                    page.set(d, self.rec.cap, self.rec.share);
+                } else if page.cap(d) != 0 {
+                    // Devices the instance was not admitted to: no memory at all.
+                    page.set(d, 0, 100);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! The watchdog's checks: is a function doing what its grant allows? Each check looks at one
+//! instance's NVML view and returns a [`Violation`] or nothing; `State::reconcile` turns the
+//! first violation of an instance into one enforcement per process (once per instance).
+//!
+//! Owns: the three rules — the shim is loaded, SM time stays within the share (sustained), NVML
+//! memory stays within the cap (+ slack) — and their thresholds. Must never: act on one noisy
+//! sample (SM use must exceed the share for [`SM_OVERUSE_SAMPLES`] samples in a row).
+
+use smore_protocol::size::format_size;
+use std::fmt;
+
+/// SM use (NVML per-process samples, percent) a function may show above its share before a
+/// sample counts as over-use: the samples cover 1/6 s and a time-sliced GPU gives a function
+/// whole timeslices, so short excursions are normal. Reasoning, checked on the simulated GPU
+/// (shimmed functions at 10–75 % stay within a few points over 1 s).
+pub const SM_SLACK_PCT: u32 = 15;
+/// Consecutive over-use samples before the watchdog acts (× reconcile period: 2 s at 250 ms).
+pub const SM_OVERUSE_SAMPLES: u32 = 8;
+
+/// A function breaking its grant.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Violation {
+    /// A process of the function uses the GPU without the shim mapped.
+    NoShim {
+        /// The process without the shim.
+        pid: u32,
+    },
+    /// The function used more SM time than its share (+ slack) for too long.
+    SmOveruse {
+        /// Its SM use in the last sample, percent.
+        used: u32,
+        /// Its share, percent.
+        share: u32,
+    },
+    /// NVML shows more memory than the cap (+ slack).
+    OverCap {
+        /// NVML memory of its processes, bytes.
+        used: u64,
+        /// Its cap, bytes.
+        cap: u64,
+        /// The configured slack, bytes.
+        slack: u64,
+    },
+}
+
+/// A violation with where it happened, for the log and events.
+pub struct Described<'a> {
+    /// The violation.
+    pub violation: &'a Violation,
+    /// The function's name.
+    pub function: &'a str,
+    /// The GPU's index.
+    pub gpu: u32,
+}
+
+impl fmt::Display for Described<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (function, gpu) = (self.function, self.gpu);
+        match *self.violation {
+            Violation::NoShim { pid } => write!(
+                f,
+                "process {pid} of function {function} uses GPU {gpu} without the smore shim"
+            ),
+            Violation::SmOveruse { used, share } => write!(
+                f,
+                "function {function} uses {used} % of GPU {gpu}'s SM time in NVML, over its share {share} % + {SM_SLACK_PCT} for {SM_OVERUSE_SAMPLES} samples"
+            ),
+            Violation::OverCap { used, cap, slack } => write!(
+                f,
+                "function {function} uses {} on GPU {gpu} in NVML, over its cap {} + slack {}",
+                format_size(used),
+                format_size(cap),
+                format_size(slack)
+            ),
+        }
+    }
+}
+
+/// The shim check: every process of the function must have it mapped (a process whose maps
+/// cannot be read is given the benefit of the doubt).
+pub fn check_shim(pids: &[u32], mapped: impl Fn(u32) -> Option<bool>) -> Result<(), Violation> {
+    match pids.iter().find(|&&p| mapped(p) == Some(false)) {
+        Some(&pid) => Err(Violation::NoShim { pid }),
+        None => Ok(()),
+    }
+}
+
+/// The memory check.
+pub fn check_memory(used: u64, cap: u64, slack: u64) -> Result<(), Violation> {
+    if used > cap.saturating_add(slack) {
+        Err(Violation::OverCap { used, cap, slack })
+    } else {
+        Ok(())
+    }
+}
+
+/// Consecutive samples in which an instance used more SM time than its share allows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SmOveruse {
+    streak: u32,
+}
+
+impl SmOveruse {
+    /// Folds one sample in (`used` and `share` in percent); a violation once the streak is long
+    /// enough. A function at 100 % cannot over-use.
+    pub fn observe(&mut self, used: u32, share: u32) -> Result<(), Violation> {
+        let over = share < 100 && used > share + SM_SLACK_PCT;
+        self.streak = if over { self.streak + 1 } else { 0 };
+        if self.streak >= SM_OVERUSE_SAMPLES {
+            Err(Violation::SmOveruse { used, share })
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sm_overuse_needs_a_sustained_streak() {
+        let mut o = SmOveruse::default();
+        for _ in 1..SM_OVERUSE_SAMPLES {
+            assert!(o.observe(60, 20).is_ok());
+        }
+        assert!(
+            o.observe(30, 20).is_ok(),
+            "within the slack resets the streak"
+        );
+        for _ in 1..SM_OVERUSE_SAMPLES {
+            assert!(o.observe(60, 20).is_ok());
+        }
+        assert_eq!(
+            o.observe(60, 20),
+            Err(Violation::SmOveruse {
+                used: 60,
+                share: 20
+            })
+        );
+        let mut full = SmOveruse::default();
+        for _ in 0..2 * SM_OVERUSE_SAMPLES {
+            assert!(full.observe(100, 100).is_ok());
+        }
+    }
+
+    #[test]
+    fn shim_and_memory_checks() {
+        assert_eq!(
+            check_shim(&[1, 2], |p| Some(p == 1)),
+            Err(Violation::NoShim { pid: 2 })
+        );
+        assert!(
+            check_shim(&[1, 2], |_| None).is_ok(),
+            "unreadable maps: no action"
+        );
+        assert!(check_memory(100, 90, 10).is_ok());
+        let v = check_memory(101, 90, 10).unwrap_err();
+        let text = Described {
+            violation: &v,
+            function: "f",
+            gpu: 0,
+        }
+        .to_string();
+        assert!(text.contains("over its cap"), "{text}");
+    }
+}
