@@ -11,7 +11,8 @@
 
 use crate::client::{self, Source};
 use crate::config::{self, Config, FailurePolicy, Level};
-use crate::gate::{CostTable, Gate, SampleClock, SAMPLE_PERIOD_NS};
+use crate::gate::{CostTable, Gate, SampleClock, PPM, SAMPLE_PERIOD_NS};
+use crate::harvest::{self, Calibration, Collision, Contention, Usage, UsageCounters};
 use crate::ledger::{Kind, Ledger};
 use crate::limits::{self, GrantPage, MAX_DEVICES};
 use crate::log::{self, RateLimit};
@@ -33,6 +34,11 @@ const POOL_PER_CTX: usize = 8;
 /// kernels worth gating, ~5 µs of CPU per poll at most).
 const UNMEASURED_POLL_NS: u64 = 20_000;
 
+/// How often the estimated GPU time of a device is compared with the driver's per-process
+/// accounting: 500 ms (reasoning: NVML's utilization samples are ~1/6 s apart, so a window holds
+/// ~3 of them; a few windows settle the calibration within the first seconds of a run).
+const CALIBRATION_PERIOD_NS: u64 = 500_000_000;
+
 /// Everything the hooks need, for one process image (a fork child gets a new one).
 pub struct Runtime {
     /// The environment contract as parsed (after the failure policy was applied).
@@ -47,6 +53,16 @@ pub struct Runtime {
     /// Device memory this process holds, per device and per handle.
     pub ledger: Ledger,
     gates: [Gate; MAX_DEVICES],
+    /// Per device: the collision probability of recent launches.
+    collision: [Collision; MAX_DEVICES],
+    /// Per device: the contention bucket (harvest mode).
+    contention: [Contention; MAX_DEVICES],
+    /// Per device: the multiplier on estimated GPU time from the driver's accounting.
+    calibration: [Calibration; MAX_DEVICES],
+    /// Per device: uncalibrated estimated GPU ns of admitted launches (the calibration's input).
+    estimated: [AtomicU64; MAX_DEVICES],
+    /// Per device: what the launches used, as estimated ([`Runtime::usage`]).
+    usage: [UsageCounters; MAX_DEVICES],
     /// Learned GPU time per kernel / graph.
     pub costs: CostTable,
     sample_clock: SampleClock,
@@ -64,7 +80,13 @@ struct Sampler {
     /// (context, free event pairs).
     pools: Vec<(usize, Vec<(usize, usize)>)>,
     pending: Vec<Pending>,
+    /// Per device: where the last calibration window ended.
+    calibrated: [CalibrationMark; MAX_DEVICES],
 }
+
+/// The end of a device's last calibration window: (wall ns, estimated ns counter, NVML sample
+/// timestamp µs). `None`: no baseline yet.
+type CalibrationMark = Option<(u64, u64, u64)>;
 
 /// What a sampled launch was charged, to settle when its measurement arrives.
 #[derive(Clone, Copy)]
@@ -74,8 +96,10 @@ struct PendingMeta {
     /// When it was admitted (CLOCK_MONOTONIC ns): a late charge counts from there, so the
     /// bucket's credit for the time the launch ran is not lost.
     admitted: u64,
-    /// GPU ns the gate was charged at admission.
+    /// GPU ns the gate was charged at admission (calibrated).
     charged: u64,
+    /// Contention ns the contention bucket was charged at admission.
+    contended: u64,
     /// The key had no measurement yet (the gate holds further launches until it has one).
     unmeasured: bool,
 }
@@ -221,6 +245,7 @@ impl Runtime {
                 FailurePolicy::Closed => {
                     config.mem_cap = [0; MAX_DEVICES];
                     config.sm_share = [100; MAX_DEVICES];
+                    config.contention_ppm = [0; MAX_DEVICES];
                     log::line(
                         Level::Error,
                         format_args!("{why}; SMORE_FAILURE=closed: every device allocation is refused"),
@@ -246,6 +271,7 @@ impl Runtime {
                 FailurePolicy::Closed => {
                     config.mem_cap = [0; MAX_DEVICES];
                     config.sm_share = [100; MAX_DEVICES];
+                    config.contention_ppm = [0; MAX_DEVICES];
                     if first {
                         log::line(
                             Level::Error,
@@ -260,15 +286,16 @@ impl Runtime {
         }
         let limits = match page {
             Some(p) => p,
-            None => limits::standalone(&config.mem_cap, &config.sm_share),
+            None => limits::standalone(&config.mem_cap, &config.sm_share, &config.contention_ppm),
         };
         if enforcing && page.is_none() && log::enabled(Level::Info) {
             log::line(
                 Level::Info,
                 format_args!(
-                    "standalone mode: memory cap {}, SM share {} % (device 0), window {} ms, policy {:?}",
+                    "standalone mode: memory cap {}, SM share {} %, contention budget {} ppm (device 0), window {} ms, policy {:?}",
                     fmt_bytes(config.mem_cap[0]),
                     config.sm_share[0],
+                    config.contention_ppm[0],
                     config.window_ms,
                     config.policy
                 ),
@@ -281,6 +308,11 @@ impl Runtime {
             limits: os::StaticRef::new(limits),
             ledger: Ledger::new(),
             gates: std::array::from_fn(|_| Gate::new()),
+            collision: std::array::from_fn(|_| Collision::default()),
+            contention: std::array::from_fn(|_| Contention::default()),
+            calibration: std::array::from_fn(|_| Calibration::default()),
+            estimated: std::array::from_fn(|_| AtomicU64::new(0)),
+            usage: std::array::from_fn(|_| UsageCounters::default()),
             costs: CostTable::new(),
             sample_clock: SampleClock::default(),
             sampler: Mutex::new(Sampler::default()),
@@ -453,8 +485,10 @@ impl Runtime {
         let Some(dev) = driver::ctx_device().filter(|&d| d < MAX_DEVICES) else {
             return call();
         };
-        let share = limits::share(self.limits(), dev);
-        if share >= 100 {
+        let page = self.limits();
+        let share = limits::share(page, dev);
+        let budget = page.contention(dev);
+        if share >= 100 && budget == 0 {
             return call();
         }
         if self.unmeasured.load(Acquire) > 0 {
@@ -463,17 +497,24 @@ impl Runtime {
         let known = self.costs.lookup(key);
         // An unmeasured launch is charged nothing now and its measured cost once known (no
         // estimate from other kernels: a graph's 200 ms must not be charged to a 5 µs kernel).
-        let cost = known.unwrap_or(0);
+        let cost = known.map_or(0, |c| self.calibration[dev].apply(c));
+        let expected = harvest::expected_collision(cost, self.collision[dev].ppm());
         let mut now = os::now_ns();
-        if let Some(deadline) = self.gates[dev].admit(now, cost, share, self.window_ns) {
+        let raw = self.gates[dev].admit(now, cost, share, self.window_ns);
+        let (contended, harvested) =
+            self.contention[dev].admit(now, cost, self.collision[dev].ppm(), budget);
+        if let Some(deadline) = raw.max(harvested) {
             os::sleep_until(deadline);
             now = deadline;
         }
+        self.estimated[dev].fetch_add(known.unwrap_or(0), Relaxed);
+        self.usage[dev].add(cost, expected);
         let pending = PendingMeta {
             key,
             dev,
             admitted: now,
             charged: cost,
+            contended,
             unmeasured: known.is_none(),
         };
         if known.is_none() {
@@ -520,6 +561,7 @@ impl Runtime {
             return call();
         };
         self.harvest(&mut s);
+        self.calibrate(&mut s, meta.dev, meta.admitted);
         if s.pending.len() >= MAX_PENDING || driver::stream_capturing(stream, ptsz) != Some(false) {
             return call();
         }
@@ -556,16 +598,7 @@ impl Runtime {
                     let p = s.pending.swap_remove(i);
                     if rc == 0 {
                         if let Some(ms) = driver::event_elapsed_ms(p.a, p.b) {
-                            let ns = (ms as f64 * 1e6) as u64;
-                            self.costs.record(p.meta.key, ns);
-                            if p.meta.unmeasured && ns > p.meta.charged {
-                                let share = limits::share(self.limits(), p.meta.dev);
-                                self.gates[p.meta.dev].charge(
-                                    p.meta.admitted,
-                                    ns - p.meta.charged,
-                                    share,
-                                );
-                            }
+                            self.settle(&p.meta, (ms as f64 * 1e6) as u64);
                         }
                         s.give_back(p.ctx, (p.a, p.b));
                     }
@@ -576,6 +609,105 @@ impl Runtime {
             }
         }
     }
+}
+
+impl Runtime {
+    /// Settles a sampled launch measured at `ns`: folds it into the cost table; a first
+    /// measurement charges what the launch cost beyond its (zero) charge; a measured one updates
+    /// the collision probability against its solo cost and charges contention beyond what was
+    /// charged at admission.
+    fn settle(&self, m: &PendingMeta, ns: u64) {
+        let dev = m.dev;
+        let page = self.limits();
+        // The solo cost before this sample is folded in (the floor the sample is judged against).
+        let solo = self
+            .costs
+            .lookup(m.key)
+            .map(|c| self.calibration[dev].apply(c));
+        self.costs.record(m.key, ns);
+        if m.unmeasured {
+            let cost = self.calibration[dev].apply(ns);
+            self.estimated[dev].fetch_add(ns, Relaxed);
+            self.usage[dev].add(cost.saturating_sub(m.charged), 0);
+            if cost > m.charged {
+                let share = limits::share(page, dev);
+                self.gates[dev].charge(m.admitted, cost - m.charged, share);
+            }
+            return;
+        }
+        if let Some(d0) = solo {
+            let collided = self.collision[dev].observe(ns, d0);
+            let excess = self.contention[dev].correct(
+                m.admitted,
+                m.contended,
+                collided,
+                page.contention(dev),
+            );
+            self.usage[dev].add(0, excess);
+        }
+    }
+
+    /// Compares the estimated GPU time of `dev` with the driver's per-process accounting at most
+    /// once per [`CALIBRATION_PERIOD_NS`], and folds the ratio into the device's calibration.
+    /// Needs NVML; without it (or when NVML does not list this process, e.g. in a PID namespace)
+    /// the estimates stay uncalibrated.
+    fn calibrate(&self, s: &mut Sampler, dev: usize, now: u64) {
+        let mark = s.calibrated[dev];
+        if mark.is_some_and(|(at, _, _)| now < at + CALIBRATION_PERIOD_NS) {
+            return;
+        }
+        let estimated = self.estimated[dev].load(Relaxed);
+        let since = mark.map_or(0, |(_, _, ts)| ts);
+        let mut buf = [driver::ProcessUtilization::default(); driver::MAX_UTIL_SAMPLES];
+        let Some(n) = driver::nvml_process_utilization(dev, since, &mut buf) else {
+            s.calibrated[dev] = None;
+            return;
+        };
+        let me = os::pid();
+        let mut mine: Vec<driver::ProcessUtilization> = buf[..n]
+            .iter()
+            .copied()
+            .filter(|u| u.pid == me && u.ts_us > since)
+            .collect();
+        mine.sort_by_key(|u| u.ts_us);
+        let Some(last) = mine.last().map(|u| u.ts_us) else {
+            // Nothing new for this process: keep the window open.
+            if mark.is_none() {
+                s.calibrated[dev] = Some((
+                    now,
+                    estimated,
+                    buf[..n].iter().map(|u| u.ts_us).max().unwrap_or(0),
+                ));
+            }
+            return;
+        };
+        if let Some((at, est0, ts0)) = mark {
+            let mut prev = ts0;
+            let mut measured_ns = 0u64;
+            for u in &mine {
+                measured_ns += (u.ts_us - prev) * 1000 * u.sm_util.min(100) as u64 / 100;
+                prev = u.ts_us;
+            }
+            let measured_ppm = measured_ns * PPM as u64 / ((last - ts0) * 1000).max(1);
+            let estimated_ppm = (estimated - est0).saturating_mul(PPM as u64) / (now - at).max(1);
+            self.calibration[dev].observe(estimated_ppm, measured_ppm);
+        }
+        s.calibrated[dev] = Some((now, estimated, last));
+    }
+
+    /// What this process's launches on `dev` used, as the shim estimates it (cumulative; only
+    /// launches on a throttled or harvesting device are counted — others take the fast path).
+    pub fn usage(&self, dev: usize) -> Usage {
+        self.usage
+            .get(dev)
+            .map_or(Usage::default(), UsageCounters::get)
+    }
+}
+
+/// What this process's launches on `dev` used, as the shim estimates it (zero before the runtime
+/// is initialised). For reports to the arbiter.
+pub fn usage(dev: usize) -> Usage {
+    peek().map_or(Usage::default(), |r| r.usage(dev))
 }
 
 impl Sampler {

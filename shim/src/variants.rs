@@ -73,6 +73,7 @@ name_enum! {
         nvmlInit_v2, nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetIndex, nvmlDeviceGetUUID,
         nvmlDeviceGetHandleByUUID,
         nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetComputeRunningProcesses_v2,
+        nvmlDeviceGetProcessUtilization,
     }
 }
 

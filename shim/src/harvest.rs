@@ -1,0 +1,356 @@
+//! Contention measurement and charging (the harvest mechanism), and the calibration of estimated
+//! GPU time against the driver's own per-process accounting.
+//!
+//! GPU time a function uses while the training job is idle costs the trainer nothing; what slows
+//! training is function GPU time that *collides* with training work. From each sampled event pair
+//! the shim knows the launch's measured duration `d` and its solo cost `d0` (the cost table's
+//! floor, calibrated). The collision time of that launch is estimated as
+//! `min(d0, max(0, d − d0))`: under time-slicing a kernel that waited behind or was interleaved
+//! with the trainer's slices delayed the trainer by about its own GPU time; under MPS (concurrent
+//! kernels slowing each other symmetrically) the trainer lost about the function's inflation
+//! `d − d0`; the min covers both (docs/shim.md, "Harvest").
+//!
+//! Owns, per device and lock-free: [`Collision`] (the current collision probability, an EWMA of
+//! `collision / d0` over recent samples), [`Contention`] (the second GCRA bucket, charged
+//! `cost × p` at admission and corrected after the fact), [`Calibration`] (a multiplier on
+//! estimated GPU time from the driver's per-process accounting) and [`UsageCounters`]. All pure:
+//! the clock and the measurements are parameters, so tests inject them.
+//!
+//! Must never: allocate, lock or make a syscall; charge contention while the budget is 0 (harvest
+//! off: the raw share alone applies).
+
+use crate::gate::{Gate, PPM};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+/// Horizon of the contention bucket: 1 s. Reasoning: θ_train bounds the trainer's *mean*
+/// slowdown (SMORE paper §IV), not every 100 ms, so a burst of requests may spend the collision
+/// allowance of a longer horizon; the trainer's phases last tens of ms, so 1 s spans many of them
+/// while keeping the worst burst (budget × 1 s, e.g. 50 ms at 5 %) to a few training iterations.
+pub const CONTENTION_HORIZON_NS: u64 = 1_000_000_000;
+/// Weight of a new sample in the collision probability: 1/4 (reasoning: at ≤ 1 sample per ms it
+/// reacts within ~4 ms, well inside the trainer's phases of tens of ms, while one sample alone
+/// moves it by a quarter).
+const COLLISION_WEIGHT_DIV: u32 = 4;
+/// Calibration bounds: estimated GPU time is never scaled by less than 1/4 or more than 4
+/// (reasoning: the estimator's bias under time-slicing is the co-runners' share of a kernel's
+/// span, well inside these bounds; a wild accounting answer must not unthrottle a function).
+const CALIBRATION_MIN_PPM: u32 = PPM / 4;
+const CALIBRATION_MAX_PPM: u32 = PPM * 4;
+/// Weight of a new calibration observation: 1/2 (reasoning: observations are ~0.5 s apart and
+/// already averaged over that window; two of them settle it).
+const CALIBRATION_WEIGHT_DIV: u64 = 2;
+
+/// The collision time of a launch that measured `d_ns` with solo cost `d0_ns`:
+/// `min(d0, max(0, d − d0))`.
+pub fn collision_ns(d_ns: u64, d0_ns: u64) -> u64 {
+    d_ns.saturating_sub(d0_ns).min(d0_ns)
+}
+
+/// The current collision probability of one device's launches, in parts per million.
+#[derive(Debug, Default)]
+pub struct Collision {
+    p_ppm: AtomicU32,
+}
+
+impl Collision {
+    /// The probability now (ppm).
+    #[inline]
+    pub fn ppm(&self) -> u32 {
+        self.p_ppm.load(Relaxed)
+    }
+
+    /// Folds a sample: `d_ns` measured, `d0_ns` solo. Returns the sample's collision time.
+    pub fn observe(&self, d_ns: u64, d0_ns: u64) -> u64 {
+        if d0_ns == 0 {
+            return 0;
+        }
+        let c = collision_ns(d_ns, d0_ns);
+        let f = (c as u128 * PPM as u128 / d0_ns as u128).min(PPM as u128) as u32;
+        // Racy read-modify-write is fine: a lost update only delays convergence.
+        let old = self.p_ppm.load(Relaxed);
+        let new = if f >= old {
+            old + (f - old) / COLLISION_WEIGHT_DIV
+        } else {
+            old - (old - f) / COLLISION_WEIGHT_DIV
+        };
+        self.p_ppm.store(new, Relaxed);
+        c
+    }
+}
+
+/// The contention bucket of one device: collision time at `budget_ppm` of wall time over
+/// [`CONTENTION_HORIZON_NS`].
+#[derive(Debug, Default)]
+pub struct Contention {
+    gate: Gate,
+}
+
+impl Contention {
+    /// Admits a launch of (calibrated) cost `cost_ns` with collision probability `p_ppm` under
+    /// `budget_ppm`: returns the contention charged and when the launch may go (`None` = now).
+    /// A budget of 0 (harvest off) charges and delays nothing.
+    #[inline]
+    pub fn admit(&self, now: u64, cost_ns: u64, p_ppm: u32, budget_ppm: u32) -> (u64, Option<u64>) {
+        if budget_ppm == 0 {
+            return (0, None);
+        }
+        let charged = expected_collision(cost_ns, p_ppm);
+        (
+            charged,
+            self.gate
+                .admit_ppm(now, charged, budget_ppm, CONTENTION_HORIZON_NS),
+        )
+    }
+
+    /// After the fact: a sampled launch admitted at `admitted` was charged `charged_ns` but
+    /// collided `measured_ns`; the excess is charged (later launches pay for it). Returns the
+    /// excess.
+    pub fn correct(
+        &self,
+        admitted: u64,
+        charged_ns: u64,
+        measured_ns: u64,
+        budget_ppm: u32,
+    ) -> u64 {
+        let excess = measured_ns.saturating_sub(charged_ns);
+        if budget_ppm > 0 && excess > 0 {
+            self.gate.charge_ppm(admitted, excess, budget_ppm);
+        }
+        excess
+    }
+}
+
+/// `cost × p`: the expected collision time of a launch.
+#[inline]
+pub fn expected_collision(cost_ns: u64, p_ppm: u32) -> u64 {
+    (cost_ns as u128 * p_ppm.min(PPM) as u128 / PPM as u128) as u64
+}
+
+/// A multiplier on estimated GPU time (ppm; 10⁶ = ×1), from the driver's per-process accounting.
+///
+/// Event pairs on a time-sliced GPU include the co-runners' slices whenever a kernel's span
+/// crosses a slice boundary — always, for kernels or graphs longer than a slice — and no event
+/// placement can separate them. The driver knows each process's own GPU time (NVML per-process
+/// utilization samples), so the runtime compares, over ~0.5 s windows, the GPU time it estimated
+/// with what the driver measured and scales its estimates by the ratio.
+#[derive(Debug)]
+pub struct Calibration {
+    ppm: AtomicU32,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Calibration {
+            ppm: AtomicU32::new(PPM),
+        }
+    }
+}
+
+impl Calibration {
+    /// The factor now (ppm).
+    #[inline]
+    pub fn ppm(&self) -> u32 {
+        self.ppm.load(Relaxed)
+    }
+
+    /// `estimated_ns` scaled by the factor.
+    #[inline]
+    pub fn apply(&self, estimated_ns: u64) -> u64 {
+        (estimated_ns as u128 * self.ppm() as u128 / PPM as u128) as u64
+    }
+
+    /// Folds an observation: over comparable windows the estimates (uncalibrated) came to
+    /// `estimated` GPU-ns per wall-ns and the driver measured `measured` GPU-ns per wall-ns (both
+    /// as parts per million of the device). Ignored when either is zero (nothing to compare).
+    pub fn observe(&self, estimated_ppm: u64, measured_ppm: u64) {
+        if estimated_ppm == 0 || measured_ppm == 0 {
+            return;
+        }
+        let seen = (measured_ppm as u128 * PPM as u128 / estimated_ppm as u128)
+            .clamp(CALIBRATION_MIN_PPM as u128, CALIBRATION_MAX_PPM as u128)
+            as u64;
+        let old = self.ppm() as u64;
+        let new = if seen >= old {
+            old + (seen - old) / CALIBRATION_WEIGHT_DIV
+        } else {
+            old - (old - seen) / CALIBRATION_WEIGHT_DIV
+        };
+        self.ppm.store(new as u32, Relaxed);
+    }
+
+    /// Back to ×1.
+    pub fn reset(&self) {
+        self.ppm.store(PPM, Relaxed);
+    }
+}
+
+/// What a function's launches on one device used, as the shim estimates it: cumulative GPU time
+/// and the part of it estimated to have collided with other contexts' work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Estimated GPU time of the admitted launches, ns (calibrated cost estimates).
+    pub gpu_ns: u64,
+    /// Estimated collision time, ns (charged at admission as `cost × p`, plus corrections).
+    pub contention_ns: u64,
+}
+
+/// The atomic counters behind [`Usage`].
+#[derive(Debug, Default)]
+pub struct UsageCounters {
+    gpu_ns: AtomicU64,
+    contention_ns: AtomicU64,
+}
+
+impl UsageCounters {
+    /// Adds to the counters.
+    #[inline]
+    pub fn add(&self, gpu_ns: u64, contention_ns: u64) {
+        if gpu_ns > 0 {
+            self.gpu_ns.fetch_add(gpu_ns, Relaxed);
+        }
+        if contention_ns > 0 {
+            self.contention_ns.fetch_add(contention_ns, Relaxed);
+        }
+    }
+
+    /// A snapshot.
+    pub fn get(&self) -> Usage {
+        Usage {
+            gpu_ns: self.gpu_ns.load(Relaxed),
+            contention_ns: self.contention_ns.load(Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const US: u64 = 1_000;
+
+    #[test]
+    fn collision_is_the_inflation_capped_at_the_solo_cost() {
+        assert_eq!(collision_ns(100 * US, 100 * US), 0);
+        assert_eq!(collision_ns(90 * US, 100 * US), 0);
+        assert_eq!(collision_ns(130 * US, 100 * US), 30 * US);
+        assert_eq!(collision_ns(2 * MS, 100 * US), 100 * US);
+    }
+
+    #[test]
+    fn a_launch_while_the_trainer_is_idle_is_charged_about_nothing() {
+        let (p, c) = (Collision::default(), Contention::default());
+        // A training phase (every sample collided), then an idle gap (samples at the solo cost).
+        for _ in 0..20 {
+            p.observe(2 * MS, 100 * US);
+        }
+        for _ in 0..20 {
+            p.observe(100 * US, 100 * US);
+        }
+        let (charged, wait) = c.admit(5_000 * MS, 100 * US, p.ppm(), 50_000);
+        assert!(charged <= US, "{charged}");
+        assert_eq!(wait, None);
+    }
+
+    #[test]
+    fn a_collided_launch_is_charged_its_cost() {
+        let (p, c) = (Collision::default(), Contention::default());
+        for _ in 0..40 {
+            // Waited 2 ms behind a trainer's slice: collided its whole solo cost.
+            p.observe(2 * MS + 100 * US, 100 * US);
+        }
+        assert!(p.ppm() > PPM * 99 / 100, "{}", p.ppm());
+        let (charged, _) = c.admit(5_000 * MS, 100 * US, p.ppm(), 50_000);
+        assert!((99 * US..=100 * US).contains(&charged), "{charged}");
+    }
+
+    #[test]
+    fn the_collision_probability_reacts_within_a_few_samples() {
+        let p = Collision::default();
+        for _ in 0..6 {
+            p.observe(200 * US, 100 * US);
+        }
+        assert!(p.ppm() > PPM * 8 / 10, "{}", p.ppm());
+        for _ in 0..6 {
+            p.observe(100 * US, 100 * US);
+        }
+        assert!(p.ppm() < PPM * 2 / 10, "{}", p.ppm());
+    }
+
+    #[test]
+    fn the_contention_bucket_paces_once_empty() {
+        let c = Contention::default();
+        let now = 5_000 * MS;
+        // 5 % of 1 s = 50 ms of collision; launches of 1 ms that always collide.
+        let mut free = 0;
+        while c.admit(now, MS, PPM, 50_000).1.is_none() {
+            free += 1;
+            assert!(free < 1000);
+        }
+        assert_eq!(free, 50);
+        // The 51st waited 20 ms (1 ms at 5 %); each further one 20 ms more.
+        assert_eq!(c.admit(now, MS, PPM, 50_000).1, Some(now + 40 * MS));
+    }
+
+    #[test]
+    fn harvest_off_charges_and_delays_nothing() {
+        let c = Contention::default();
+        for _ in 0..10_000 {
+            assert_eq!(c.admit(5_000 * MS, MS, PPM, 0), (0, None));
+        }
+        assert_eq!(c.correct(5_000 * MS, 0, MS, 0), MS);
+        assert_eq!(c.admit(5_000 * MS, MS, 0, 50_000), (0, None));
+    }
+
+    #[test]
+    fn more_contention_than_charged_is_charged_after_the_fact() {
+        let c = Contention::default();
+        let now = 5_000 * MS;
+        // Charged nothing (p = 0), measured 50 ms of collision: the bucket (50 ms) is spent.
+        assert_eq!(c.correct(now, 0, 50 * MS, 50_000), 50 * MS);
+        assert!(c.admit(now, MS, PPM, 50_000).1.is_some());
+    }
+
+    #[test]
+    fn calibration_scales_estimates_to_the_measured_gpu_time() {
+        let k = Calibration::default();
+        assert_eq!(k.apply(1000), 1000);
+        // Estimates read 56 % of the device, the driver measured 50 %.
+        for _ in 0..12 {
+            k.observe(560_000, 500_000);
+        }
+        let f = k.ppm() as f64 / PPM as f64;
+        assert!((f - 50.0 / 56.0).abs() < 0.001, "{f}");
+        // Nothing to compare: unchanged.
+        k.observe(0, 500_000);
+        k.observe(560_000, 0);
+        assert!((k.ppm() as f64 / PPM as f64 - f).abs() < 1e-9);
+    }
+
+    #[test]
+    fn calibration_is_bounded() {
+        let k = Calibration::default();
+        for _ in 0..64 {
+            k.observe(1, 1_000_000);
+        }
+        assert!(k.ppm().abs_diff(CALIBRATION_MAX_PPM) <= 1, "{}", k.ppm());
+        for _ in 0..64 {
+            k.observe(1_000_000, 1);
+        }
+        assert!(k.ppm().abs_diff(CALIBRATION_MIN_PPM) <= 1, "{}", k.ppm());
+    }
+
+    #[test]
+    fn usage_counts_gpu_and_contention_time() {
+        let u = UsageCounters::default();
+        u.add(100, 0);
+        u.add(50, 20);
+        assert_eq!(
+            u.get(),
+            Usage {
+                gpu_ns: 150,
+                contention_ns: 20
+            }
+        );
+    }
+}
