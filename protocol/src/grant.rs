@@ -39,7 +39,9 @@ pub struct DeviceGrant {
 #[repr(C)]
 #[derive(Debug)]
 pub struct GrantPage {
+    /// [`PAGE_MAGIC`].
     pub magic: u64,
+    /// [`PAGE_VERSION`] of the writer.
     pub version: u32,
     /// Bit d set ⇔ device d has a share below 100 or a contention budget (harvest mode): the
     /// launch fast path reads only this word.
@@ -110,18 +112,21 @@ impl GrantPage {
             .map_or(0, |d| d.contention_ppm.load(Relaxed))
     }
 
+    /// Memory cap of `dev` in bytes (`u64::MAX` = uncapped, also for untracked devices).
     pub fn cap(&self, dev: usize) -> u64 {
         self.devices
             .get(dev)
             .map_or(u64::MAX, |d| d.mem_cap_bytes.load(Relaxed))
     }
 
+    /// SM share of `dev` in percent as written (100 for untracked devices).
     pub fn share(&self, dev: usize) -> u32 {
         self.devices
             .get(dev)
             .map_or(100, |d| d.sm_share_pct.load(Relaxed))
     }
 
+    /// How many times the owner changed `dev`'s grant.
     pub fn generation(&self, dev: usize) -> u64 {
         self.devices
             .get(dev)

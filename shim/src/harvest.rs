@@ -27,10 +27,22 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 /// allowance of a longer horizon; the trainer's phases last tens of ms, so 1 s spans many of them
 /// while keeping the worst burst (budget × 1 s, e.g. 50 ms at 5 %) to a few training iterations.
 pub const CONTENTION_HORIZON_NS: u64 = 1_000_000_000;
-/// Weight of a new sample in the collision probability: 1/4 (reasoning: at ≤ 1 sample per ms it
-/// reacts within ~4 ms, well inside the trainer's phases of tens of ms, while one sample alone
-/// moves it by a quarter).
-const COLLISION_WEIGHT_DIV: u32 = 4;
+/// Collision probability from which a launch waits for the contention bucket: 1/8. Below it the
+/// launch is charged `cost × p` but never held — the trainer is idle, the GPU time is free, and
+/// holding it because of debt run up while the trainer was busy would waste exactly the idle time
+/// harvesting is for (measured on the simulated GPU: holding every launch left a function 10–12 %
+/// of the GPU beside a trainer idle half the time). Reasoning for 1/8: in idle phases p decays to
+/// a few percent within a few samples; in busy phases it is above 1/2.
+const HOLD_FROM_PPM: u32 = PPM / 8;
+/// Weight of a new sample in the collision probability: 1/2 (reasoning: at ≤ 1 sample per ms it
+/// crosses [`HOLD_FROM_PPM`] within ~3 samples after a phase change, well inside the trainer's
+/// phases of tens of ms; a smaller weight held launches through a good part of each idle phase).
+const COLLISION_WEIGHT_DIV: u32 = 2;
+/// Age after which the collision probability is unknown: 4 ms (reasoning: an active function is
+/// sampled every ~1 ms; older evidence — after a hold, say — may describe the other phase of a
+/// trainer whose phases last tens of ms). Launches on stale evidence are charged nothing up front
+/// and their contention after the fact, from the first fresh sample.
+pub const STALE_NS: u64 = 4_000_000;
 /// Calibration bounds: estimated GPU time is never scaled by less than 1/4 or more than 4
 /// (reasoning: the estimator's bias under time-slicing is the co-runners' share of a kernel's
 /// span, well inside these bounds; a wild accounting answer must not unthrottle a function).
@@ -50,30 +62,56 @@ pub fn collision_ns(d_ns: u64, d0_ns: u64) -> u64 {
 #[derive(Debug, Default)]
 pub struct Collision {
     p_ppm: AtomicU32,
+    /// When the last sample was folded in (CLOCK_MONOTONIC ns).
+    at: AtomicU64,
 }
 
 impl Collision {
-    /// The probability now (ppm).
+    /// The probability as of the last sample (ppm).
     #[inline]
     pub fn ppm(&self) -> u32 {
         self.p_ppm.load(Relaxed)
     }
 
-    /// Folds a sample: `d_ns` measured, `d0_ns` solo. Returns the sample's collision time.
-    pub fn observe(&self, d_ns: u64, d0_ns: u64) -> u64 {
-        if d0_ns == 0 {
+    /// The probability at `now`: 0 (unknown; charged after the fact) once the last sample is
+    /// older than [`STALE_NS`].
+    #[inline]
+    pub fn ppm_at(&self, now: u64) -> u32 {
+        if now.saturating_sub(self.at.load(Relaxed)) > STALE_NS {
+            0
+        } else {
+            self.ppm()
+        }
+    }
+
+    /// Folds a sample: `d_ns` measured, `d0_ns` solo, `wait_ns` how long it waited for the GPU
+    /// before starting when known (it was submitted to an idle stream; a time-sliced GPU makes a
+    /// context wait for another's slice before even its start event is processed). Its inflation
+    /// is `wait + max(0, d − d0)` and its collision `min(d0, inflation)`. Without a known wait a
+    /// sample that shows no inflation says nothing (it may have waited before its start event)
+    /// and is skipped. Returns the sample's collision time.
+    pub fn observe(&self, now: u64, d_ns: u64, d0_ns: u64, wait_ns: Option<u64>) -> u64 {
+        if d0_ns == 0 || (wait_ns.is_none() && d_ns <= d0_ns) {
             return 0;
         }
-        let c = collision_ns(d_ns, d0_ns);
+        let inflation = wait_ns
+            .unwrap_or(0)
+            .saturating_add(d_ns.saturating_sub(d0_ns));
+        let c = inflation.min(d0_ns);
         let f = (c as u128 * PPM as u128 / d0_ns as u128).min(PPM as u128) as u32;
         // Racy read-modify-write is fine: a lost update only delays convergence.
         let old = self.p_ppm.load(Relaxed);
-        let new = if f >= old {
+        let stale = now.saturating_sub(self.at.load(Relaxed)) > STALE_NS;
+        let new = if stale {
+            // Old evidence is no evidence: the sample alone says what is happening now.
+            f
+        } else if f >= old {
             old + (f - old) / COLLISION_WEIGHT_DIV
         } else {
             old - (old - f) / COLLISION_WEIGHT_DIV
         };
         self.p_ppm.store(new, Relaxed);
+        self.at.store(now, Relaxed);
         c
     }
 }
@@ -95,6 +133,11 @@ impl Contention {
             return (0, None);
         }
         let charged = expected_collision(cost_ns, p_ppm);
+        if p_ppm < HOLD_FROM_PPM {
+            // Most likely no collision (the trainer is idle): charged, never held.
+            self.gate.charge_ppm(now, charged, budget_ppm);
+            return (charged, None);
+        }
         (
             charged,
             self.gate
@@ -228,6 +271,8 @@ mod tests {
 
     const MS: u64 = 1_000_000;
     const US: u64 = 1_000;
+    /// When the samples of these tests are taken.
+    const T: u64 = 5_000 * MS;
 
     #[test]
     fn collision_is_the_inflation_capped_at_the_solo_cost() {
@@ -242,12 +287,12 @@ mod tests {
         let (p, c) = (Collision::default(), Contention::default());
         // A training phase (every sample collided), then an idle gap (samples at the solo cost).
         for _ in 0..20 {
-            p.observe(2 * MS, 100 * US);
+            p.observe(T, 2 * MS, 100 * US, None);
         }
         for _ in 0..20 {
-            p.observe(100 * US, 100 * US);
+            p.observe(T, 100 * US, 100 * US, Some(0));
         }
-        let (charged, wait) = c.admit(5_000 * MS, 100 * US, p.ppm(), 50_000);
+        let (charged, wait) = c.admit(T, 100 * US, p.ppm_at(T), 50_000);
         assert!(charged <= US, "{charged}");
         assert_eq!(wait, None);
     }
@@ -257,22 +302,53 @@ mod tests {
         let (p, c) = (Collision::default(), Contention::default());
         for _ in 0..40 {
             // Waited 2 ms behind a trainer's slice: collided its whole solo cost.
-            p.observe(2 * MS + 100 * US, 100 * US);
+            p.observe(T, 2 * MS + 100 * US, 100 * US, None);
         }
         assert!(p.ppm() > PPM * 99 / 100, "{}", p.ppm());
-        let (charged, _) = c.admit(5_000 * MS, 100 * US, p.ppm(), 50_000);
+        let (charged, _) = c.admit(T, 100 * US, p.ppm_at(T), 50_000);
         assert!((99 * US..=100 * US).contains(&charged), "{charged}");
+    }
+
+    #[test]
+    fn a_launch_that_waited_for_another_contexts_slice_collided() {
+        let p = Collision::default();
+        // Ran at its solo cost, but only after waiting 1.5 ms for the GPU.
+        assert_eq!(p.observe(T, 100 * US, 100 * US, Some(1_500 * US)), 100 * US);
+        assert_eq!(p.ppm(), PPM);
+    }
+
+    #[test]
+    fn old_evidence_is_no_evidence() {
+        let p = Collision::default();
+        for _ in 0..10 {
+            p.observe(T, 2 * MS, 100 * US, None);
+        }
+        assert!(p.ppm_at(T + STALE_NS) > PPM * 99 / 100);
+        assert_eq!(p.ppm_at(T + STALE_NS + 1), 0);
+        // The next sample replaces it rather than being averaged with it.
+        let later = T + STALE_NS + 1;
+        p.observe(later, 100 * US, 100 * US, Some(0));
+        assert_eq!(p.ppm_at(later), 0);
+    }
+
+    #[test]
+    fn a_clean_sample_of_unknown_wait_is_no_evidence() {
+        let p = Collision::default();
+        p.observe(T, 2 * MS, 100 * US, None);
+        let before = p.ppm();
+        assert_eq!(p.observe(T, 100 * US, 100 * US, None), 0);
+        assert_eq!(p.ppm(), before);
     }
 
     #[test]
     fn the_collision_probability_reacts_within_a_few_samples() {
         let p = Collision::default();
         for _ in 0..6 {
-            p.observe(200 * US, 100 * US);
+            p.observe(T, 200 * US, 100 * US, None);
         }
         assert!(p.ppm() > PPM * 8 / 10, "{}", p.ppm());
         for _ in 0..6 {
-            p.observe(100 * US, 100 * US);
+            p.observe(T, 100 * US, 100 * US, Some(0));
         }
         assert!(p.ppm() < PPM * 2 / 10, "{}", p.ppm());
     }
@@ -290,6 +366,15 @@ mod tests {
         assert_eq!(free, 50);
         // The 51st waited 20 ms (1 ms at 5 %); each further one 20 ms more.
         assert_eq!(c.admit(now, MS, PPM, 50_000).1, Some(now + 40 * MS));
+    }
+
+    #[test]
+    fn a_launch_unlikely_to_collide_is_not_held_by_debt_but_is_charged() {
+        let c = Contention::default();
+        let now = 5_000 * MS;
+        assert_eq!(c.correct(now, 0, 100 * MS, 50_000), 100 * MS);
+        assert!(c.admit(now, MS, PPM, 50_000).1.is_some(), "in debt: held");
+        assert_eq!(c.admit(now, MS, PPM / 20, 50_000), (MS / 20, None));
     }
 
     #[test]

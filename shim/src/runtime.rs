@@ -73,6 +73,8 @@ pub struct Runtime {
     pub refusals: AtomicU64,
     /// Launches of never-measured keys whose measurement is still in flight.
     unmeasured: AtomicU64,
+    /// Probe launches (after a capped contention hold) whose measurement is still in flight.
+    probing: AtomicU64,
 }
 
 #[derive(Default)]
@@ -82,6 +84,11 @@ struct Sampler {
     pending: Vec<Pending>,
     /// Per device: where the last calibration window ended.
     calibrated: [CalibrationMark; MAX_DEVICES],
+    /// Per context: the reference for queueing delays.
+    clock_refs: Vec<ClockRef>,
+    /// Per device: the usage counters when the last sample was settled (the launches a sample
+    /// stands for are those admitted since).
+    settled: [Usage; MAX_DEVICES],
 }
 
 /// The end of a device's last calibration window: (wall ns, estimated ns counter, NVML sample
@@ -98,10 +105,10 @@ struct PendingMeta {
     admitted: u64,
     /// GPU ns the gate was charged at admission (calibrated).
     charged: u64,
-    /// Contention ns the contention bucket was charged at admission.
-    contended: u64,
     /// The key had no measurement yet (the gate holds further launches until it has one).
     unmeasured: bool,
+    /// A probe after a capped contention hold (further launches wait for its measurement).
+    probe: bool,
 }
 
 struct Pending {
@@ -109,6 +116,22 @@ struct Pending {
     ctx: usize,
     a: usize,
     b: usize,
+    /// CLOCK_MONOTONIC ns just before the start event was recorded.
+    submitted: u64,
+    /// The stream had none of our work queued when the start event was recorded.
+    idle: bool,
+    /// CLOCK_MONOTONIC ns just after the launch call returned.
+    launched: u64,
+}
+
+/// A context's reference for queueing delays: a kept start event, its submission time, and the
+/// smallest `(GPU time since the reference) − (CPU time since its submission)` seen — the offset
+/// of a launch that did not wait (see [`Sampler::queue_wait`]).
+struct ClockRef {
+    ctx: usize,
+    event: usize,
+    submitted: u64,
+    min_offset_ns: i64,
 }
 
 static RUNTIME: os::LeakedSlot<Runtime> = os::LeakedSlot::new();
@@ -319,6 +342,7 @@ impl Runtime {
             ctx_charged: std::array::from_fn(|_| AtomicBool::new(false)),
             refusals: AtomicU64::new(0),
             unmeasured: AtomicU64::new(0),
+            probing: AtomicU64::new(0),
         }
     }
 
@@ -491,19 +515,28 @@ impl Runtime {
         if share >= 100 && budget == 0 {
             return call();
         }
-        if self.unmeasured.load(Acquire) > 0 {
+        if self.unmeasured.load(Acquire) > 0 || self.probing.load(Acquire) > 0 {
             self.wait_unmeasured();
         }
         let known = self.costs.lookup(key);
         // An unmeasured launch is charged nothing now and its measured cost once known (no
         // estimate from other kernels: a graph's 200 ms must not be charged to a 5 µs kernel).
         let cost = known.map_or(0, |c| self.calibration[dev].apply(c));
-        let expected = harvest::expected_collision(cost, self.collision[dev].ppm());
         let mut now = os::now_ns();
+        let p = self.collision[dev].ppm_at(now);
+        let expected = harvest::expected_collision(cost, p);
         let raw = self.gates[dev].admit(now, cost, share, self.window_ns);
-        let (contended, harvested) =
-            self.contention[dev].admit(now, cost, self.collision[dev].ppm(), budget);
-        if let Some(deadline) = raw.max(harvested) {
+        let (_, harvested) = self.contention[dev].admit(now, cost, p, budget);
+        // A contention hold longer than the evidence stays fresh is cut short: this launch then
+        // probes (it is sampled, and later launches wait for its measurement), so a trainer that
+        // went idle meanwhile is seen at once instead of after the whole debt is paid.
+        let mut deadline = raw.max(harvested);
+        let mut probe = false;
+        if harvested.is_some_and(|h| h > now + harvest::STALE_NS) {
+            probe = true;
+            deadline = raw.max(Some(now + harvest::STALE_NS));
+        }
+        if let Some(deadline) = deadline {
             os::sleep_until(deadline);
             now = deadline;
         }
@@ -514,10 +547,10 @@ impl Runtime {
             dev,
             admitted: now,
             charged: cost,
-            contended,
             unmeasured: known.is_none(),
+            probe,
         };
-        if known.is_none() {
+        if known.is_none() || probe {
             return self.sampled_launch(pending, stream, ptsz, call);
         }
         if !self.sample_clock.try_claim(now, SAMPLE_PERIOD_NS) {
@@ -537,7 +570,8 @@ impl Runtime {
                 self.harvest(&mut s);
             }
             let now = os::now_ns();
-            if self.unmeasured.load(Acquire) == 0 || now >= give_up {
+            let waiting = self.unmeasured.load(Acquire) + self.probing.load(Acquire);
+            if waiting == 0 || now >= give_up {
                 return;
             }
             os::sleep_until(now + UNMEASURED_POLL_NS);
@@ -552,7 +586,7 @@ impl Runtime {
         call: impl FnOnce() -> u32,
     ) -> u32 {
         // A first (unmeasured) launch waits for the sampler; a periodic sample never does.
-        let guard = if meta.unmeasured {
+        let guard = if meta.unmeasured || meta.probe {
             self.sampler.lock().ok()
         } else {
             self.sampler.try_lock().ok()
@@ -571,16 +605,32 @@ impl Runtime {
         let Some((a, b)) = s.take_pair(ctx) else {
             return call();
         };
+        // Whether the stream had nothing of ours queued: then the start event's GPU time minus
+        // the submission time is how long the launch waited for the GPU (other contexts' work).
+        let idle = driver::stream_idle(stream, ptsz) == Some(true);
+        let submitted = os::now_ns();
         if !driver::event_record(a, stream, ptsz) {
             s.give_back(ctx, (a, b));
             return call();
         }
         let rc = call();
+        let launched = os::now_ns();
         if rc == 0 && driver::event_record(b, stream, ptsz) {
             if meta.unmeasured {
                 self.unmeasured.fetch_add(1, AcqRel);
             }
-            s.pending.push(Pending { meta, ctx, a, b });
+            if meta.probe {
+                self.probing.fetch_add(1, AcqRel);
+            }
+            s.pending.push(Pending {
+                meta,
+                ctx,
+                a,
+                b,
+                submitted,
+                idle,
+                launched,
+            });
         } else {
             s.give_back(ctx, (a, b));
         }
@@ -597,13 +647,38 @@ impl Runtime {
                 rc => {
                     let p = s.pending.swap_remove(i);
                     if rc == 0 {
+                        let (wait, kept) = if p.idle {
+                            s.queue_wait(p.ctx, p.a, p.submitted)
+                        } else {
+                            (None, None)
+                        };
                         if let Some(ms) = driver::event_elapsed_ms(p.a, p.b) {
-                            self.settle(&p.meta, (ms as f64 * 1e6) as u64);
+                            // On an idle stream the start event may complete as soon as it is
+                            // recorded, before the launch call has enqueued the kernel: the pair
+                            // then spans that CPU time too (less what the start event waited),
+                            // which is neither the kernel's cost nor contention.
+                            let cpu = match wait {
+                                Some(w) => (p.launched - p.submitted).saturating_sub(w),
+                                None => 0,
+                            };
+                            let ns = ((ms as f64 * 1e6) as u64).saturating_sub(cpu);
+                            let settled = &mut s.settled[p.meta.dev];
+                            self.settle(&p.meta, ns, wait, settled);
                         }
-                        s.give_back(p.ctx, (p.a, p.b));
+                        match kept {
+                            // `a` became the context's reference: the old reference's event
+                            // takes its place in the pool.
+                            Some(Some(old)) => s.give_back(p.ctx, (old, p.b)),
+                            // `a` became the first reference: the pair is not pooled.
+                            Some(None) => {}
+                            None => s.give_back(p.ctx, (p.a, p.b)),
+                        }
                     }
                     if p.meta.unmeasured {
                         self.unmeasured.fetch_sub(1, AcqRel);
+                    }
+                    if p.meta.probe {
+                        self.probing.fetch_sub(1, AcqRel);
                     }
                 }
             }
@@ -612,11 +687,11 @@ impl Runtime {
 }
 
 impl Runtime {
-    /// Settles a sampled launch measured at `ns`: folds it into the cost table; a first
-    /// measurement charges what the launch cost beyond its (zero) charge; a measured one updates
-    /// the collision probability against its solo cost and charges contention beyond what was
-    /// charged at admission.
-    fn settle(&self, m: &PendingMeta, ns: u64) {
+    /// Settles a sampled launch measured at `ns` (which waited `wait` ns for the GPU before
+    /// starting, when known): folds it into the cost table; a first measurement charges what the
+    /// launch cost beyond its (zero) charge; a measured one updates the collision probability
+    /// against its solo cost and charges contention beyond what was charged at admission.
+    fn settle(&self, m: &PendingMeta, ns: u64, wait: Option<u64>, settled: &mut Usage) {
         let dev = m.dev;
         let page = self.limits();
         // The solo cost before this sample is folded in (the floor the sample is judged against).
@@ -636,14 +711,21 @@ impl Runtime {
             return;
         }
         if let Some(d0) = solo {
-            let collided = self.collision[dev].observe(ns, d0);
-            let excess = self.contention[dev].correct(
-                m.admitted,
-                m.contended,
-                collided,
-                page.contention(dev),
-            );
-            self.usage[dev].add(0, excess);
+            let collided = self.collision[dev].observe(os::now_ns(), ns, d0, wait);
+            if collided > 0 {
+                // The sample stands for the launches admitted since the last settled one (a
+                // batch submitted together waited together): they collided at its rate, and
+                // whatever they were charged below that is charged now.
+                let now = self.usage[dev].get();
+                let rate = (collided as u128 * PPM as u128 / d0.max(1) as u128) as u32;
+                let due =
+                    harvest::expected_collision(now.gpu_ns.saturating_sub(settled.gpu_ns), rate);
+                let paid = now.contention_ns.saturating_sub(settled.contention_ns);
+                let excess =
+                    self.contention[dev].correct(m.admitted, paid, due, page.contention(dev));
+                self.usage[dev].add(0, excess);
+            }
+            *settled = self.usage[dev].get();
         }
     }
 
@@ -710,7 +792,51 @@ pub fn usage(dev: usize) -> Usage {
     peek().map_or(Usage::default(), |r| r.usage(dev))
 }
 
+/// Re-basing period of a context's queueing reference: 1 s (reasoning: keeps the GPU-side
+/// elapsed times short — `cuEventElapsedTime` is an f32 of ms, ~0.1 µs resolution at 1 s — and
+/// clock drift between GPU and CPU negligible).
+const CLOCK_REF_PERIOD_NS: u64 = 1_000_000_000;
+
 impl Sampler {
+    /// How long the launch whose start event `a` was recorded at CPU time `submitted` on an idle
+    /// stream waited for the GPU: its offset `(a − reference on the GPU) − (submitted − reference
+    /// on the CPU)` above the smallest offset seen (a launch that did not wait). Also says whether
+    /// `a` was kept as the context's new reference: `Some(old)` with the replaced reference's
+    /// event (`None` if it was the first). The first sample of a context only sets the reference.
+    fn queue_wait(
+        &mut self,
+        ctx: usize,
+        a: usize,
+        submitted: u64,
+    ) -> (Option<u64>, Option<Option<usize>>) {
+        let Some(r) = self.clock_refs.iter_mut().find(|r| r.ctx == ctx) else {
+            self.clock_refs.push(ClockRef {
+                ctx,
+                event: a,
+                submitted,
+                min_offset_ns: 0,
+            });
+            return (None, Some(None));
+        };
+        let Some(ms) = driver::event_elapsed_ms(r.event, a) else {
+            return (None, None);
+        };
+        let gpu = (ms as f64 * 1e6) as i64;
+        let cpu = submitted.saturating_sub(r.submitted) as i64;
+        let offset = gpu - cpu;
+        r.min_offset_ns = r.min_offset_ns.min(offset);
+        let wait = (offset - r.min_offset_ns) as u64;
+        if cpu as u64 >= CLOCK_REF_PERIOD_NS {
+            // Offsets against `a` are offsets against the old reference minus `offset`.
+            let old = r.event;
+            r.min_offset_ns -= offset;
+            r.event = a;
+            r.submitted = submitted;
+            return (Some(wait), Some(Some(old)));
+        }
+        (Some(wait), None)
+    }
+
     fn take_pair(&mut self, ctx: usize) -> Option<(usize, usize)> {
         if let Some((_, pool)) = self.pools.iter_mut().find(|(c, _)| *c == ctx) {
             if let Some(p) = pool.pop() {

@@ -164,6 +164,22 @@ pub fn stream_capturing(stream: usize, ptsz: bool) -> Option<bool> {
     (rc == 0).then_some(st != 0)
 }
 
+/// Whether `stream` has no work pending (`cuStreamQuery`: `Some(true)` = idle, `Some(false)` =
+/// work queued, `None` = the query failed).
+pub fn stream_idle(stream: usize, ptsz: bool) -> Option<bool> {
+    let f = if ptsz {
+        helper_fn!(cuStreamQuery_ptsz: fn(*mut c_void) -> u32, else None)
+    } else {
+        helper_fn!(cuStreamQuery: fn(*mut c_void) -> u32, else None)
+    };
+    // SAFETY: `stream` is the caller's stream handle, passed through unchanged.
+    match unsafe { f(stream as *mut c_void) } {
+        0 => Some(true),
+        600 => Some(false),
+        _ => None,
+    }
+}
+
 /// A new timing event in the current context.
 pub fn event_create() -> Option<usize> {
     let f = helper_fn!(cuEventCreate: fn(*mut *mut c_void, c_uint) -> u32, else None);
