@@ -46,6 +46,7 @@ pub struct GrantPage {
     /// Bit d set ⇔ device d has a share below 100 or a contention budget (harvest mode): the
     /// launch fast path reads only this word.
     pub throttled_mask: AtomicU32,
+    /// Slot `d`: the grant of CUDA ordinal `d`.
     pub devices: [DeviceGrant; MAX_DEVICES],
 }
 

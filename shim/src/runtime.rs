@@ -84,6 +84,8 @@ struct Sampler {
     pending: Vec<Pending>,
     /// Per device: where the last calibration window ended.
     calibrated: [CalibrationMark; MAX_DEVICES],
+    /// Per device: when the next calibration may run (CLOCK_MONOTONIC ns).
+    calibrate_next: [u64; MAX_DEVICES],
     /// Per context: the reference for queueing delays.
     clock_refs: Vec<ClockRef>,
     /// Per device: the usage counters when the last sample was settled (the launches a sample
@@ -734,10 +736,11 @@ impl Runtime {
     /// Needs NVML; without it (or when NVML does not list this process, e.g. in a PID namespace)
     /// the estimates stay uncalibrated.
     fn calibrate(&self, s: &mut Sampler, dev: usize, now: u64) {
-        let mark = s.calibrated[dev];
-        if mark.is_some_and(|(at, _, _)| now < at + CALIBRATION_PERIOD_NS) {
+        if now < s.calibrate_next[dev] {
             return;
         }
+        s.calibrate_next[dev] = now + CALIBRATION_PERIOD_NS;
+        let mark = s.calibrated[dev];
         let estimated = self.estimated[dev].load(Relaxed);
         let since = mark.map_or(0, |(_, _, ts)| ts);
         let mut buf = [driver::ProcessUtilization::default(); driver::MAX_UTIL_SAMPLES];
@@ -753,28 +756,24 @@ impl Runtime {
             .collect();
         mine.sort_by_key(|u| u.ts_us);
         let Some(last) = mine.last().map(|u| u.ts_us) else {
-            // Nothing new for this process: keep the window open.
-            if mark.is_none() {
-                s.calibrated[dev] = Some((
-                    now,
-                    estimated,
-                    buf[..n].iter().map(|u| u.ts_us).max().unwrap_or(0),
-                ));
-            }
+            // Nothing new for this process (or it has not run yet): no baseline to keep, so the
+            // first window starts once the process is running.
             return;
         };
-        if let Some((at, est0, ts0)) = mark {
-            let mut prev = ts0;
-            let mut measured_ns = 0u64;
-            for u in &mine {
-                measured_ns += (u.ts_us - prev) * 1000 * u.sm_util.min(100) as u64 / 100;
-                prev = u.ts_us;
-            }
-            let measured_ppm = measured_ns * PPM as u64 / ((last - ts0) * 1000).max(1);
-            let estimated_ppm = (estimated - est0).saturating_mul(PPM as u64) / (now - at).max(1);
-            self.calibration[dev].observe(estimated_ppm, measured_ppm);
-        }
         s.calibrated[dev] = Some((now, estimated, last));
+        let Some((at, est0, ts0)) = mark else {
+            // The baseline: the first window starts once the process is running.
+            return;
+        };
+        let mut prev = ts0;
+        let mut measured_ns = 0u64;
+        for u in &mine {
+            measured_ns += (u.ts_us - prev) * 1000 * u.sm_util.min(100) as u64 / 100;
+            prev = u.ts_us;
+        }
+        let measured_ppm = measured_ns * PPM as u64 / ((last - ts0) * 1000).max(1);
+        let estimated_ppm = (estimated - est0).saturating_mul(PPM as u64) / (now - at).max(1);
+        self.calibration[dev].observe(estimated_ppm, measured_ppm);
     }
 
     /// What this process's launches on `dev` used, as the shim estimates it (cumulative; only
