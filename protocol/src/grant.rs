@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 pub const MAX_DEVICES: usize = 16;
 /// `b"SMORELIM"` — identifies a grant page (checked after mmap).
 pub const PAGE_MAGIC: u64 = 0x4d49_4c45_524f_4d53;
-/// Layout version of [`GrantPage`].
-pub const PAGE_VERSION: u32 = 1;
+/// Layout version of [`GrantPage`]. 2: `DeviceGrant::contention_ppm` (was padding).
+pub const PAGE_VERSION: u32 = 2;
 /// Bytes the arbiter allocates for a page (one page; the layout uses far less).
 pub const PAGE_BYTES: usize = 4096;
 
@@ -25,9 +25,12 @@ pub const PAGE_BYTES: usize = 4096;
 pub struct DeviceGrant {
     /// Memory cap in bytes; `u64::MAX` = uncapped.
     pub mem_cap_bytes: AtomicU64,
-    /// SM time share in percent, 1..=100 (100 = unthrottled).
+    /// SM time share in percent, 1..=100 (100 = unthrottled): caps the function's raw GPU time.
     pub sm_share_pct: AtomicU32,
-    _pad: u32,
+    /// The share of wall time this function may spend *colliding* with other contexts' work
+    /// (training), in parts per million; 0 = harvest off (the raw share alone applies). See
+    /// docs/shim.md, "Harvest".
+    pub contention_ppm: AtomicU32,
     /// Bumped by the owner on every change of this device's grant.
     pub generation: AtomicU64,
 }
@@ -36,10 +39,14 @@ pub struct DeviceGrant {
 #[repr(C)]
 #[derive(Debug)]
 pub struct GrantPage {
+    /// [`PAGE_MAGIC`].
     pub magic: u64,
+    /// [`PAGE_VERSION`] of the writer.
     pub version: u32,
-    /// Bit d set ⇔ device d has a share below 100: the launch fast path reads only this word.
+    /// Bit d set ⇔ device d has a share below 100 or a contention budget (harvest mode): the
+    /// launch fast path reads only this word.
     pub throttled_mask: AtomicU32,
+    /// Slot `d`: the grant of CUDA ordinal `d`.
     pub devices: [DeviceGrant; MAX_DEVICES],
 }
 
@@ -55,7 +62,7 @@ impl GrantPage {
             devices: std::array::from_fn(|_| DeviceGrant {
                 mem_cap_bytes: AtomicU64::new(u64::MAX),
                 sm_share_pct: AtomicU32::new(100),
-                _pad: 0,
+                contention_ppm: AtomicU32::new(0),
                 generation: AtomicU64::new(0),
             }),
         }
@@ -76,25 +83,51 @@ impl GrantPage {
         d.mem_cap_bytes.store(cap, Relaxed);
         d.sm_share_pct.store(share, Relaxed);
         d.generation.fetch_add(1, Relaxed);
-        if share < 100 {
+        self.update_mask(dev);
+    }
+
+    /// Owner-side update of one device's contention budget (ppm of wall time; 0 = harvest off,
+    /// values above 10⁶ are clamped). A device with a budget counts as throttled.
+    pub fn set_contention(&self, dev: usize, ppm: u32) {
+        let Some(d) = self.devices.get(dev) else {
+            return;
+        };
+        d.contention_ppm.store(ppm.min(1_000_000), Relaxed);
+        d.generation.fetch_add(1, Relaxed);
+        self.update_mask(dev);
+    }
+
+    fn update_mask(&self, dev: usize) {
+        let d = &self.devices[dev];
+        if d.sm_share_pct.load(Relaxed) < 100 || d.contention_ppm.load(Relaxed) > 0 {
             self.throttled_mask.fetch_or(1 << dev, Relaxed);
         } else {
             self.throttled_mask.fetch_and(!(1 << dev), Relaxed);
         }
     }
 
+    /// Contention budget of `dev` in ppm (0 = harvest off; 0 for untracked devices).
+    pub fn contention(&self, dev: usize) -> u32 {
+        self.devices
+            .get(dev)
+            .map_or(0, |d| d.contention_ppm.load(Relaxed))
+    }
+
+    /// Memory cap of `dev` in bytes (`u64::MAX` = uncapped, also for untracked devices).
     pub fn cap(&self, dev: usize) -> u64 {
         self.devices
             .get(dev)
             .map_or(u64::MAX, |d| d.mem_cap_bytes.load(Relaxed))
     }
 
+    /// SM share of `dev` in percent as written (100 for untracked devices).
     pub fn share(&self, dev: usize) -> u32 {
         self.devices
             .get(dev)
             .map_or(100, |d| d.sm_share_pct.load(Relaxed))
     }
 
+    /// How many times the owner changed `dev`'s grant.
     pub fn generation(&self, dev: usize) -> u64 {
         self.devices
             .get(dev)
@@ -121,5 +154,25 @@ mod tests {
         assert_eq!(p.cap(99), u64::MAX);
         p.set(0, 0, 0); // share clamps to 1
         assert_eq!(p.share(0), 1);
+    }
+
+    #[test]
+    fn a_contention_budget_throttles_the_device_and_keeps_the_share() {
+        let p = GrantPage::unlimited();
+        assert_eq!(p.contention(3), 0);
+        p.set_contention(3, 20_000);
+        assert_eq!(p.contention(3), 20_000);
+        assert_eq!(p.share(3), 100);
+        assert_eq!(p.generation(3), 1);
+        assert_eq!(p.throttled_mask.load(Relaxed), 1 << 3);
+        // The raw share changes independently; the device stays throttled while either applies.
+        p.set(3, u64::MAX, 100);
+        assert_eq!(p.throttled_mask.load(Relaxed), 1 << 3);
+        p.set_contention(3, 0);
+        assert_eq!(p.throttled_mask.load(Relaxed), 0);
+        p.set_contention(3, u32::MAX);
+        assert_eq!(p.contention(3), 1_000_000);
+        p.set_contention(99, 5); // out of range: ignored
+        assert_eq!(p.contention(99), 0);
     }
 }

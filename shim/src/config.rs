@@ -1,5 +1,5 @@
 //! The standalone environment contract: `SMORE_MEMORY_LIMIT[_<ordinal>]`, `SMORE_SM_SHARE[_<ordinal>]`,
-//! `SMORE_SM_WINDOW_MS`, `SMORE_LOG`, `SMORE_FAILURE`.
+//! `SMORE_CONTENTION_PPM[_<ordinal>]`, `SMORE_SM_WINDOW_MS`, `SMORE_LOG`, `SMORE_FAILURE`.
 //!
 //! Owns parsing and validation only (pure, safe, testable with an injected variable lookup). Must
 //! never panic on user input: every bad value becomes a [`ConfigError`] naming the variable and the
@@ -48,6 +48,9 @@ pub struct Config {
     pub mem_cap: [u64; MAX_DEVICES],
     /// SM time share in percent per device, 1..=100.
     pub sm_share: [u32; MAX_DEVICES],
+    /// Contention budget per device, parts per million of wall time (0 = harvest off); the
+    /// standalone counterpart of the grant page's `contention_ppm`.
+    pub contention_ppm: [u32; MAX_DEVICES],
     /// The gate's window (`SMORE_SM_WINDOW_MS`), ms.
     pub window_ms: u64,
     /// Log verbosity (`SMORE_LOG`).
@@ -61,6 +64,7 @@ impl Default for Config {
         Config {
             mem_cap: [u64::MAX; MAX_DEVICES],
             sm_share: [100; MAX_DEVICES],
+            contention_ppm: [0; MAX_DEVICES],
             window_ms: DEFAULT_WINDOW_MS,
             log: Level::Warn,
             policy: FailurePolicy::Open,
@@ -128,6 +132,12 @@ fn parse_level(s: &str) -> Option<Level> {
     })
 }
 
+const PPM_EXPECTED: &str = "an integer 0..=1000000 (parts per million of wall time; 0 = off)";
+
+fn parse_ppm(s: &str) -> Option<u32> {
+    s.trim().parse::<u32>().ok().filter(|&p| p <= 1_000_000)
+}
+
 fn parse_policy(s: &str) -> Option<FailurePolicy> {
     Some(match s.trim().to_ascii_lowercase().as_str() {
         "open" | "fail-open" => FailurePolicy::Open,
@@ -185,6 +195,21 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Parsed {
             match parse_share(&v) {
                 Some(p) => c.sm_share[d] = p,
                 None => bad(&var, &v, "an integer percent 1..=100"),
+            }
+        }
+    }
+    if let Some(v) = get("SMORE_CONTENTION_PPM") {
+        match parse_ppm(&v) {
+            Some(p) => c.contention_ppm = [p; MAX_DEVICES],
+            None => bad("SMORE_CONTENTION_PPM", &v, PPM_EXPECTED),
+        }
+    }
+    for d in 0..MAX_DEVICES {
+        let var = format!("SMORE_CONTENTION_PPM_{d}");
+        if let Some(v) = get(&var) {
+            match parse_ppm(&v) {
+                Some(p) => c.contention_ppm[d] = p,
+                None => bad(&var, &v, PPM_EXPECTED),
             }
         }
     }
@@ -252,6 +277,21 @@ mod tests {
         assert_eq!(p.config.window_ms, 50);
         assert_eq!(p.config.log, Level::Debug);
         assert_eq!(p.config.policy, FailurePolicy::Closed);
+    }
+
+    #[test]
+    fn a_contention_budget_is_read_in_parts_per_million_per_device() {
+        let p = parse(env(&[
+            ("SMORE_CONTENTION_PPM", "50000"),
+            ("SMORE_CONTENTION_PPM_2", "0"),
+        ]));
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        assert_eq!(p.config.contention_ppm[0], 50_000);
+        assert_eq!(p.config.contention_ppm[2], 0);
+        for bad in ["-1", "1000001", "5%", ""] {
+            let p = parse(env(&[("SMORE_CONTENTION_PPM", bad)]));
+            assert_eq!(p.errors.len(), 1, "{bad:?} must be refused");
+        }
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //!
 //! 1. **Pure tables and rules** (no `unsafe`, no I/O): [`variants`] (the hooked export names),
 //!    [`limits`] (the atomic view of caps and shares), [`config`] (the environment contract),
-//!    [`ledger`] (memory accounting), [`gate`] (launch pacing and the cost table).
+//!    [`ledger`] (memory accounting), [`gate`] (launch pacing and the cost table), [`harvest`]
+//!    (contention estimate, contention bucket, calibration, usage counters).
 //! 2. **Bottom layer** [`sys`]: the real `dlsym` ([`sys::dlsym`]), the real driver's entry points
 //!    ([`sys::driver`]), grant-page mapping ([`sys::grant`]), libc wrappers — clocks, sleep,
 //!    stderr, fds, fork registration ([`sys::os`]). Uses only [`variants`] from the crate.
@@ -40,6 +41,7 @@
 pub mod client;
 pub mod config;
 pub mod gate;
+pub mod harvest;
 pub mod hooks;
 pub mod ledger;
 pub mod limits;

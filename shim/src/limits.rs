@@ -11,11 +11,17 @@
 pub use smore_protocol::grant::{GrantPage, MAX_DEVICES};
 use std::sync::atomic::Ordering::Relaxed;
 
-/// A leaked, process-local page with the given caps and shares (standalone mode).
-pub fn standalone(caps: &[u64; MAX_DEVICES], shares: &[u32; MAX_DEVICES]) -> &'static GrantPage {
+/// A leaked, process-local page with the given caps, shares and contention budgets (standalone
+/// mode).
+pub fn standalone(
+    caps: &[u64; MAX_DEVICES],
+    shares: &[u32; MAX_DEVICES],
+    contention_ppm: &[u32; MAX_DEVICES],
+) -> &'static GrantPage {
     let page: &'static GrantPage = Box::leak(Box::new(GrantPage::unlimited()));
     for d in 0..MAX_DEVICES {
         page.set(d, caps[d], shares[d]);
+        page.set_contention(d, contention_ppm[d]);
     }
     page
 }
@@ -49,7 +55,13 @@ mod tests {
         shares[3] = 40;
         let mut caps = [u64::MAX; MAX_DEVICES];
         caps[1] = 1 << 30;
-        let p = standalone(&caps, &shares);
+        let mut budgets = [0; MAX_DEVICES];
+        budgets[5] = 20_000;
+        let p = standalone(&caps, &shares, &budgets);
+        assert_eq!(p.contention(5), 20_000);
+        assert_eq!(share(p, 5), 100);
+        assert_eq!(p.throttled_mask.load(Relaxed), 1 << 3 | 1 << 5);
+        p.set_contention(5, 0);
         assert!(p.is_valid());
         assert!(!none_throttled(p));
         assert_eq!(share(p, 3), 40);

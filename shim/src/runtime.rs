@@ -11,7 +11,8 @@
 
 use crate::client::{self, Source};
 use crate::config::{self, Config, FailurePolicy, Level};
-use crate::gate::{CostTable, Gate, SampleClock, SAMPLE_PERIOD_NS};
+use crate::gate::{CostTable, Gate, SampleClock, PPM, SAMPLE_PERIOD_NS};
+use crate::harvest::{self, Calibration, Collision, Contention, Usage, UsageCounters};
 use crate::ledger::{Kind, Ledger};
 use crate::limits::{self, GrantPage, MAX_DEVICES};
 use crate::log::{self, RateLimit};
@@ -33,6 +34,11 @@ const POOL_PER_CTX: usize = 8;
 /// kernels worth gating, ~5 µs of CPU per poll at most).
 const UNMEASURED_POLL_NS: u64 = 20_000;
 
+/// How often the estimated GPU time of a device is compared with the driver's per-process
+/// accounting: 500 ms (reasoning: NVML's utilization samples are ~1/6 s apart, so a window holds
+/// ~3 of them; a few windows settle the calibration within the first seconds of a run).
+const CALIBRATION_PERIOD_NS: u64 = 500_000_000;
+
 /// Everything the hooks need, for one process image (a fork child gets a new one).
 pub struct Runtime {
     /// The environment contract as parsed (after the failure policy was applied).
@@ -47,6 +53,16 @@ pub struct Runtime {
     /// Device memory this process holds, per device and per handle.
     pub ledger: Ledger,
     gates: [Gate; MAX_DEVICES],
+    /// Per device: the collision probability of recent launches.
+    collision: [Collision; MAX_DEVICES],
+    /// Per device: the contention bucket (harvest mode).
+    contention: [Contention; MAX_DEVICES],
+    /// Per device: the multiplier on estimated GPU time from the driver's accounting.
+    calibration: [Calibration; MAX_DEVICES],
+    /// Per device: uncalibrated estimated GPU ns of admitted launches (the calibration's input).
+    estimated: [AtomicU64; MAX_DEVICES],
+    /// Per device: what the launches used, as estimated ([`Runtime::usage`]).
+    usage: [UsageCounters; MAX_DEVICES],
     /// Learned GPU time per kernel / graph.
     pub costs: CostTable,
     sample_clock: SampleClock,
@@ -57,6 +73,8 @@ pub struct Runtime {
     pub refusals: AtomicU64,
     /// Launches of never-measured keys whose measurement is still in flight.
     unmeasured: AtomicU64,
+    /// Probe launches (after a capped contention hold) whose measurement is still in flight.
+    probing: AtomicU64,
 }
 
 #[derive(Default)]
@@ -64,7 +82,20 @@ struct Sampler {
     /// (context, free event pairs).
     pools: Vec<(usize, Vec<(usize, usize)>)>,
     pending: Vec<Pending>,
+    /// Per device: where the last calibration window ended.
+    calibrated: [CalibrationMark; MAX_DEVICES],
+    /// Per device: when the next calibration may run (CLOCK_MONOTONIC ns).
+    calibrate_next: [u64; MAX_DEVICES],
+    /// Per context: the reference for queueing delays.
+    clock_refs: Vec<ClockRef>,
+    /// Per device: the usage counters when the last sample was settled (the launches a sample
+    /// stands for are those admitted since).
+    settled: [Usage; MAX_DEVICES],
 }
+
+/// The end of a device's last calibration window: (wall ns, estimated ns counter, NVML sample
+/// timestamp µs). `None`: no baseline yet.
+type CalibrationMark = Option<(u64, u64, u64)>;
 
 /// What a sampled launch was charged, to settle when its measurement arrives.
 #[derive(Clone, Copy)]
@@ -74,10 +105,12 @@ struct PendingMeta {
     /// When it was admitted (CLOCK_MONOTONIC ns): a late charge counts from there, so the
     /// bucket's credit for the time the launch ran is not lost.
     admitted: u64,
-    /// GPU ns the gate was charged at admission.
+    /// GPU ns the gate was charged at admission (calibrated).
     charged: u64,
     /// The key had no measurement yet (the gate holds further launches until it has one).
     unmeasured: bool,
+    /// A probe after a capped contention hold (further launches wait for its measurement).
+    probe: bool,
 }
 
 struct Pending {
@@ -85,6 +118,22 @@ struct Pending {
     ctx: usize,
     a: usize,
     b: usize,
+    /// CLOCK_MONOTONIC ns just before the start event was recorded.
+    submitted: u64,
+    /// The stream had none of our work queued when the start event was recorded.
+    idle: bool,
+    /// CLOCK_MONOTONIC ns just after the launch call returned.
+    launched: u64,
+}
+
+/// A context's reference for queueing delays: a kept start event, its submission time, and the
+/// smallest `(GPU time since the reference) − (CPU time since its submission)` seen — the offset
+/// of a launch that did not wait (see [`Sampler::queue_wait`]).
+struct ClockRef {
+    ctx: usize,
+    event: usize,
+    submitted: u64,
+    min_offset_ns: i64,
 }
 
 static RUNTIME: os::LeakedSlot<Runtime> = os::LeakedSlot::new();
@@ -221,6 +270,7 @@ impl Runtime {
                 FailurePolicy::Closed => {
                     config.mem_cap = [0; MAX_DEVICES];
                     config.sm_share = [100; MAX_DEVICES];
+                    config.contention_ppm = [0; MAX_DEVICES];
                     log::line(
                         Level::Error,
                         format_args!("{why}; SMORE_FAILURE=closed: every device allocation is refused"),
@@ -246,6 +296,7 @@ impl Runtime {
                 FailurePolicy::Closed => {
                     config.mem_cap = [0; MAX_DEVICES];
                     config.sm_share = [100; MAX_DEVICES];
+                    config.contention_ppm = [0; MAX_DEVICES];
                     if first {
                         log::line(
                             Level::Error,
@@ -260,15 +311,16 @@ impl Runtime {
         }
         let limits = match page {
             Some(p) => p,
-            None => limits::standalone(&config.mem_cap, &config.sm_share),
+            None => limits::standalone(&config.mem_cap, &config.sm_share, &config.contention_ppm),
         };
         if enforcing && page.is_none() && log::enabled(Level::Info) {
             log::line(
                 Level::Info,
                 format_args!(
-                    "standalone mode: memory cap {}, SM share {} % (device 0), window {} ms, policy {:?}",
+                    "standalone mode: memory cap {}, SM share {} %, contention budget {} ppm (device 0), window {} ms, policy {:?}",
                     fmt_bytes(config.mem_cap[0]),
                     config.sm_share[0],
+                    config.contention_ppm[0],
                     config.window_ms,
                     config.policy
                 ),
@@ -281,12 +333,18 @@ impl Runtime {
             limits: os::StaticRef::new(limits),
             ledger: Ledger::new(),
             gates: std::array::from_fn(|_| Gate::new()),
+            collision: std::array::from_fn(|_| Collision::default()),
+            contention: std::array::from_fn(|_| Contention::default()),
+            calibration: std::array::from_fn(|_| Calibration::default()),
+            estimated: std::array::from_fn(|_| AtomicU64::new(0)),
+            usage: std::array::from_fn(|_| UsageCounters::default()),
             costs: CostTable::new(),
             sample_clock: SampleClock::default(),
             sampler: Mutex::new(Sampler::default()),
             ctx_charged: std::array::from_fn(|_| AtomicBool::new(false)),
             refusals: AtomicU64::new(0),
             unmeasured: AtomicU64::new(0),
+            probing: AtomicU64::new(0),
         }
     }
 
@@ -453,30 +511,48 @@ impl Runtime {
         let Some(dev) = driver::ctx_device().filter(|&d| d < MAX_DEVICES) else {
             return call();
         };
-        let share = limits::share(self.limits(), dev);
-        if share >= 100 {
+        let page = self.limits();
+        let share = limits::share(page, dev);
+        let budget = page.contention(dev);
+        if share >= 100 && budget == 0 {
             return call();
         }
-        if self.unmeasured.load(Acquire) > 0 {
+        if self.unmeasured.load(Acquire) > 0 || self.probing.load(Acquire) > 0 {
             self.wait_unmeasured();
         }
         let known = self.costs.lookup(key);
         // An unmeasured launch is charged nothing now and its measured cost once known (no
         // estimate from other kernels: a graph's 200 ms must not be charged to a 5 µs kernel).
-        let cost = known.unwrap_or(0);
+        let cost = known.map_or(0, |c| self.calibration[dev].apply(c));
         let mut now = os::now_ns();
-        if let Some(deadline) = self.gates[dev].admit(now, cost, share, self.window_ns) {
+        let p = self.collision[dev].ppm_at(now);
+        let expected = harvest::expected_collision(cost, p);
+        let raw = self.gates[dev].admit(now, cost, share, self.window_ns);
+        let (_, harvested) = self.contention[dev].admit(now, cost, p, budget);
+        // A contention hold longer than the evidence stays fresh is cut short: this launch then
+        // probes (it is sampled, and later launches wait for its measurement), so a trainer that
+        // went idle meanwhile is seen at once instead of after the whole debt is paid.
+        let mut deadline = raw.max(harvested);
+        let mut probe = false;
+        if harvested.is_some_and(|h| h > now + harvest::STALE_NS) {
+            probe = true;
+            deadline = raw.max(Some(now + harvest::STALE_NS));
+        }
+        if let Some(deadline) = deadline {
             os::sleep_until(deadline);
             now = deadline;
         }
+        self.estimated[dev].fetch_add(known.unwrap_or(0), Relaxed);
+        self.usage[dev].add(cost, expected);
         let pending = PendingMeta {
             key,
             dev,
             admitted: now,
             charged: cost,
             unmeasured: known.is_none(),
+            probe,
         };
-        if known.is_none() {
+        if known.is_none() || probe {
             return self.sampled_launch(pending, stream, ptsz, call);
         }
         if !self.sample_clock.try_claim(now, SAMPLE_PERIOD_NS) {
@@ -496,7 +572,8 @@ impl Runtime {
                 self.harvest(&mut s);
             }
             let now = os::now_ns();
-            if self.unmeasured.load(Acquire) == 0 || now >= give_up {
+            let waiting = self.unmeasured.load(Acquire) + self.probing.load(Acquire);
+            if waiting == 0 || now >= give_up {
                 return;
             }
             os::sleep_until(now + UNMEASURED_POLL_NS);
@@ -511,7 +588,7 @@ impl Runtime {
         call: impl FnOnce() -> u32,
     ) -> u32 {
         // A first (unmeasured) launch waits for the sampler; a periodic sample never does.
-        let guard = if meta.unmeasured {
+        let guard = if meta.unmeasured || meta.probe {
             self.sampler.lock().ok()
         } else {
             self.sampler.try_lock().ok()
@@ -520,6 +597,7 @@ impl Runtime {
             return call();
         };
         self.harvest(&mut s);
+        self.calibrate(&mut s, meta.dev, meta.admitted);
         if s.pending.len() >= MAX_PENDING || driver::stream_capturing(stream, ptsz) != Some(false) {
             return call();
         }
@@ -529,16 +607,32 @@ impl Runtime {
         let Some((a, b)) = s.take_pair(ctx) else {
             return call();
         };
+        // Whether the stream had nothing of ours queued: then the start event's GPU time minus
+        // the submission time is how long the launch waited for the GPU (other contexts' work).
+        let idle = driver::stream_idle(stream, ptsz) == Some(true);
+        let submitted = os::now_ns();
         if !driver::event_record(a, stream, ptsz) {
             s.give_back(ctx, (a, b));
             return call();
         }
         let rc = call();
+        let launched = os::now_ns();
         if rc == 0 && driver::event_record(b, stream, ptsz) {
             if meta.unmeasured {
                 self.unmeasured.fetch_add(1, AcqRel);
             }
-            s.pending.push(Pending { meta, ctx, a, b });
+            if meta.probe {
+                self.probing.fetch_add(1, AcqRel);
+            }
+            s.pending.push(Pending {
+                meta,
+                ctx,
+                a,
+                b,
+                submitted,
+                idle,
+                launched,
+            });
         } else {
             s.give_back(ctx, (a, b));
         }
@@ -555,22 +649,38 @@ impl Runtime {
                 rc => {
                     let p = s.pending.swap_remove(i);
                     if rc == 0 {
+                        let (wait, kept) = if p.idle {
+                            s.queue_wait(p.ctx, p.a, p.submitted)
+                        } else {
+                            (None, None)
+                        };
                         if let Some(ms) = driver::event_elapsed_ms(p.a, p.b) {
-                            let ns = (ms as f64 * 1e6) as u64;
-                            self.costs.record(p.meta.key, ns);
-                            if p.meta.unmeasured && ns > p.meta.charged {
-                                let share = limits::share(self.limits(), p.meta.dev);
-                                self.gates[p.meta.dev].charge(
-                                    p.meta.admitted,
-                                    ns - p.meta.charged,
-                                    share,
-                                );
-                            }
+                            // On an idle stream the start event may complete as soon as it is
+                            // recorded, before the launch call has enqueued the kernel: the pair
+                            // then spans that CPU time too (less what the start event waited),
+                            // which is neither the kernel's cost nor contention.
+                            let cpu = match wait {
+                                Some(w) => (p.launched - p.submitted).saturating_sub(w),
+                                None => 0,
+                            };
+                            let ns = ((ms as f64 * 1e6) as u64).saturating_sub(cpu);
+                            let settled = &mut s.settled[p.meta.dev];
+                            self.settle(&p.meta, ns, wait, settled);
                         }
-                        s.give_back(p.ctx, (p.a, p.b));
+                        match kept {
+                            // `a` became the context's reference: the old reference's event
+                            // takes its place in the pool.
+                            Some(Some(old)) => s.give_back(p.ctx, (old, p.b)),
+                            // `a` became the first reference: the pair is not pooled.
+                            Some(None) => {}
+                            None => s.give_back(p.ctx, (p.a, p.b)),
+                        }
                     }
                     if p.meta.unmeasured {
                         self.unmeasured.fetch_sub(1, AcqRel);
+                    }
+                    if p.meta.probe {
+                        self.probing.fetch_sub(1, AcqRel);
                     }
                 }
             }
@@ -578,7 +688,154 @@ impl Runtime {
     }
 }
 
+impl Runtime {
+    /// Settles a sampled launch measured at `ns` (which waited `wait` ns for the GPU before
+    /// starting, when known): folds it into the cost table; a first measurement charges what the
+    /// launch cost beyond its (zero) charge; a measured one updates the collision probability
+    /// against its solo cost and charges contention beyond what was charged at admission.
+    fn settle(&self, m: &PendingMeta, ns: u64, wait: Option<u64>, settled: &mut Usage) {
+        let dev = m.dev;
+        let page = self.limits();
+        // The solo cost before this sample is folded in (the floor the sample is judged against).
+        let solo = self
+            .costs
+            .lookup(m.key)
+            .map(|c| self.calibration[dev].apply(c));
+        self.costs.record(m.key, ns);
+        if m.unmeasured {
+            let cost = self.calibration[dev].apply(ns);
+            self.estimated[dev].fetch_add(ns, Relaxed);
+            self.usage[dev].add(cost.saturating_sub(m.charged), 0);
+            if cost > m.charged {
+                let share = limits::share(page, dev);
+                self.gates[dev].charge(m.admitted, cost - m.charged, share);
+            }
+            return;
+        }
+        if let Some(d0) = solo {
+            let collided = self.collision[dev].observe(os::now_ns(), ns, d0, wait);
+            if collided > 0 {
+                // The sample stands for the launches admitted since the last settled one (a
+                // batch submitted together waited together): they collided at its rate, and
+                // whatever they were charged below that is charged now.
+                let now = self.usage[dev].get();
+                let rate = (collided as u128 * PPM as u128 / d0.max(1) as u128) as u32;
+                let due =
+                    harvest::expected_collision(now.gpu_ns.saturating_sub(settled.gpu_ns), rate);
+                let paid = now.contention_ns.saturating_sub(settled.contention_ns);
+                let excess =
+                    self.contention[dev].correct(m.admitted, paid, due, page.contention(dev));
+                self.usage[dev].add(0, excess);
+            }
+            *settled = self.usage[dev].get();
+        }
+    }
+
+    /// Compares the estimated GPU time of `dev` with the driver's per-process accounting at most
+    /// once per [`CALIBRATION_PERIOD_NS`], and folds the ratio into the device's calibration.
+    /// Needs NVML; without it (or when NVML does not list this process, e.g. in a PID namespace)
+    /// the estimates stay uncalibrated.
+    fn calibrate(&self, s: &mut Sampler, dev: usize, now: u64) {
+        if now < s.calibrate_next[dev] {
+            return;
+        }
+        s.calibrate_next[dev] = now + CALIBRATION_PERIOD_NS;
+        let mark = s.calibrated[dev];
+        let estimated = self.estimated[dev].load(Relaxed);
+        let since = mark.map_or(0, |(_, _, ts)| ts);
+        let mut buf = [driver::ProcessUtilization::default(); driver::MAX_UTIL_SAMPLES];
+        let Some(n) = driver::nvml_process_utilization(dev, since, &mut buf) else {
+            s.calibrated[dev] = None;
+            return;
+        };
+        let me = os::pid();
+        let mut mine: Vec<driver::ProcessUtilization> = buf[..n]
+            .iter()
+            .copied()
+            .filter(|u| u.pid == me && u.ts_us > since)
+            .collect();
+        mine.sort_by_key(|u| u.ts_us);
+        let Some(last) = mine.last().map(|u| u.ts_us) else {
+            // Nothing new for this process (or it has not run yet): no baseline to keep, so the
+            // first window starts once the process is running.
+            return;
+        };
+        s.calibrated[dev] = Some((now, estimated, last));
+        let Some((at, est0, ts0)) = mark else {
+            // The baseline: the first window starts once the process is running.
+            return;
+        };
+        let mut prev = ts0;
+        let mut measured_ns = 0u64;
+        for u in &mine {
+            measured_ns += (u.ts_us - prev) * 1000 * u.sm_util.min(100) as u64 / 100;
+            prev = u.ts_us;
+        }
+        let measured_ppm = measured_ns * PPM as u64 / ((last - ts0) * 1000).max(1);
+        let estimated_ppm = (estimated - est0).saturating_mul(PPM as u64) / (now - at).max(1);
+        self.calibration[dev].observe(estimated_ppm, measured_ppm);
+    }
+
+    /// What this process's launches on `dev` used, as the shim estimates it (cumulative; only
+    /// launches on a throttled or harvesting device are counted — others take the fast path).
+    pub fn usage(&self, dev: usize) -> Usage {
+        self.usage
+            .get(dev)
+            .map_or(Usage::default(), UsageCounters::get)
+    }
+}
+
+/// What this process's launches on `dev` used, as the shim estimates it (zero before the runtime
+/// is initialised). For reports to the arbiter.
+pub fn usage(dev: usize) -> Usage {
+    peek().map_or(Usage::default(), |r| r.usage(dev))
+}
+
+/// Re-basing period of a context's queueing reference: 1 s (reasoning: keeps the GPU-side
+/// elapsed times short — `cuEventElapsedTime` is an f32 of ms, ~0.1 µs resolution at 1 s — and
+/// clock drift between GPU and CPU negligible).
+const CLOCK_REF_PERIOD_NS: u64 = 1_000_000_000;
+
 impl Sampler {
+    /// How long the launch whose start event `a` was recorded at CPU time `submitted` on an idle
+    /// stream waited for the GPU: its offset `(a − reference on the GPU) − (submitted − reference
+    /// on the CPU)` above the smallest offset seen (a launch that did not wait). Also says whether
+    /// `a` was kept as the context's new reference: `Some(old)` with the replaced reference's
+    /// event (`None` if it was the first). The first sample of a context only sets the reference.
+    fn queue_wait(
+        &mut self,
+        ctx: usize,
+        a: usize,
+        submitted: u64,
+    ) -> (Option<u64>, Option<Option<usize>>) {
+        let Some(r) = self.clock_refs.iter_mut().find(|r| r.ctx == ctx) else {
+            self.clock_refs.push(ClockRef {
+                ctx,
+                event: a,
+                submitted,
+                min_offset_ns: 0,
+            });
+            return (None, Some(None));
+        };
+        let Some(ms) = driver::event_elapsed_ms(r.event, a) else {
+            return (None, None);
+        };
+        let gpu = (ms as f64 * 1e6) as i64;
+        let cpu = submitted.saturating_sub(r.submitted) as i64;
+        let offset = gpu - cpu;
+        r.min_offset_ns = r.min_offset_ns.min(offset);
+        let wait = (offset - r.min_offset_ns) as u64;
+        if cpu as u64 >= CLOCK_REF_PERIOD_NS {
+            // Offsets against `a` are offsets against the old reference minus `offset`.
+            let old = r.event;
+            r.min_offset_ns -= offset;
+            r.event = a;
+            r.submitted = submitted;
+            return (Some(wait), Some(Some(old)));
+        }
+        (Some(wait), None)
+    }
+
     fn take_pair(&mut self, ctx: usize) -> Option<(usize, usize)> {
         if let Some((_, pool)) = self.pools.iter_mut().find(|(c, _)| *c == ctx) {
             if let Some(p) = pool.pop() {

@@ -68,11 +68,13 @@ name_enum! {
     /// Real entry points the shim calls for its own purposes (never hooked).
     pub enum Helper in Cuda {
         cuCtxGetDevice, cuCtxGetCurrent, cuStreamIsCapturing, cuStreamIsCapturing_ptsz,
+        cuStreamQuery, cuStreamQuery_ptsz,
         cuEventCreate, cuEventRecord, cuEventRecord_ptsz, cuEventQuery, cuEventElapsedTime,
         cuDeviceGetCount, cuDeviceGet, cuDeviceGetUuid, cuMemFree_v2, cuMemFree,
         nvmlInit_v2, nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetIndex, nvmlDeviceGetUUID,
         nvmlDeviceGetHandleByUUID,
         nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetComputeRunningProcesses_v2,
+        nvmlDeviceGetProcessUtilization,
     }
 }
 

@@ -7,7 +7,8 @@
 //! - `SMORE_FAILURE=open` (default): the last grant stays in force — the old page stays mapped
 //!   and keeps the values the arbiter last wrote.
 //! - `SMORE_FAILURE=closed`: a process-local page with cap 0 on every device (shares copied from
-//!   the last grant) replaces it: every new allocation is refused, launches keep their pacing.
+//!   the last grant, contention budgets too) replaces it: every new allocation is refused,
+//!   launches keep their pacing.
 //!
 //! On a re-registration (same instance id, a new page) the new page is swapped in with one atomic
 //! store; the old mapping is leaked (4 KiB), so a hook still reading it reads valid memory.
@@ -54,11 +55,13 @@ pub fn spawn(policy: FailurePolicy, limits: &'static StaticRef<GrantPage>, r: Re
     }
 }
 
-/// A process-local page refusing every allocation, with the shares of `last`.
+/// A process-local page refusing every allocation, with the shares and contention budgets of
+/// `last`.
 fn closed_page(last: &GrantPage) -> &'static GrantPage {
     let page: &'static GrantPage = Box::leak(Box::new(GrantPage::unlimited()));
     for d in 0..MAX_DEVICES {
         page.set(d, 0, last.share(d).clamp(1, 100));
+        page.set_contention(d, last.contention(d));
     }
     page
 }

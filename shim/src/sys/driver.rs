@@ -3,7 +3,7 @@
 //! handle — so a hook always forwards to the real export of exactly its own name.
 //!
 //! Owns the resolved address tables and safe wrappers for the helper calls the shim makes itself
-//! (current device/context, capture status, events, NVML per-process memory). Must never: resolve
+//! (current device/context, capture status, events, NVML per-process memory and utilization). Must never: resolve
 //! through `RTLD_DEFAULT`/`RTLD_NEXT` (that would find our own exports), or block in
 //! [`real_addr_nowait`] (called from inside `dlsym`).
 
@@ -162,6 +162,22 @@ pub fn stream_capturing(stream: usize, ptsz: bool) -> Option<bool> {
     // SAFETY: `stream` is the caller's stream handle, passed through unchanged; valid out-pointer.
     let rc = unsafe { f(stream as *mut c_void, &mut st) };
     (rc == 0).then_some(st != 0)
+}
+
+/// Whether `stream` has no work pending (`cuStreamQuery`: `Some(true)` = idle, `Some(false)` =
+/// work queued, `None` = the query failed).
+pub fn stream_idle(stream: usize, ptsz: bool) -> Option<bool> {
+    let f = if ptsz {
+        helper_fn!(cuStreamQuery_ptsz: fn(*mut c_void) -> u32, else None)
+    } else {
+        helper_fn!(cuStreamQuery: fn(*mut c_void) -> u32, else None)
+    };
+    // SAFETY: `stream` is the caller's stream handle, passed through unchanged.
+    match unsafe { f(stream as *mut c_void) } {
+        0 => Some(true),
+        600 => Some(false),
+        _ => None,
+    }
 }
 
 /// A new timing event in the current context.
@@ -338,6 +354,51 @@ pub fn nvml_process_mem(dev: usize, pid: u32) -> Option<u64> {
         .iter()
         .find(|p| p.pid == pid)
         .map(|p| p.used)
+}
+
+/// One NVML per-process utilization sample (`nvmlProcessUtilizationSample_t`, nvml.h).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcessUtilization {
+    /// The process.
+    pub pid: c_uint,
+    /// End of the sample's period, µs (CLOCK_MONOTONIC on Linux drivers).
+    pub ts_us: u64,
+    /// Percent of the period the process's kernels ran on the SMs.
+    pub sm_util: c_uint,
+    /// Percent of the period the process read or wrote device memory.
+    pub mem_util: c_uint,
+    /// Encoder utilization, percent.
+    pub enc_util: c_uint,
+    /// Decoder utilization, percent.
+    pub dec_util: c_uint,
+}
+
+/// Samples [`nvml_process_utilization`] reads at most (a few processes × a few sample periods).
+pub const MAX_UTIL_SAMPLES: usize = 64;
+/// `NVML_ERROR_NOT_FOUND`: no sample newer than the timestamp asked for.
+const NVML_ERROR_NOT_FOUND: u32 = 6;
+
+/// NVML's per-process utilization samples of CUDA ordinal `dev` newer than `since_us` (0: every
+/// sample the driver keeps), into `out`; returns how many. `None`: NVML is unavailable, the device
+/// cannot be identified, or the call failed.
+pub fn nvml_process_utilization(
+    dev: usize,
+    since_us: u64,
+    out: &mut [ProcessUtilization; MAX_UTIL_SAMPLES],
+) -> Option<usize> {
+    if !nvml_ready() {
+        return None;
+    }
+    let h = nvml_handle_of_ordinal(dev)?;
+    let f = helper_fn!(nvmlDeviceGetProcessUtilization: fn(*mut c_void, *mut ProcessUtilization, *mut c_uint, u64) -> u32, else None);
+    let mut n = MAX_UTIL_SAMPLES as c_uint;
+    // SAFETY: `out` has room for `n` samples of the nvml.h layout; `h` is a valid NVML handle.
+    match unsafe { f(h, out.as_mut_ptr(), &mut n, since_us) } {
+        0 => Some((n as usize).min(MAX_UTIL_SAMPLES)),
+        NVML_ERROR_NOT_FOUND => Some(0),
+        _ => None,
+    }
 }
 
 /// Frees a device pointer the shim itself must give back (a pitched allocation whose real size

@@ -1,0 +1,441 @@
+//! Contention measurement and charging (the harvest mechanism), and the calibration of estimated
+//! GPU time against the driver's own per-process accounting.
+//!
+//! GPU time a function uses while the training job is idle costs the trainer nothing; what slows
+//! training is function GPU time that *collides* with training work. From each sampled event pair
+//! the shim knows the launch's measured duration `d` and its solo cost `d0` (the cost table's
+//! floor, calibrated). The collision time of that launch is estimated as
+//! `min(d0, max(0, d − d0))`: under time-slicing a kernel that waited behind or was interleaved
+//! with the trainer's slices delayed the trainer by about its own GPU time; under MPS (concurrent
+//! kernels slowing each other symmetrically) the trainer lost about the function's inflation
+//! `d − d0`; the min covers both (docs/shim.md, "Harvest").
+//!
+//! Owns, per device and lock-free: [`Collision`] (the current collision probability, an EWMA of
+//! `collision / d0` over recent samples), [`Contention`] (the second GCRA bucket, charged
+//! `cost × p` at admission and corrected after the fact), [`Calibration`] (a multiplier on
+//! estimated GPU time from the driver's per-process accounting) and [`UsageCounters`]. All pure:
+//! the clock and the measurements are parameters, so tests inject them.
+//!
+//! Must never: allocate, lock or make a syscall; charge contention while the budget is 0 (harvest
+//! off: the raw share alone applies).
+
+use crate::gate::{Gate, PPM};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+/// Horizon of the contention bucket: 1 s. Reasoning: θ_train bounds the trainer's *mean*
+/// slowdown (SMORE paper §IV), not every 100 ms, so a burst of requests may spend the collision
+/// allowance of a longer horizon; the trainer's phases last tens of ms, so 1 s spans many of them
+/// while keeping the worst burst (budget × 1 s, e.g. 50 ms at 5 %) to a few training iterations.
+pub const CONTENTION_HORIZON_NS: u64 = 1_000_000_000;
+/// Collision probability from which a launch waits for the contention bucket: 1/8. Below it the
+/// launch is charged `cost × p` but never held — the trainer is idle, the GPU time is free, and
+/// holding it because of debt run up while the trainer was busy would waste exactly the idle time
+/// harvesting is for (measured on the simulated GPU: holding every launch left a function 10–12 %
+/// of the GPU beside a trainer idle half the time). Reasoning for 1/8: in idle phases p decays to
+/// a few percent within a few samples; in busy phases it is above 1/2.
+const HOLD_FROM_PPM: u32 = PPM / 8;
+/// Weight of a new sample in the collision probability: 1/2 (reasoning: at ≤ 1 sample per ms it
+/// crosses [`HOLD_FROM_PPM`] within ~3 samples after a phase change, well inside the trainer's
+/// phases of tens of ms; a smaller weight held launches through a good part of each idle phase).
+const COLLISION_WEIGHT_DIV: u32 = 2;
+/// Age after which the collision probability is unknown: 4 ms (reasoning: an active function is
+/// sampled every ~1 ms; older evidence — after a hold, say — may describe the other phase of a
+/// trainer whose phases last tens of ms). Launches on stale evidence are charged nothing up front
+/// and their contention after the fact, from the first fresh sample.
+pub const STALE_NS: u64 = 4_000_000;
+/// Calibration bounds: estimated GPU time is never scaled by less than 1/4 or more than 4
+/// (reasoning: the estimator's bias under time-slicing is the co-runners' share of a kernel's
+/// span, well inside these bounds; a wild accounting answer must not unthrottle a function).
+const CALIBRATION_MIN_PPM: u32 = PPM / 4;
+const CALIBRATION_MAX_PPM: u32 = PPM * 4;
+/// Weight of a new calibration observation: 1/2 (reasoning: observations are ~0.5 s apart and
+/// already averaged over that window; two of them settle it).
+const CALIBRATION_WEIGHT_DIV: u64 = 2;
+
+/// The collision time of a launch that measured `d_ns` with solo cost `d0_ns`:
+/// `min(d0, max(0, d − d0))`.
+pub fn collision_ns(d_ns: u64, d0_ns: u64) -> u64 {
+    d_ns.saturating_sub(d0_ns).min(d0_ns)
+}
+
+/// The current collision probability of one device's launches, in parts per million.
+#[derive(Debug, Default)]
+pub struct Collision {
+    p_ppm: AtomicU32,
+    /// When the last sample was folded in (CLOCK_MONOTONIC ns).
+    at: AtomicU64,
+}
+
+impl Collision {
+    /// The probability as of the last sample (ppm).
+    #[inline]
+    pub fn ppm(&self) -> u32 {
+        self.p_ppm.load(Relaxed)
+    }
+
+    /// The probability at `now`: 0 (unknown; charged after the fact) once the last sample is
+    /// older than [`STALE_NS`].
+    #[inline]
+    pub fn ppm_at(&self, now: u64) -> u32 {
+        if now.saturating_sub(self.at.load(Relaxed)) > STALE_NS {
+            0
+        } else {
+            self.ppm()
+        }
+    }
+
+    /// Folds a sample: `d_ns` measured, `d0_ns` solo, `wait_ns` how long it waited for the GPU
+    /// before starting when known (it was submitted to an idle stream; a time-sliced GPU makes a
+    /// context wait for another's slice before even its start event is processed). Its inflation
+    /// is `wait + max(0, d − d0)` and its collision `min(d0, inflation)`. Without a known wait a
+    /// sample that shows no inflation says nothing (it may have waited before its start event)
+    /// and is skipped. Returns the sample's collision time.
+    pub fn observe(&self, now: u64, d_ns: u64, d0_ns: u64, wait_ns: Option<u64>) -> u64 {
+        if d0_ns == 0 || (wait_ns.is_none() && d_ns <= d0_ns) {
+            return 0;
+        }
+        let inflation = wait_ns
+            .unwrap_or(0)
+            .saturating_add(d_ns.saturating_sub(d0_ns));
+        let c = inflation.min(d0_ns);
+        let f = (c as u128 * PPM as u128 / d0_ns as u128).min(PPM as u128) as u32;
+        // Racy read-modify-write is fine: a lost update only delays convergence.
+        let old = self.p_ppm.load(Relaxed);
+        let stale = now.saturating_sub(self.at.load(Relaxed)) > STALE_NS;
+        let new = if stale {
+            // Old evidence is no evidence: the sample alone says what is happening now.
+            f
+        } else if f >= old {
+            old + (f - old) / COLLISION_WEIGHT_DIV
+        } else {
+            old - (old - f) / COLLISION_WEIGHT_DIV
+        };
+        self.p_ppm.store(new, Relaxed);
+        self.at.store(now, Relaxed);
+        c
+    }
+}
+
+/// The contention bucket of one device: collision time at `budget_ppm` of wall time over
+/// [`CONTENTION_HORIZON_NS`].
+#[derive(Debug, Default)]
+pub struct Contention {
+    gate: Gate,
+}
+
+impl Contention {
+    /// Admits a launch of (calibrated) cost `cost_ns` with collision probability `p_ppm` under
+    /// `budget_ppm`: returns the contention charged and when the launch may go (`None` = now).
+    /// A budget of 0 (harvest off) charges and delays nothing.
+    #[inline]
+    pub fn admit(&self, now: u64, cost_ns: u64, p_ppm: u32, budget_ppm: u32) -> (u64, Option<u64>) {
+        if budget_ppm == 0 {
+            return (0, None);
+        }
+        let charged = expected_collision(cost_ns, p_ppm);
+        if p_ppm < HOLD_FROM_PPM {
+            // Most likely no collision (the trainer is idle): charged, never held.
+            self.gate.charge_ppm(now, charged, budget_ppm);
+            return (charged, None);
+        }
+        (
+            charged,
+            self.gate
+                .admit_ppm(now, charged, budget_ppm, CONTENTION_HORIZON_NS),
+        )
+    }
+
+    /// After the fact: a sampled launch admitted at `admitted` was charged `charged_ns` but
+    /// collided `measured_ns`; the excess is charged (later launches pay for it). Returns the
+    /// excess.
+    pub fn correct(
+        &self,
+        admitted: u64,
+        charged_ns: u64,
+        measured_ns: u64,
+        budget_ppm: u32,
+    ) -> u64 {
+        let excess = measured_ns.saturating_sub(charged_ns);
+        if budget_ppm > 0 && excess > 0 {
+            self.gate.charge_ppm(admitted, excess, budget_ppm);
+        }
+        excess
+    }
+}
+
+/// `cost × p`: the expected collision time of a launch.
+#[inline]
+pub fn expected_collision(cost_ns: u64, p_ppm: u32) -> u64 {
+    (cost_ns as u128 * p_ppm.min(PPM) as u128 / PPM as u128) as u64
+}
+
+/// A multiplier on estimated GPU time (ppm; 10⁶ = ×1), from the driver's per-process accounting.
+///
+/// Event pairs on a time-sliced GPU include the co-runners' slices whenever a kernel's span
+/// crosses a slice boundary — always, for kernels or graphs longer than a slice — and no event
+/// placement can separate them. The driver knows each process's own GPU time (NVML per-process
+/// utilization samples), so the runtime compares, over ~0.5 s windows, the GPU time it estimated
+/// with what the driver measured and scales its estimates by the ratio.
+#[derive(Debug)]
+pub struct Calibration {
+    ppm: AtomicU32,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Calibration {
+            ppm: AtomicU32::new(PPM),
+        }
+    }
+}
+
+impl Calibration {
+    /// The factor now (ppm).
+    #[inline]
+    pub fn ppm(&self) -> u32 {
+        self.ppm.load(Relaxed)
+    }
+
+    /// `estimated_ns` scaled by the factor.
+    #[inline]
+    pub fn apply(&self, estimated_ns: u64) -> u64 {
+        (estimated_ns as u128 * self.ppm() as u128 / PPM as u128) as u64
+    }
+
+    /// Folds an observation: over comparable windows the estimates (uncalibrated) came to
+    /// `estimated` GPU-ns per wall-ns and the driver measured `measured` GPU-ns per wall-ns (both
+    /// as parts per million of the device). Ignored when either is zero (nothing to compare).
+    pub fn observe(&self, estimated_ppm: u64, measured_ppm: u64) {
+        if estimated_ppm == 0 || measured_ppm == 0 {
+            return;
+        }
+        let seen = (measured_ppm as u128 * PPM as u128 / estimated_ppm as u128)
+            .clamp(CALIBRATION_MIN_PPM as u128, CALIBRATION_MAX_PPM as u128)
+            as u64;
+        let old = self.ppm() as u64;
+        let new = if seen >= old {
+            old + (seen - old) / CALIBRATION_WEIGHT_DIV
+        } else {
+            old - (old - seen) / CALIBRATION_WEIGHT_DIV
+        };
+        self.ppm.store(new as u32, Relaxed);
+    }
+
+    /// Back to ×1.
+    pub fn reset(&self) {
+        self.ppm.store(PPM, Relaxed);
+    }
+}
+
+/// What a function's launches on one device used, as the shim estimates it: cumulative GPU time
+/// and the part of it estimated to have collided with other contexts' work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Estimated GPU time of the admitted launches, ns (calibrated cost estimates).
+    pub gpu_ns: u64,
+    /// Estimated collision time, ns (charged at admission as `cost × p`, plus corrections).
+    pub contention_ns: u64,
+}
+
+/// The atomic counters behind [`Usage`].
+#[derive(Debug, Default)]
+pub struct UsageCounters {
+    gpu_ns: AtomicU64,
+    contention_ns: AtomicU64,
+}
+
+impl UsageCounters {
+    /// Adds to the counters.
+    #[inline]
+    pub fn add(&self, gpu_ns: u64, contention_ns: u64) {
+        if gpu_ns > 0 {
+            self.gpu_ns.fetch_add(gpu_ns, Relaxed);
+        }
+        if contention_ns > 0 {
+            self.contention_ns.fetch_add(contention_ns, Relaxed);
+        }
+    }
+
+    /// A snapshot.
+    pub fn get(&self) -> Usage {
+        Usage {
+            gpu_ns: self.gpu_ns.load(Relaxed),
+            contention_ns: self.contention_ns.load(Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const US: u64 = 1_000;
+    /// When the samples of these tests are taken.
+    const T: u64 = 5_000 * MS;
+
+    #[test]
+    fn collision_is_the_inflation_capped_at_the_solo_cost() {
+        assert_eq!(collision_ns(100 * US, 100 * US), 0);
+        assert_eq!(collision_ns(90 * US, 100 * US), 0);
+        assert_eq!(collision_ns(130 * US, 100 * US), 30 * US);
+        assert_eq!(collision_ns(2 * MS, 100 * US), 100 * US);
+    }
+
+    #[test]
+    fn a_launch_while_the_trainer_is_idle_is_charged_about_nothing() {
+        let (p, c) = (Collision::default(), Contention::default());
+        // A training phase (every sample collided), then an idle gap (samples at the solo cost).
+        for _ in 0..20 {
+            p.observe(T, 2 * MS, 100 * US, None);
+        }
+        for _ in 0..20 {
+            p.observe(T, 100 * US, 100 * US, Some(0));
+        }
+        let (charged, wait) = c.admit(T, 100 * US, p.ppm_at(T), 50_000);
+        assert!(charged <= US, "{charged}");
+        assert_eq!(wait, None);
+    }
+
+    #[test]
+    fn a_collided_launch_is_charged_its_cost() {
+        let (p, c) = (Collision::default(), Contention::default());
+        for _ in 0..40 {
+            // Waited 2 ms behind a trainer's slice: collided its whole solo cost.
+            p.observe(T, 2 * MS + 100 * US, 100 * US, None);
+        }
+        assert!(p.ppm() > PPM * 99 / 100, "{}", p.ppm());
+        let (charged, _) = c.admit(T, 100 * US, p.ppm_at(T), 50_000);
+        assert!((99 * US..=100 * US).contains(&charged), "{charged}");
+    }
+
+    #[test]
+    fn a_launch_that_waited_for_another_contexts_slice_collided() {
+        let p = Collision::default();
+        // Ran at its solo cost, but only after waiting 1.5 ms for the GPU.
+        assert_eq!(p.observe(T, 100 * US, 100 * US, Some(1_500 * US)), 100 * US);
+        assert_eq!(p.ppm(), PPM);
+    }
+
+    #[test]
+    fn old_evidence_is_no_evidence() {
+        let p = Collision::default();
+        for _ in 0..10 {
+            p.observe(T, 2 * MS, 100 * US, None);
+        }
+        assert!(p.ppm_at(T + STALE_NS) > PPM * 99 / 100);
+        assert_eq!(p.ppm_at(T + STALE_NS + 1), 0);
+        // The next sample replaces it rather than being averaged with it.
+        let later = T + STALE_NS + 1;
+        p.observe(later, 100 * US, 100 * US, Some(0));
+        assert_eq!(p.ppm_at(later), 0);
+    }
+
+    #[test]
+    fn a_clean_sample_of_unknown_wait_is_no_evidence() {
+        let p = Collision::default();
+        p.observe(T, 2 * MS, 100 * US, None);
+        let before = p.ppm();
+        assert_eq!(p.observe(T, 100 * US, 100 * US, None), 0);
+        assert_eq!(p.ppm(), before);
+    }
+
+    #[test]
+    fn the_collision_probability_reacts_within_a_few_samples() {
+        let p = Collision::default();
+        for _ in 0..6 {
+            p.observe(T, 200 * US, 100 * US, None);
+        }
+        assert!(p.ppm() > PPM * 8 / 10, "{}", p.ppm());
+        for _ in 0..6 {
+            p.observe(T, 100 * US, 100 * US, Some(0));
+        }
+        assert!(p.ppm() < PPM * 2 / 10, "{}", p.ppm());
+    }
+
+    #[test]
+    fn the_contention_bucket_paces_once_empty() {
+        let c = Contention::default();
+        let now = 5_000 * MS;
+        // 5 % of 1 s = 50 ms of collision; launches of 1 ms that always collide.
+        let mut free = 0;
+        while c.admit(now, MS, PPM, 50_000).1.is_none() {
+            free += 1;
+            assert!(free < 1000);
+        }
+        assert_eq!(free, 50);
+        // The 51st waited 20 ms (1 ms at 5 %); each further one 20 ms more.
+        assert_eq!(c.admit(now, MS, PPM, 50_000).1, Some(now + 40 * MS));
+    }
+
+    #[test]
+    fn a_launch_unlikely_to_collide_is_not_held_by_debt_but_is_charged() {
+        let c = Contention::default();
+        let now = 5_000 * MS;
+        assert_eq!(c.correct(now, 0, 100 * MS, 50_000), 100 * MS);
+        assert!(c.admit(now, MS, PPM, 50_000).1.is_some(), "in debt: held");
+        assert_eq!(c.admit(now, MS, PPM / 20, 50_000), (MS / 20, None));
+    }
+
+    #[test]
+    fn harvest_off_charges_and_delays_nothing() {
+        let c = Contention::default();
+        for _ in 0..10_000 {
+            assert_eq!(c.admit(5_000 * MS, MS, PPM, 0), (0, None));
+        }
+        assert_eq!(c.correct(5_000 * MS, 0, MS, 0), MS);
+        assert_eq!(c.admit(5_000 * MS, MS, 0, 50_000), (0, None));
+    }
+
+    #[test]
+    fn more_contention_than_charged_is_charged_after_the_fact() {
+        let c = Contention::default();
+        let now = 5_000 * MS;
+        // Charged nothing (p = 0), measured 50 ms of collision: the bucket (50 ms) is spent.
+        assert_eq!(c.correct(now, 0, 50 * MS, 50_000), 50 * MS);
+        assert!(c.admit(now, MS, PPM, 50_000).1.is_some());
+    }
+
+    #[test]
+    fn calibration_scales_estimates_to_the_measured_gpu_time() {
+        let k = Calibration::default();
+        assert_eq!(k.apply(1000), 1000);
+        // Estimates read 56 % of the device, the driver measured 50 %.
+        for _ in 0..12 {
+            k.observe(560_000, 500_000);
+        }
+        let f = k.ppm() as f64 / PPM as f64;
+        assert!((f - 50.0 / 56.0).abs() < 0.001, "{f}");
+        // Nothing to compare: unchanged.
+        k.observe(0, 500_000);
+        k.observe(560_000, 0);
+        assert!((k.ppm() as f64 / PPM as f64 - f).abs() < 1e-9);
+    }
+
+    #[test]
+    fn calibration_is_bounded() {
+        let k = Calibration::default();
+        for _ in 0..64 {
+            k.observe(1, 1_000_000);
+        }
+        assert!(k.ppm().abs_diff(CALIBRATION_MAX_PPM) <= 1, "{}", k.ppm());
+        for _ in 0..64 {
+            k.observe(1_000_000, 1);
+        }
+        assert!(k.ppm().abs_diff(CALIBRATION_MIN_PPM) <= 1, "{}", k.ppm());
+    }
+
+    #[test]
+    fn usage_counts_gpu_and_contention_time() {
+        let u = UsageCounters::default();
+        u.add(100, 0);
+        u.add(50, 20);
+        assert_eq!(
+            u.get(),
+            Usage {
+                gpu_ns: 150,
+                contention_ns: 20
+            }
+        );
+    }
+}
