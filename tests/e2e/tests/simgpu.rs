@@ -326,6 +326,10 @@ fn nvml_under_nvml_wrapper_agrees_with_the_driver() {
         .find(|p| p["pid"] == trainer.id().to_string())
         .unwrap_or_else(|| panic!("no utilization sample for the trainer: {out}"));
     assert!(num(t, "sm") >= 80.0, "{t:?}");
+    assert!(
+        ops(&l, "mps").is_empty(),
+        "no MPS clients without MPS: {out}"
+    );
     holder.kill().unwrap();
     let _ = holder.wait();
     let _ = trainer.wait();
@@ -441,6 +445,11 @@ fn mps_two_busy_processes_are_each_slowed_as_modelled() {
         );
     }
     assert!(num(ops(&l, "device")[0], "util") >= 80.0, "{nvml}");
+    // Both are listed as MPS clients.
+    let mps: Vec<&str> = ops(&l, "mps").iter().map(|p| p["pid"].as_str()).collect();
+    for pid in [pa, pb] {
+        assert!(mps.contains(&pid.to_string().as_str()), "{nvml}");
+    }
 }
 
 #[test]

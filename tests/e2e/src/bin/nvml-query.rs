@@ -46,6 +46,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             println!("op=process index={i} pid={} used={used}", p.pid);
         }
+        for p in d.mps_running_compute_processes()? {
+            println!("op=mps index={i} pid={}", p.pid);
+        }
         match d.process_utilization_stats(since) {
             Ok(samples) => {
                 for s in samples {
