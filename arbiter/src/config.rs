@@ -90,6 +90,7 @@ struct RawPolicy {
     name: Option<PolicyKind>,
     memory_safety: Option<Spanned<f64>>,
     theta_train: Option<Spanned<f64>>,
+    harvest: Option<bool>,
     min_share: Option<Spanned<u32>>,
     power_of_d: Option<Spanned<u32>>,
     lambda: Option<Spanned<f64>>,
@@ -142,6 +143,10 @@ pub struct Config {
     pub memory_safety: f64,
     /// θ_train: largest tolerated slowdown of a training job (fraction, 0.1 = 10 %).
     pub theta_train: f64,
+    /// Harvest mode (docs/harvest.md): functions get a budget of *collision* time with training,
+    /// θ/(1+θ) per GPU split among them, and may use idle GPU time freely; `false` keeps the
+    /// worst-case raw time shares θ/(u+θ).
+    pub harvest: bool,
     /// Smallest SM share granted, percent.
     pub min_share: u32,
     /// Power-of-d choices of the SMORE policy (GPUs sampled per placement).
@@ -190,6 +195,8 @@ impl Default for Config {
             // σ = 0.95 and θ_train = 0.10: SMORE's defaults (paper §V; DESIGN.md).
             memory_safety: 0.95,
             theta_train: 0.10,
+            // Harvest on: the raw worst-case shares starved functions (docs/demo.md, docs/harvest.md).
+            harvest: true,
             // 2 %: 2 ms of GPU time per 100 ms window still runs a few small kernels per window;
             // a higher floor admits fewer functions beside a busy trainer (the floors of all
             // functions must fit the θ_train time budget). Reasoning, not measured.
@@ -340,6 +347,9 @@ impl Config {
         }
         if let Some(v) = p.theta_train {
             c.theta_train = frac(v, "policy.theta_train", 0.0, 10.0)?;
+        }
+        if let Some(v) = p.harvest {
+            c.harvest = v;
         }
         if let Some(v) = p.lambda {
             let x = *v.get_ref();

@@ -14,7 +14,8 @@
 //! full speed; one beside a trainer that never idles gets `θ / (1 + θ)` of the GPU, as before.
 //!
 //! Owns: [`ContentionMeter`] (the measured collision fraction and the slowdown estimate over a
-//! sliding window), [`split`] (dividing the budget among functions by demand and urgency), and
+//! sliding window), [`UsageLedger`] (one function's reports turned into per-interval use and
+//! deadline misses), [`split`] (dividing the budget among functions by demand and urgency), and
 //! [`Harvest`] (the GPU's budget with an additive-increase / multiplicative-decrease calibration
 //! against the estimate, so a biased estimate or a burst allowance cannot hold the mean above θ).
 //!
@@ -43,12 +44,9 @@ pub const CONSTRAINED_AT: f64 = 0.8;
 /// as constrained within one interval rather than throttled for many.
 pub const HEADROOM: f64 = 1.5;
 
-/// Cumulative collision time of a GPU's functions, and the slowdown it implies over
-/// [`WINDOW_S`].
+/// Collision time of a GPU's functions, and the slowdown it implies over [`WINDOW_S`].
 #[derive(Debug, Default, Clone)]
 pub struct ContentionMeter {
-    /// Last cumulative collision ns reported per instance.
-    last: BTreeMap<u64, u64>,
     /// Collision ns accumulated across every instance ever on this GPU.
     total_ns: u64,
     /// (time s, total_ns) at each tick, oldest first, spanning at most [`WINDOW_S`].
@@ -56,21 +54,9 @@ pub struct ContentionMeter {
 }
 
 impl ContentionMeter {
-    /// Records instance `id`'s cumulative collision time. A counter that went backwards (the
-    /// function's process restarted its shim) counts from zero again.
-    pub fn record(&mut self, id: u64, cumulative_ns: u64) {
-        let prev = self.last.insert(id, cumulative_ns).unwrap_or(0);
-        let delta = if cumulative_ns >= prev {
-            cumulative_ns - prev
-        } else {
-            cumulative_ns
-        };
-        self.total_ns = self.total_ns.saturating_add(delta);
-    }
-
-    /// Forgets an instance that left (its collisions stay counted).
-    pub fn forget(&mut self, id: u64) {
-        self.last.remove(&id);
+    /// Adds collision time some function reported.
+    pub fn add(&mut self, ns: u64) {
+        self.total_ns = self.total_ns.saturating_add(ns);
     }
 
     /// Closes an observation at time `t` (seconds, any monotonic origin).
@@ -98,6 +84,66 @@ impl ContentionMeter {
     pub fn slowdown(&self) -> Option<f64> {
         self.fraction().map(slowdown_of_fraction)
     }
+}
+
+/// What a function process's shim reported: cumulative estimated GPU and collision time on its
+/// granted device, ns.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ShimUsage {
+    /// Estimated GPU time, ns.
+    pub gpu_ns: u64,
+    /// Estimated collision time with other contexts, ns.
+    pub contention_ns: u64,
+}
+
+/// One function instance's usage: the last cumulative report of each of its processes (workers
+/// report separately, each with its own counters), and what accrued since the last interval.
+#[derive(Debug, Default, Clone)]
+pub struct UsageLedger {
+    last: BTreeMap<u32, ShimUsage>,
+    interval: ShimUsage,
+    /// Requests reported since the last interval, and how many of them missed the SLO.
+    requests: (u64, u64),
+}
+
+impl UsageLedger {
+    /// Records process `pid`'s cumulative counters; returns what they added. A counter that went
+    /// backwards (a new process image under a recycled pid) counts from zero again.
+    pub fn record(&mut self, pid: u32, now: ShimUsage) -> ShimUsage {
+        let prev = self.last.insert(pid, now).unwrap_or_default();
+        let delta = |cur: u64, old: u64| if cur >= old { cur - old } else { cur };
+        let d = ShimUsage {
+            gpu_ns: delta(now.gpu_ns, prev.gpu_ns),
+            contention_ns: delta(now.contention_ns, prev.contention_ns),
+        };
+        self.interval.gpu_ns = self.interval.gpu_ns.saturating_add(d.gpu_ns);
+        self.interval.contention_ns = self.interval.contention_ns.saturating_add(d.contention_ns);
+        d
+    }
+
+    /// Counts reported request latencies against the SLO (ms).
+    pub fn record_latencies(&mut self, latencies_ms: &[f64], slo_ms: Option<f64>) {
+        for &l in latencies_ms.iter().filter(|l| l.is_finite() && **l >= 0.0) {
+            self.requests.0 += 1;
+            if slo_ms.is_some_and(|slo| l > slo) {
+                self.requests.1 += 1;
+            }
+        }
+    }
+
+    /// Closes the interval: what accrued, and the share of its requests that missed the SLO
+    /// (None without requests).
+    pub fn take_interval(&mut self) -> (ShimUsage, Option<f64>) {
+        let u = std::mem::take(&mut self.interval);
+        let (n, missed) = std::mem::take(&mut self.requests);
+        (u, (n > 0).then(|| missed as f64 / n as f64))
+    }
+}
+
+/// Urgency of a function whose requests missed their SLO at `miss_rate` (0..=1): 1 on time, up to
+/// 5 when every request misses — the weight its constrained claim gets in [`split`].
+pub fn urgency(miss_rate: Option<f64>) -> f64 {
+    1.0 + 4.0 * miss_rate.unwrap_or(0.0).clamp(0.0, 1.0)
 }
 
 /// `c / (1 − c)`: the slowdown of a job delayed for a fraction `c` of wall time (capped at 10).
@@ -272,8 +318,8 @@ mod tests {
         assert_eq!(m.fraction(), None, "no span yet");
         // Two functions collide for 50 ms and 50 ms of every second: c = 0.1 ⇒ s = 0.111.
         for s in 1..=5 {
-            m.record(1, s * 50_000_000);
-            m.record(2, s * 50_000_000);
+            m.add(50_000_000);
+            m.add(50_000_000);
             m.tick(s as f64);
         }
         assert!((m.fraction().unwrap() - 0.1).abs() < 1e-9);
@@ -284,7 +330,7 @@ mod tests {
     fn the_window_forgets_collisions_older_than_ten_seconds() {
         let mut m = ContentionMeter::default();
         m.tick(0.0);
-        m.record(1, 5_000_000_000); // 5 s of collisions in the first second
+        m.add(5_000_000_000); // 5 s of collisions in the first second
         m.tick(1.0);
         for s in 2..=20 {
             m.tick(s as f64);
@@ -293,14 +339,27 @@ mod tests {
     }
 
     #[test]
-    fn a_counter_that_restarts_counts_from_zero_and_departures_keep_their_time() {
-        let mut m = ContentionMeter::default();
-        m.tick(0.0);
-        m.record(1, 300_000_000);
-        m.record(1, 100_000_000); // restarted: +100 ms, not −200 ms
-        m.forget(1);
-        m.tick(2.0);
-        assert!((m.fraction().unwrap() - 0.2).abs() < 1e-9);
+    fn a_counter_that_restarts_counts_from_zero_and_each_worker_counts_apart() {
+        let mut l = UsageLedger::default();
+        let u = |g, c| ShimUsage {
+            gpu_ns: g,
+            contention_ns: c,
+        };
+        assert_eq!(l.record(10, u(300, 30)), u(300, 30));
+        assert_eq!(
+            l.record(11, u(50, 5)),
+            u(50, 5),
+            "another worker of the function"
+        );
+        assert_eq!(l.record(10, u(100, 10)), u(100, 10), "restarted: from zero");
+        assert_eq!(l.record(10, u(150, 10)), u(50, 0));
+        l.record_latencies(&[1.0, 9.0, f64::NAN, 12.0], Some(8.0));
+        let (sum, miss) = l.take_interval();
+        assert_eq!(sum, u(500, 45));
+        assert_eq!(miss, Some(2.0 / 3.0));
+        assert_eq!(l.take_interval(), (ShimUsage::default(), None));
+        assert_eq!(urgency(None), 1.0);
+        assert_eq!(urgency(Some(1.0)), 5.0);
     }
 
     #[test]

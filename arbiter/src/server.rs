@@ -14,7 +14,7 @@ use crate::gpus::{GpuSource, NvmlSource};
 use crate::metrics;
 use crate::policy::{FitPolicy, Policy};
 use crate::state::persist::{self, PersistFile};
-use crate::state::{Peer, State};
+use crate::state::{Peer, ShimUsage, State};
 use anyhow::{bail, Context, Result};
 use smore_protocol::conn::{peer_cred, recv_with_fd, send_with_fd};
 use smore_protocol::wire::{
@@ -374,9 +374,21 @@ fn handle(
             used_bytes,
             throttled_ns,
             refusals,
+            gpu_ns,
+            contention_ns,
         } => match need(registered) {
             Ok(id) => {
                 st.report(id, &latencies_ms, used_bytes, throttled_ns, refusals);
+                if let (Some(gpu_ns), Some(contention_ns)) = (gpu_ns, contention_ns) {
+                    st.report_usage(
+                        id,
+                        peer.pid,
+                        ShimUsage {
+                            gpu_ns,
+                            contention_ns,
+                        },
+                    );
+                }
                 (Reply::Ok, None)
             }
             Err(e) => (e, None),

@@ -425,6 +425,8 @@ fn flush(inner: &mut Inner) -> SmoreStatus {
         used_bytes: None,
         throttled_ns: None,
         refusals: None,
+        gpu_ns: None,
+        contention_ns: None,
     }) {
         Ok(Reply::Ok) => SmoreStatus::Ok,
         Ok(r) => fail(SmoreStatus::Protocol, format!("unexpected reply {r:?}")),

@@ -40,7 +40,32 @@ fn mean_iter(out: &str, from: usize) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
-fn run_loop(policy_toml: &str) -> (f64, Vec<u32>, f64) {
+/// What one loop run measured.
+struct Run {
+    /// The trainer's slowdown while the functions ran (its iteration times against alone).
+    slowdown: f64,
+    /// The functions' raw shares, percent.
+    shares: Vec<u32>,
+    /// Their collision budgets, ppm (0: harvest off).
+    budgets: Vec<u64>,
+    /// Requests the functions served.
+    served: f64,
+    /// The arbiter's training-slowdown estimates seen while the functions ran.
+    estimates: Vec<f64>,
+}
+
+fn status(socket: &std::path::Path) -> serde_json::Value {
+    let Reply::Status { snapshot } = Client::connect(socket)
+        .unwrap()
+        .call(Request::Status)
+        .unwrap()
+    else {
+        panic!()
+    };
+    snapshot
+}
+
+fn run_loop(policy_toml: &str) -> Run {
     let sim = SimGpu::builder()
         .devices(1)
         .memory("16GiB")
@@ -95,20 +120,25 @@ fn run_loop(policy_toml: &str) -> (f64, Vec<u32>, f64) {
                 .unwrap()
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
-    let Reply::Status { snapshot } = Client::connect(&socket)
-        .unwrap()
-        .call(Request::Status)
-        .unwrap()
-    else {
-        panic!()
-    };
-    let shares: Vec<u32> = snapshot["gpus"][0]["functions"]
-        .as_array()
-        .unwrap()
+    std::thread::sleep(Duration::from_millis(1500));
+    let snapshot = status(&socket);
+    let functions = snapshot["gpus"][0]["functions"].as_array().unwrap().clone();
+    let shares: Vec<u32> = functions
         .iter()
         .map(|f| f["share"].as_u64().unwrap() as u32)
         .collect();
+    let budgets: Vec<u64> = functions
+        .iter()
+        .map(|f| f["contention_ppm"].as_u64().unwrap())
+        .collect();
+    // The estimate over the functions' run (10 s window: it includes ~2 s before they came).
+    let mut estimates = Vec::new();
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(500));
+        if let Some(e) = status(&socket)["gpus"][0]["harvest"]["slowdown_estimate"].as_f64() {
+            estimates.push(e);
+        }
+    }
     let mut served = 0.0;
     for f in fns {
         let out = f.wait_with_output().unwrap();
@@ -136,12 +166,23 @@ fn run_loop(policy_toml: &str) -> (f64, Vec<u32>, f64) {
         .collect();
     let during: Vec<f64> = v.iter().copied().skip(50).take(80).collect();
     let colocated = during.iter().sum::<f64>() / during.len().max(1) as f64;
-    (colocated / alone - 1.0, shares, served)
+    Run {
+        slowdown: colocated / alone - 1.0,
+        shares,
+        budgets,
+        served,
+        estimates,
+    }
 }
 
 #[test]
 fn the_fit_policy_keeps_the_trainer_within_theta_while_functions_run() {
-    let (slowdown, shares, served) = run_loop("name = \"fit\"");
+    let Run {
+        slowdown,
+        shares,
+        served,
+        ..
+    } = run_loop("name = \"fit\"\nharvest = false");
     eprintln!(
         "fit: trainer slowdown {:.1} %, shares {shares:?}, function requests served {served}",
         slowdown * 100.0
@@ -165,7 +206,12 @@ fn the_fit_policy_keeps_the_trainer_within_theta_while_functions_run() {
 
 #[test]
 fn the_smore_policy_keeps_the_trainer_within_theta_while_functions_run() {
-    let (slowdown, shares, served) = run_loop("name = \"smore\"");
+    let Run {
+        slowdown,
+        shares,
+        served,
+        ..
+    } = run_loop("name = \"smore\"\nharvest = false");
     eprintln!(
         "smore: trainer slowdown {:.1} %, shares {shares:?}, function requests served {served}",
         slowdown * 100.0
@@ -179,5 +225,52 @@ fn the_smore_policy_keeps_the_trainer_within_theta_while_functions_run() {
         "trainer slowed by {:.1} % > θ_train {:.0} %",
         slowdown * 100.0,
         THETA * 100.0
+    );
+}
+
+#[test]
+fn harvest_keeps_the_trainer_within_theta_and_publishes_an_estimate_of_its_slowdown() {
+    let r = run_loop("name = \"fit\"");
+    eprintln!(
+        "harvest: trainer slowdown {:.1} %, shares {:?}, budgets {:?} ppm, requests served {}, estimates {:?}",
+        r.slowdown * 100.0,
+        r.shares,
+        r.budgets,
+        r.served,
+        r.estimates
+    );
+    assert_eq!(
+        r.shares,
+        vec![100, 100],
+        "harvest: no raw share beside training"
+    );
+    assert!(
+        r.budgets.iter().all(|&b| b > 0) && r.budgets.iter().sum::<u64>() <= 90_910,
+        "the collision budget θ/(1+θ) is split among the functions: {:?}",
+        r.budgets
+    );
+    assert!(
+        r.served > 100.0,
+        "the functions got GPU time ({})",
+        r.served
+    );
+    assert!(
+        r.slowdown <= THETA + SLACK,
+        "trainer slowed by {:.1} % > θ_train {:.0} %",
+        r.slowdown * 100.0,
+        THETA * 100.0
+    );
+    assert!(
+        !r.estimates.is_empty(),
+        "the arbiter publishes its estimate"
+    );
+    // The estimate's window (10 s) still holds a little of the time before the functions came,
+    // so it trails the truth slightly; it must be of the truth's size, not of NVML's noise.
+    let last = *r.estimates.last().unwrap();
+    assert!(
+        (last - r.slowdown).abs() <= 0.05,
+        "estimate {:.1} % vs the trainer's own {:.1} %",
+        last * 100.0,
+        r.slowdown * 100.0
     );
 }

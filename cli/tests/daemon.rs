@@ -477,7 +477,9 @@ fn malformed_messages_get_errors_and_do_not_disturb_others() {
             latencies_ms: vec![3.0],
             used_bytes: None,
             throttled_ns: None,
-            refusals: None
+            refusals: None,
+            gpu_ns: None,
+            contention_ns: None,
         })
         .unwrap(),
         Reply::Ok

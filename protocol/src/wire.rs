@@ -85,6 +85,14 @@ pub enum Request {
         /// Allocations the shim refused (cumulative).
         #[serde(default)]
         refusals: Option<u64>,
+        /// The reporting process's estimated GPU time on its granted device, ns (cumulative, the
+        /// shim's harvest counters; a hint — NVML is the authority).
+        #[serde(default)]
+        gpu_ns: Option<u64>,
+        /// The reporting process's estimated collision time with other contexts on that device,
+        /// ns (cumulative; docs/harvest.md).
+        #[serde(default)]
+        contention_ns: Option<u64>,
     },
     /// Request-level admission (SMORE style): may one more request run now?
     Admit {
@@ -416,6 +424,8 @@ mod tests {
             used_bytes: Some(10),
             throttled_ns: None,
             refusals: Some(1),
+            gpu_ns: Some(5_000_000),
+            contention_ns: Some(1_000_000),
         }));
         for r in [
             Request::Admit { request: Some(3) },

@@ -18,6 +18,7 @@
 //! use it; re-registration always opens a new one).
 
 use crate::config::Config;
+use crate::harvest::Usage;
 use crate::limits::GrantPage;
 use crate::sys::grant;
 use smore_protocol::conn::Client;
@@ -346,6 +347,64 @@ pub fn reregister(r: &Resume, last_cap: u64, visible: Option<&str>) -> Rejoin {
         }
         Ok((other, _)) => Rejoin::Refused(format!("unexpected reply {other:?}")),
         Err(e) => Rejoin::Unreachable(format!("re-registration failed: {e}")),
+    }
+}
+
+/// The shim's usage reports to the arbiter (docs/harvest.md): cumulative estimated GPU and
+/// collision time on the granted device, sent over a connection of the reporter's own, attached to
+/// the instance — never over the registration connection, which other processes of the function
+/// may share (a forked worker holds the same socket).
+#[derive(Default)]
+pub struct Reporter {
+    conn: Option<Client>,
+    last: Option<Usage>,
+}
+
+impl Reporter {
+    /// Sends `usage` for `instance` unless it is what was sent last. A failure drops the
+    /// connection; the next call connects again.
+    pub fn report(
+        &mut self,
+        socket: &std::path::Path,
+        instance: u64,
+        usage: Usage,
+    ) -> Result<(), String> {
+        if self.last == Some(usage) {
+            return Ok(());
+        }
+        if self.conn.is_none() {
+            let c = Client::from_stream(connect(socket)?);
+            match c.call(Request::Attach { instance }) {
+                Ok(Reply::Granted(_)) => self.conn = Some(c),
+                Ok(other) => return Err(format!("attach refused: {other:?}")),
+                Err(e) => return Err(format!("attach failed: {e}")),
+            }
+        }
+        let Some(c) = &self.conn else {
+            return Err("no connection".into());
+        };
+        let r = c.call(Request::Report {
+            latencies_ms: Vec::new(),
+            used_bytes: None,
+            throttled_ns: None,
+            refusals: None,
+            gpu_ns: Some(usage.gpu_ns),
+            contention_ns: Some(usage.contention_ns),
+        });
+        match r {
+            Ok(Reply::Ok) => {
+                self.last = Some(usage);
+                Ok(())
+            }
+            Ok(other) => {
+                self.conn = None;
+                Err(format!("report refused: {other:?}"))
+            }
+            Err(e) => {
+                self.conn = None;
+                Err(format!("report failed: {e}"))
+            }
+        }
     }
 }
 

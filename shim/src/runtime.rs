@@ -198,8 +198,9 @@ fn init() -> &'static Runtime {
             // A fork child of the process `smore run` registered: it shares that process's
             // grant page, but the registration (and its resumption) is the parent's.
             os::close_fd(r.conn);
+            crate::watch::spawn_reporter(r.socket.clone(), r.instance, r.slot, usage);
         } else {
-            crate::watch::spawn(rt.config.policy, &rt.limits, r);
+            crate::watch::spawn(rt.config.policy, &rt.limits, r, usage);
         }
     }
     rt

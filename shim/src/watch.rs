@@ -13,13 +13,19 @@
 //! On a re-registration (same instance id, a new page) the new page is swapped in with one atomic
 //! store; the old mapping is leaked (4 KiB), so a hook still reading it reads valid memory.
 //!
+//! Between hang-up checks (every [`REPORT_PERIOD_MS`]) it sends the process's usage counters
+//! (estimated GPU and collision time, docs/harvest.md) to the arbiter over a connection of its own
+//! ([`Reporter`]); a fork child of a `smore run` process, which has no watcher, gets a thread that
+//! only reports ([`spawn_reporter`]).
+//!
 //! Owns the thread and its back-off. Must never: take a lock the hooks take (it only loads and
-//! stores the runtime's page pointer and writes log lines), read or write the inherited
-//! `smore run` connection (it only polls it for the hang-up), panic across its boundary, or
-//! keep the host alive (the thread is detached; process exit ends it).
+//! stores the runtime's page pointer, reads the usage counters and writes log lines), read or
+//! write the inherited `smore run` connection (it only polls it for the hang-up), panic across
+//! its boundary, or keep the host alive (the thread is detached; process exit ends it).
 
-use crate::client::{self, Rejoin, Resume};
+use crate::client::{self, Rejoin, Reporter, Resume};
 use crate::config::{FailurePolicy, Level};
+use crate::harvest::Usage;
 use crate::limits::{GrantPage, MAX_DEVICES};
 use crate::log;
 use crate::sys::os::{self, StaticRef};
@@ -34,18 +40,33 @@ pub const MAX_RETRY: Duration = Duration::from_secs(1);
 /// Delay after the arbiter answered but did not grant: 10 s (reasoning: a refusal is a placement
 /// decision; asking every second would flood the arbiter's event log with the same refusal).
 pub const REFUSED_RETRY: Duration = Duration::from_secs(10);
+/// Period of the usage reports (docs/harvest.md): 1 s, in ms. Reasoning: the arbiter re-splits
+/// collision budgets every second and estimates the training slowdown over 10 s; an idle
+/// function whose counters did not move sends nothing, so the arbiter's cost grows with the
+/// functions that run, not with those that exist.
+pub const REPORT_PERIOD_MS: i32 = 1000;
+
+/// Where the watcher reads this process's usage on a device (the runtime's counters, passed down:
+/// this layer does not import the runtime).
+pub type UsageOf = fn(usize) -> Usage;
 
 /// Starts the watcher of the live limits page `limits` (the runtime's: the watcher swaps pages in
 /// it) under failure policy `policy`. If the thread cannot be created the connection stays open
 /// (its fd is never closed) and the grant simply cannot be resumed after a restart.
-pub fn spawn(policy: FailurePolicy, limits: &'static StaticRef<GrantPage>, r: Resume) {
+pub fn spawn(
+    policy: FailurePolicy,
+    limits: &'static StaticRef<GrantPage>,
+    r: Resume,
+    usage: UsageOf,
+) {
     let started = std::thread::Builder::new()
         .name("smore-arbiter".into())
         .stack_size(256 << 10)
         .spawn(move || {
             os::block_signals();
-            let _ =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| watch(policy, limits, r)));
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                watch(policy, limits, r, usage)
+            }));
         });
     if let Err(e) = started {
         log::line(
@@ -66,10 +87,45 @@ fn closed_page(last: &GrantPage) -> &'static GrantPage {
     page
 }
 
-fn watch(policy: FailurePolicy, limits: &'static StaticRef<GrantPage>, mut r: Resume) {
+/// Starts a thread that only reports usage (a fork child of the process `smore run` registered:
+/// the registration and its resumption are the parent's, but the child's launches are its own).
+pub fn spawn_reporter(socket: std::path::PathBuf, instance: u64, slot: usize, usage: UsageOf) {
+    let _ = std::thread::Builder::new()
+        .name("smore-report".into())
+        .stack_size(128 << 10)
+        .spawn(move || {
+            os::block_signals();
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut rep = Reporter::default();
+                loop {
+                    std::thread::sleep(Duration::from_millis(REPORT_PERIOD_MS as u64));
+                    report(&mut rep, &socket, instance, usage(slot));
+                }
+            }));
+        });
+}
+
+/// One usage report; a failure is logged at debug level (the arbiter may be restarting).
+fn report(rep: &mut Reporter, socket: &std::path::Path, instance: u64, u: Usage) {
+    if let Err(e) = rep.report(socket, instance, u) {
+        log::line(Level::Debug, format_args!("usage report not sent: {e}"));
+    }
+}
+
+fn watch(
+    policy: FailurePolicy,
+    limits: &'static StaticRef<GrantPage>,
+    mut r: Resume,
+    usage: UsageOf,
+) {
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let mut rep = Reporter::default();
     loop {
-        os::wait_hangup(r.conn);
+        // Between hang-up checks, report usage (on a connection of its own: see `Reporter`).
+        while !os::wait_hangup_for(r.conn, REPORT_PERIOD_MS) {
+            report(&mut rep, &r.socket, r.instance, usage(r.slot));
+        }
+        rep = Reporter::default();
         os::close_fd(r.conn);
         let granted = limits.get();
         let last_cap = granted.cap(r.slot);

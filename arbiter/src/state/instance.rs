@@ -6,6 +6,7 @@
 use super::persist::Record;
 use super::watchdog::SmOveruse;
 use crate::grantpage::PageHandle;
+use crate::harvest::UsageLedger;
 use serde::Serialize;
 use smore_protocol::grant::MAX_DEVICES;
 use std::collections::VecDeque;
@@ -49,6 +50,17 @@ pub struct Instance {
     pub sm_used: Option<u32>,
     /// Whether every process of the instance has the shim mapped (None: not checked yet).
     pub shim_loaded: Option<bool>,
+    /// Harvest: its part of the GPU's collision budget, ppm of wall time (0: harvest off).
+    pub contention_ppm: u32,
+    /// Harvest: collision time it used over the last interval, ppm of wall time.
+    pub contention_used_ppm: u32,
+    /// Harvest: GPU time it used over the last interval (its shims' estimate), ppm of wall time.
+    pub gpu_used_ppm: u32,
+    /// Harvest: share of its requests that missed the SLO over the last interval.
+    pub miss_rate: Option<f64>,
+    /// Harvest: its shims' reports.
+    #[serde(skip)]
+    pub usage: UsageLedger,
     /// Recent request latencies, ms.
     #[serde(skip)]
     pub latencies: VecDeque<f64>,
@@ -80,6 +92,11 @@ impl Instance {
             deferred: 0,
             sm_used: None,
             shim_loaded: None,
+            contention_ppm: 0,
+            contention_used_ppm: 0,
+            gpu_used_ppm: 0,
+            miss_rate: None,
+            usage: UsageLedger::default(),
             latencies: VecDeque::new(),
             acted_on: false,
             over_share: SmOveruse::default(),
@@ -114,6 +131,11 @@ impl Instance {
             let page = p.page();
             for d in 0..MAX_DEVICES {
                 if d as u32 == self.rec.slot {
+                    // The budget first: a raw share of 100 with no budget yet would be a moment
+                    // of no gating at all.
+                    if page.contention(d) != self.contention_ppm {
+                        page.set_contention(d, self.contention_ppm);
+                    }
                     page.set(d, self.rec.cap, self.rec.share);
                 } else if page.cap(d) != 0 {
                     // Devices the instance was not admitted to: no memory at all.

@@ -26,6 +26,8 @@ use crate::budget::{FunctionLoad, TimeBudget};
 use crate::config::{Config, WatchdogAction};
 use crate::gpus::{GpuInfo, GpuSample};
 use crate::grantpage::PageHandle;
+pub use crate::harvest::ShimUsage;
+use crate::harvest::{self, ContentionMeter, Demand, Harvest};
 use crate::policy::{Admission, Ask, Decision, GpuView, GrantView, Policy};
 use events::{Event, EventKind, EventLog};
 use facts::{Clock, LiveProcs, ProcFacts, SystemClock};
@@ -43,6 +45,10 @@ pub use watchdog::Violation;
 /// Reconcile rounds between two observations fed to the policy's online learning (20 × 250 ms
 /// = 5 s: long enough for NVML's 1/6 s samples and the reported latencies to average out).
 pub const OBSERVE_EVERY: u64 = 20;
+/// Reconcile rounds between two harvest steps (4 × 250 ms = 1 s): each GPU's collision budget is
+/// split again among its functions by what they used over the interval (docs/harvest.md). Shims
+/// report their counters about once a second; a shorter interval would mostly see no report.
+pub const HARVEST_EVERY: u64 = 4;
 
 /// An instance id (what the protocol's `Grant::instance` carries).
 pub type InstanceId = u64;
@@ -113,10 +119,16 @@ pub struct Gpu {
     /// The functions' time budget.
     #[serde(flatten)]
     pub budget: TimeBudget,
+    /// Harvest: the functions' collision time with training, as their shims report it.
+    #[serde(skip)]
+    pub meter: ContentionMeter,
+    /// Harvest: the GPU's collision budget.
+    #[serde(skip)]
+    pub harvest: Harvest,
 }
 
 impl Gpu {
-    fn new(info: GpuInfo) -> Gpu {
+    fn new(info: GpuInfo, theta: f64) -> Gpu {
         Gpu {
             info,
             used: 0,
@@ -125,6 +137,8 @@ impl Gpu {
             training_used: 0,
             estimate: TrainingEstimate::default(),
             budget: TimeBudget::default(),
+            meter: ContentionMeter::default(),
+            harvest: Harvest::new(theta),
         }
     }
 
@@ -197,6 +211,8 @@ pub struct State {
     prewarm_minute: Option<u64>,
     /// Reconcile rounds so far (observations go to the policy every OBSERVE_EVERY rounds).
     rounds: u64,
+    /// When the last harvest step ran (the clock's seconds).
+    harvest_at: Option<f64>,
     clock: Box<dyn Clock>,
     procs: Box<dyn ProcFacts>,
 }
@@ -252,7 +268,7 @@ impl State {
                     .as_ref()
                     .is_none_or(|l| l.contains(&g.index))
             })
-            .map(Gpu::new)
+            .map(|g| Gpu::new(g, cfg.theta_train))
             .collect();
         // The decision log: only a daemon with a state directory keeps one.
         let log = cfg
@@ -274,6 +290,7 @@ impl State {
             prewarm,
             prewarm_minute: None,
             rounds: 0,
+            harvest_at: None,
             clock,
             procs,
         };
@@ -397,11 +414,31 @@ impl State {
             return;
         };
         let view = self.view(g);
-        let shares = self.policy.shares(&self.cfg, &view);
+        let harvesting = self.cfg.harvest && view.has_training;
+        let mut shares = self.policy.shares(&self.cfg, &view);
+        if harvesting {
+            // Harvest mode: the collision budget protects training; the raw share is the
+            // operator's override or the whole GPU (docs/harvest.md).
+            for (id, share) in shares.iter_mut() {
+                *share = view
+                    .grants
+                    .iter()
+                    .find(|x| x.instance == *id)
+                    .and_then(|x| x.share_override)
+                    .unwrap_or(100);
+            }
+        }
+        let budgets = if harvesting {
+            self.split_budget(gpu)
+        } else {
+            BTreeMap::new()
+        };
         for (id, share) in shares {
             if let Some(i) = self.instances.get_mut(&id) {
-                if i.rec.share != share {
+                let ppm = budgets.get(&id).copied().unwrap_or(0);
+                if i.rec.share != share || i.contention_ppm != ppm {
                     i.rec.share = share;
+                    i.contention_ppm = ppm;
                     i.write_page();
                     self.dirty = true;
                 }
@@ -698,6 +735,8 @@ impl State {
             }
         }
         if let Some(i) = self.instances.get_mut(&id) {
+            i.usage
+                .record_latencies(latencies, Some(i.rec.slo_ms).filter(|s| *s > 0.0));
             i.add_latencies(latencies);
             if used.is_some() {
                 i.used_hint = used;
@@ -708,6 +747,93 @@ impl State {
             if let Some(r) = refusals {
                 i.refusals = r;
             }
+        }
+    }
+
+    /// Folds a shim's usage report (cumulative counters of process `pid` of instance `id`) into
+    /// the instance's ledger and its GPU's collision meter. A report is the function's word about
+    /// itself: it can lower nobody's budget but the reporting function's own GPU's estimate, and
+    /// the watchdog acts on NVML, not on reports (docs/harvest.md).
+    pub fn report_usage(&mut self, id: InstanceId, pid: u32, usage: ShimUsage) {
+        let Some(i) = self.instances.get_mut(&id) else {
+            return;
+        };
+        let added = i.usage.record(pid, usage);
+        let gpu = i.rec.gpu;
+        if let Some(g) = self.gpus.iter_mut().find(|g| g.info.index == gpu) {
+            g.meter.add(added.contention_ns);
+        }
+    }
+
+    /// Splits `gpu`'s collision budget among its instances by what they used over the last
+    /// interval and how their requests fare ([`harvest::split`]).
+    fn split_budget(&self, gpu: u32) -> BTreeMap<InstanceId, u32> {
+        let Some(g) = self.gpus.iter().find(|g| g.info.index == gpu) else {
+            return BTreeMap::new();
+        };
+        let ids: Vec<&Instance> = self
+            .instances
+            .values()
+            .filter(|i| i.rec.gpu == gpu)
+            .collect();
+        let demands: Vec<Demand> = ids
+            .iter()
+            .map(|i| Demand {
+                granted_ppm: i.contention_ppm,
+                used_ppm: i.contention_used_ppm,
+                urgency: harvest::urgency(i.miss_rate),
+            })
+            .collect();
+        let out = harvest::split(g.harvest.total_ppm(), &demands);
+        // 0 on the page means "harvest off": a function beside a training job always keeps 1 ppm.
+        ids.iter()
+            .zip(out)
+            .map(|(i, ppm)| (i.rec.id, ppm.max(1)))
+            .collect()
+    }
+
+    /// One harvest step (every [`HARVEST_EVERY`] rounds): closes each instance's usage interval,
+    /// ticks each GPU's collision meter, and splits the budgets again.
+    fn harvest_step(&mut self) {
+        let now = self.clock.now();
+        let span = self.harvest_at.map(|t| now - t).filter(|s| *s > 0.0);
+        self.harvest_at = Some(now);
+        for i in self.instances.values_mut() {
+            let (used, miss) = i.usage.take_interval();
+            i.miss_rate = miss;
+            if let Some(span) = span {
+                let ppm = |ns: u64| (ns as f64 / 1e9 / span * harvest::PPM as f64).round() as u32;
+                i.contention_used_ppm = ppm(used.contention_ns).min(harvest::PPM);
+                i.gpu_used_ppm = ppm(used.gpu_ns).min(harvest::PPM);
+            }
+        }
+        let observe = self.rounds.is_multiple_of(OBSERVE_EVERY);
+        let mut resplit = Vec::new();
+        for g in &mut self.gpus {
+            if g.training.is_empty() {
+                g.meter.reset();
+                continue;
+            }
+            g.meter.tick(now);
+            if observe {
+                if let Some(s) = g.meter.slowdown() {
+                    if g.harvest.observe(s) {
+                        tracing::info!(
+                            "GPU {}: estimated training slowdown {:.1} % (θ {:.0} %) → collision budget ×{:.2}",
+                            g.info.index,
+                            s * 100.0,
+                            g.harvest.theta() * 100.0,
+                            g.harvest.calibration()
+                        );
+                    }
+                }
+            }
+            if self.cfg.harvest {
+                resplit.push(g.info.index);
+            }
+        }
+        for gpu in resplit {
+            self.reshare(gpu);
         }
     }
 
@@ -842,6 +968,9 @@ impl State {
             self.reshare(gpu);
         }
         self.rounds += 1;
+        if self.rounds.is_multiple_of(HARVEST_EVERY) {
+            self.harvest_step();
+        }
         if self.rounds.is_multiple_of(OBSERVE_EVERY) {
             self.observe();
         }
@@ -963,6 +1092,15 @@ impl State {
                     })
                     .collect();
                 let mut v = serde_json::to_value(g).unwrap_or_default();
+                v["harvest"] = serde_json::json!({
+                    "enabled": self.cfg.harvest,
+                    "theta": g.harvest.theta(),
+                    "slowdown_estimate": g.meter.slowdown().filter(|_| !g.training.is_empty()),
+                    "collision_fraction": g.meter.fraction().filter(|_| !g.training.is_empty()),
+                    "slowdown_nvml": g.estimate.slowdown().filter(|_| !g.training.is_empty()),
+                    "budget_ppm": g.harvest.total_ppm(),
+                    "calibration": g.harvest.calibration(),
+                });
                 v["granted"] = serde_json::json!(view.grants.iter().map(|x| x.cap).sum::<u64>());
                 v["free_for_functions"] =
                     serde_json::json!(view.free_for_functions(self.cfg.memory_safety));

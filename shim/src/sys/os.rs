@@ -154,20 +154,29 @@ pub fn pid() -> u32 {
 /// reading from it: `poll(POLLRDHUP)` never consumes data another holder of the connection may be
 /// waiting for, and does not wake for data (`POLLIN` is not asked for). Retries on EINTR.
 pub fn wait_hangup(fd: RawFd) {
+    while !wait_hangup_for(fd, -1) {}
+}
+
+/// Like [`wait_hangup`], for at most `timeout_ms` (−1: no limit): true if the peer hung up (or
+/// `fd` erred), false if the time passed first.
+pub fn wait_hangup_for(fd: RawFd, timeout_ms: i32) -> bool {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLRDHUP,
         revents: 0,
     };
     loop {
-        // SAFETY: one valid pollfd; an infinite timeout is this thread's purpose.
-        let r = unsafe { libc::poll(&mut p, 1, -1) };
+        // SAFETY: one valid pollfd, living across the call; any timeout is valid for poll.
+        let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
         let gone = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
         if r > 0 && p.revents & gone != 0 {
-            return;
+            return true;
+        }
+        if r == 0 {
+            return false;
         }
         if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return;
+            return true;
         }
     }
 }

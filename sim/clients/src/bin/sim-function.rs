@@ -108,6 +108,8 @@ impl Admission {
                 used_bytes: None,
                 throttled_ns: None,
                 refusals: None,
+                gpu_ns: None,
+                contention_ns: None,
             });
         }
     }
