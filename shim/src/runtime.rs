@@ -4,10 +4,13 @@
 //! registers [`after_fork_child`] with `sys::os`), and the reset in a fork child.
 //!
 //! Owns the enforcement decisions: reserve/commit/rollback around allocations, the virtualised
-//! memory info, launch admission and event sampling, the context-footprint charge. Must never:
-//! call the real driver twice for one hooked call, take a lock on the launch path except the
-//! sampler's (a `try_lock` on a periodic sample, ≤ 1 per ms; a blocking lock only around the
-//! first, unmeasured launch of a kernel or graph), or sleep a launch on an unthrottled device.
+//! memory info, launch admission (raw share and, in harvest mode, the contention bucket) and event
+//! sampling (costs, queueing waits, collisions), the calibration of estimates against NVML
+//! (≤ 2 per s per device, on a sampled launch), the usage counters, the context-footprint charge.
+//! Must never: call the real driver twice for one hooked call, take a lock on the launch path
+//! except the sampler's (a `try_lock` on a periodic sample, ≤ 1 per ms; a blocking lock only
+//! around the first, unmeasured launch of a kernel or graph and around a probe after a capped
+//! contention hold), or sleep a launch on an unthrottled device.
 
 use crate::client::{self, Source};
 use crate::config::{self, Config, FailurePolicy, Level};
