@@ -22,7 +22,7 @@ use rand::{Rng, SeedableRng};
 use smore_predictor::catalog::Catalog;
 use smore_predictor::multiway::SgdConfig;
 use smore_predictor::pairwise::{ForestParams, PairModel};
-use smore_predictor::sched::{GpuSnapshot, PendingItem, Resident, SchedConfig, Scheduler};
+use smore_predictor::sched::{GpuSnapshot, PendingItem, Resident, Retry, SchedConfig, Scheduler};
 use smore_predictor::synth::{generate, pressure, Pressure, SynthParams};
 use smore_predictor::table::PairTable;
 use smore_predictor::{DegradationModel, ModelKey, Predictor, Role};
@@ -38,6 +38,44 @@ pub const SMORE_REPORTED: [(&str, f64, f64, f64, f64); 4] = [
     ("ElasticFlow", 66.0, 19.0, 2.5, 21.0),
     ("SMORE", 65.0, 20.0, 1.7, 19.0),
 ];
+
+/// The trainers' utilization mix of the simulated cluster (docs/eval.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mix {
+    /// Production-like: solo SM utilizations spread as in published characterizations of
+    /// training clusters ([`PHILLY_QUANTILES`]); each GPU gets the catalog training
+    /// configuration nearest its stratified quantile.
+    Philly,
+    /// Every training configuration that fits, dealt round-robin: mostly ~98 % busy trainers.
+    Busy,
+}
+
+/// Quantile function of the production-like trainer mix: (fraction of jobs, solo SM
+/// utilization), linear in between. Median 0.52 — the median GPU utilization of training jobs in
+/// Microsoft's Philly cluster (Jeon et al., USENIX ATC'19, "Analysis of Large-Scale Multi-Tenant
+/// GPU Clusters for DNN Training Workloads"); the quartiles (0.20, 0.80) and the ends are this
+/// project's assumption giving the wide spread ("many jobs far below") both Philly and Alibaba
+/// PAI (Weng et al., NSDI'22) report. Derivation: docs/eval.md.
+pub const PHILLY_QUANTILES: [(f64, f64); 5] = [
+    (0.0, 0.02),
+    (0.25, 0.20),
+    (0.5, 0.52),
+    (0.75, 0.80),
+    (1.0, 0.98),
+];
+
+/// The production-like mix's solo utilization at quantile `p` ∈ [0, 1].
+pub fn philly_quantile(p: f64) -> f64 {
+    let p = p.clamp(0.0, 1.0);
+    for w in PHILLY_QUANTILES.windows(2) {
+        let ((p0, u0), (p1, u1)) = (w[0], w[1]);
+        if p <= p1 {
+            return u0 + (u1 - u0) * (p - p0) / (p1 - p0);
+        }
+    }
+    PHILLY_QUANTILES[PHILLY_QUANTILES.len() - 1].1
+}
 
 /// `smore eval colocation` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -72,9 +110,25 @@ pub struct EvalArgs {
     /// θ_train for SMORE.
     #[arg(long, default_value_t = 0.10)]
     pub theta_train: f64,
-    /// Power of d for SMORE.
-    #[arg(long, default_value_t = 2)]
+    /// Power of d for SMORE (chosen by the sweep in docs/eval.md).
+    #[arg(long, default_value_t = DEFAULT_D)]
     pub power_of_d: usize,
+    /// When SMORE looks at a refused request again: `on-change` (a GPU changed or its slack
+    /// halved) or SMORE's blind `backoff` (1, 2, 4 … 64 rounds).
+    #[arg(long, value_enum, default_value_t = RetryArg::OnChange)]
+    pub retry: RetryArg,
+    /// SMORE priorities within a factor (1 + this) are ordered by deadline (0 = exact ties).
+    #[arg(long, default_value_t = DEFAULT_DEADLINE_TIE)]
+    pub deadline_tie: f64,
+    /// Trainer utilization mix.
+    #[arg(long, value_enum, default_value_t = Mix::Philly)]
+    pub mix: Mix,
+    /// Several seeds: every figure is the median over them (each metric separately).
+    #[arg(long, value_delimiter = ',')]
+    pub seeds: Vec<u64>,
+    /// Print SMORE's figures for each of these d instead of the table (median over the seeds).
+    #[arg(long, value_delimiter = ',')]
+    pub sweep_d: Vec<usize>,
     /// σ of the log-normal noise on the ground truth (and on the predictor's training data).
     #[arg(long, default_value_t = 0.15)]
     pub noise: f64,
@@ -101,13 +155,32 @@ impl Default for EvalArgs {
             catalog: None,
             slo_factor: vec![1.5, 3.0],
             theta_train: 0.10,
-            power_of_d: 2,
+            power_of_d: DEFAULT_D,
+            retry: RetryArg::OnChange,
+            deadline_tie: DEFAULT_DEADLINE_TIE,
+            mix: Mix::Philly,
+            seeds: vec![],
+            sweep_d: vec![],
             noise: 0.15,
             trees: 100,
             seed: 1,
             json: false,
         }
     }
+}
+
+/// SMORE's d in the evaluation: the best DSR of the sweep in docs/eval.md (both mixes).
+pub const DEFAULT_D: usize = 16;
+/// Near-tie factor of SMORE's priority in the evaluation (docs/eval.md, measured).
+pub const DEFAULT_DEADLINE_TIE: f64 = 0.25;
+
+/// `--retry`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RetryArg {
+    /// SMORE's exponential back-off.
+    Backoff,
+    /// Re-evaluate when a GPU changed or the slack halved.
+    OnChange,
 }
 
 /// The policies compared.
@@ -331,8 +404,9 @@ fn scenario(a: &EvalArgs) -> Result<Scenario> {
             pressure(&gpu, m, p),
         )
     };
-    // Trainers: every training configuration whose memory leaves room (≤ 60 % of the GPU),
-    // dealt round-robin after a seeded shuffle.
+    // Trainers: training configurations whose memory leaves room (≤ 60 % of the GPU), after a
+    // seeded shuffle; `busy` deals them round-robin, `philly` gives each GPU the configuration
+    // whose solo utilization is nearest a stratified quantile of the production-like mix.
     let mut tkeys: Vec<ModelKey> = cat
         .configs(&gpu.name, Role::Training)
         .into_iter()
@@ -342,9 +416,34 @@ fn scenario(a: &EvalArgs) -> Result<Scenario> {
         bail!("no training configuration of `{}` fits", gpu.name);
     }
     tkeys.shuffle(&mut rng);
-    let trainers: Vec<Trainer> = (0..a.gpus)
-        .map(|i| {
-            let key = tkeys[i % tkeys.len()].clone();
+    let dealt: Vec<ModelKey> = match a.mix {
+        Mix::Busy => (0..a.gpus)
+            .map(|i| tkeys[i % tkeys.len()].clone())
+            .collect(),
+        Mix::Philly => {
+            let mut targets: Vec<f64> = (0..a.gpus)
+                .map(|i| philly_quantile((i as f64 + 0.5) / a.gpus as f64))
+                .collect();
+            targets.shuffle(&mut rng);
+            targets
+                .iter()
+                .map(|&u| {
+                    tkeys
+                        .iter()
+                        .min_by(|x, y| {
+                            let dx = (prof(x, Role::Training).1 - u).abs();
+                            let dy = (prof(y, Role::Training).1 - u).abs();
+                            dx.total_cmp(&dy)
+                        })
+                        .expect("tkeys is not empty")
+                        .clone()
+                })
+                .collect()
+        }
+    };
+    let trainers: Vec<Trainer> = dealt
+        .into_iter()
+        .map(|key| {
             let (_, util, memory, press) = prof(&key, Role::Training);
             Trainer {
                 key,
@@ -480,15 +579,19 @@ fn simulate(
         d: a.power_of_d.max(1),
         sigma: SIGMA,
         theta_train: a.theta_train,
+        retry: match a.retry {
+            RetryArg::Backoff => Retry::Backoff,
+            RetryArg::OnChange => Retry::OnChange,
+        },
+        deadline_tie: a.deadline_tie,
         ..SchedConfig::default()
     };
     // SMORE's queue, priority order and requeueing are `sched::Scheduler`'s (the only
     // implementation); the other policies keep their requests in `pending`.
     let mut smore: Option<Scheduler<Req>> = match policy {
-        PolicyName::Smore => Some(
-            Scheduler::new(cfg.clone(), seed)
-                .context("SMORE's settings (--power-of-d, --theta-train) are out of range")?,
-        ),
+        PolicyName::Smore => Some(Scheduler::new(cfg.clone(), seed).context(
+            "SMORE's settings (--power-of-d, --theta-train, --deadline-tie) are out of range",
+        )?),
         _ => None,
     };
     let dt = a.step_ms;
@@ -741,36 +844,127 @@ fn item_of(r: &Req, f: &Func, now: f64) -> PendingItem {
     }
 }
 
-/// The whole comparison: one row per policy, same trace.
+/// The seeds of a run: `--seeds`, else `--seed`.
+fn seeds(a: &EvalArgs) -> Vec<u64> {
+    if a.seeds.is_empty() {
+        vec![a.seed]
+    } else {
+        a.seeds.clone()
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Per policy, the median of each metric over the seeds' rows (`runs[seed][policy]`).
+fn median_rows(runs: &[Vec<PolicyResult>]) -> Vec<PolicyResult> {
+    let m = |f: &dyn Fn(&PolicyResult) -> f64, i: usize| {
+        median(runs.iter().map(|r| f(&r[i])).collect())
+    };
+    (0..runs[0].len())
+        .map(|i| PolicyResult {
+            policy: runs[0][i].policy,
+            dsr: m(&|r| r.dsr, i),
+            gui: m(&|r| r.gui, i),
+            sfd: m(&|r| r.sfd, i),
+            sld: m(&|r| r.sld, i),
+            requests: m(&|r| r.requests as f64, i).round() as usize,
+            served: m(&|r| r.served as f64, i).round() as usize,
+            dropped: m(&|r| r.dropped as f64, i).round() as usize,
+        })
+        .collect()
+}
+
+/// The whole comparison: one row per policy, same trace per seed; with several seeds each figure
+/// is the median over them.
 pub fn evaluate(a: &EvalArgs) -> Result<(Vec<PolicyResult>, String)> {
-    let sc = scenario(a)?;
     let excl = a.exclusive_gpus.unwrap_or(a.gpus.div_ceil(4)).max(1);
-    let rows = PolicyName::ALL
-        .iter()
-        .map(|&p| simulate(p, &sc, a, excl))
-        .collect::<Result<Vec<_>>>()?;
+    let seeds = seeds(a);
+    let mut runs = Vec::with_capacity(seeds.len());
+    let mut requests = Vec::new();
+    let mut info = (0, 0);
+    for &seed in &seeds {
+        let a = EvalArgs { seed, ..a.clone() };
+        let sc = scenario(&a)?;
+        requests.push(sc.trace.len().to_string());
+        info = (sc.funcs.len(), sc.predictor_rows);
+        runs.push(
+            PolicyName::ALL
+                .iter()
+                .map(|&p| simulate(p, &sc, &a, excl))
+                .collect::<Result<Vec<_>>>()?,
+        );
+    }
+    let rows = median_rows(&runs);
+    let seed_list: Vec<String> = seeds.iter().map(|s| s.to_string()).collect();
     let header = format!(
         "SIMULATED — ground truth = synthetic interference model (predictor::synth), not a GPU \
-         measurement.\n{} GPUs ({} profiles, estimated) each running one training job; {} \
-         requests/min for {} s ({} requests) over {} functions; SLO = solo × U[{}, {}]; \
-         exclusive serves on {} dedicated GPUs; seed {}.\nPredictions: random forests ({} trees) \
-         on {} SYNTHETIC rows (α = 0.2); θ_train = {}, d = {}.",
+         measurement.\n{} GPUs ({} profiles, estimated) each running one training job, trainer \
+         mix `{}`; {} requests/min for {} s ({} requests) over {} functions; SLO = solo × U[{}, \
+         {}]; exclusive serves on {} dedicated GPUs; seed{} {}{}.\nPredictions: random forests \
+         ({} trees) on {} SYNTHETIC rows (α = 0.2); θ_train = {}, d = {}, retry {:?}, \
+         deadline tie {}.",
         a.gpus,
         a.gpu_type,
+        mix_label(a.mix),
         a.rate,
         a.seconds,
-        sc.trace.len(),
-        sc.funcs.len(),
+        requests.join("/"),
+        info.0,
         a.slo_factor[0],
         a.slo_factor[1],
         excl,
-        a.seed,
+        if seeds.len() > 1 { "s" } else { "" },
+        seed_list.join(","),
+        if seeds.len() > 1 {
+            " (every figure: the median over the seeds)"
+        } else {
+            ""
+        },
         a.trees,
-        sc.predictor_rows,
+        info.1,
         a.theta_train,
-        a.power_of_d
+        a.power_of_d,
+        a.retry,
+        a.deadline_tie
     );
     Ok((rows, header))
+}
+
+fn mix_label(m: Mix) -> &'static str {
+    match m {
+        Mix::Philly => "philly",
+        Mix::Busy => "busy",
+    }
+}
+
+/// SMORE's figures for each d of `--sweep-d` (median over the seeds): (d, row).
+pub fn sweep_d(a: &EvalArgs) -> Result<Vec<(usize, PolicyResult)>> {
+    let excl = a.exclusive_gpus.unwrap_or(a.gpus.div_ceil(4)).max(1);
+    let mut per_d: Vec<Vec<Vec<PolicyResult>>> = vec![Vec::new(); a.sweep_d.len()];
+    for seed in seeds(a) {
+        let a = EvalArgs { seed, ..a.clone() };
+        let sc = scenario(&a)?;
+        for (k, &d) in a.sweep_d.iter().enumerate() {
+            let a = EvalArgs {
+                power_of_d: d,
+                ..a.clone()
+            };
+            per_d[k].push(vec![simulate(PolicyName::Smore, &sc, &a, excl)?]);
+        }
+    }
+    Ok(a.sweep_d
+        .iter()
+        .zip(per_d)
+        .map(|(&d, runs)| (d, median_rows(&runs).remove(0)))
+        .collect())
 }
 
 /// Formats the table (percent).
@@ -807,6 +1001,29 @@ pub fn table(rows: &[PolicyResult], header: &str) -> String {
 
 /// `smore eval colocation`.
 pub fn run(a: EvalArgs) -> Result<()> {
+    if !a.sweep_d.is_empty() {
+        println!(
+            "SIMULATED — smore with each d (mix `{}`, {} GPUs, {} req/min, seeds {:?}, median):",
+            mix_label(a.mix),
+            a.gpus,
+            a.rate,
+            seeds(&a)
+        );
+        println!(
+            "{:>4} {:>7} {:>7} {:>7} {:>7}",
+            "d", "DSR", "GUI", "SFD", "SLD"
+        );
+        for (d, r) in sweep_d(&a)? {
+            println!(
+                "{d:>4} {:>6.1}% {:>6.1}% {:>6.1}% {:>6.1}%",
+                r.dsr * 100.0,
+                r.gui * 100.0,
+                r.sfd * 100.0,
+                r.sld * 100.0
+            );
+        }
+        return Ok(());
+    }
     let (rows, header) = evaluate(&a)?;
     if a.json {
         for r in &rows {
@@ -881,6 +1098,70 @@ mod tests {
             "SLD",
         ] {
             assert!(text.contains(p), "{text}");
+        }
+    }
+
+    #[test]
+    fn the_philly_mix_has_the_documented_distribution_and_busy_stays_busy() {
+        assert_eq!(philly_quantile(0.0), 0.02);
+        assert_eq!(philly_quantile(0.5), 0.52);
+        assert!(
+            (philly_quantile(0.375) - 0.36).abs() < 1e-12,
+            "linear between knots"
+        );
+        assert_eq!(philly_quantile(1.0), 0.98);
+        let utils = |mix| {
+            let a = EvalArgs {
+                gpus: 16,
+                trees: 1,
+                seconds: 0.1,
+                mix,
+                ..EvalArgs::default()
+            };
+            let mut u: Vec<f64> = scenario(&a)
+                .unwrap()
+                .trainers
+                .iter()
+                .map(|t| t.util)
+                .collect();
+            u.sort_by(f64::total_cmp);
+            u
+        };
+        let u = utils(Mix::Philly);
+        // Each GPU's trainer is the catalog configuration nearest its stratified quantile; the
+        // catalog's utilizations are discrete, so allow its gaps.
+        let med = (u[7] + u[8]) / 2.0;
+        assert!((med - 0.52).abs() <= 0.12, "median {med}: {u:?}");
+        assert!(
+            u.iter().filter(|&&x| x <= 0.25).count() >= 4,
+            "≥ a quarter far below: {u:?}"
+        );
+        assert!(
+            u.iter().filter(|&&x| x >= 0.75).count() >= 4,
+            "≥ a quarter busy: {u:?}"
+        );
+        let b = utils(Mix::Busy);
+        assert!((b[7] + b[8]) / 2.0 >= 0.9, "busy: mostly ~98 % busy: {b:?}");
+    }
+
+    #[test]
+    fn several_seeds_report_the_median() {
+        let a = EvalArgs {
+            seconds: 1.0,
+            ..small()
+        };
+        let one = |seed| evaluate(&EvalArgs { seed, ..a.clone() }).unwrap().0;
+        let (r1, r2, r3) = (one(1), one(2), one(3));
+        let (m, header) = evaluate(&EvalArgs {
+            seeds: vec![1, 2, 3],
+            ..a.clone()
+        })
+        .unwrap();
+        assert!(header.contains("median"), "{header}");
+        for i in 0..m.len() {
+            let mut v = [r1[i].dsr, r2[i].dsr, r3[i].dsr];
+            v.sort_by(f64::total_cmp);
+            assert_eq!(m[i].dsr, v[1], "{}", m[i].policy);
         }
     }
 
