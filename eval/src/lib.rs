@@ -22,7 +22,9 @@ use rand::{Rng, SeedableRng};
 use smore_predictor::catalog::Catalog;
 use smore_predictor::multiway::SgdConfig;
 use smore_predictor::pairwise::{ForestParams, PairModel};
-use smore_predictor::sched::{GpuSnapshot, PendingItem, Resident, Retry, SchedConfig, Scheduler};
+use smore_predictor::sched::{
+    self, GpuSnapshot, PendingItem, Resident, Retry, SchedConfig, Scheduler,
+};
 use smore_predictor::synth::{generate, pressure, Pressure, SynthParams};
 use smore_predictor::table::PairTable;
 use smore_predictor::{DegradationModel, ModelKey, Predictor, Role};
@@ -120,6 +122,10 @@ pub struct EvalArgs {
     /// SMORE priorities within a factor (1 + this) are ordered by deadline (0 = exact ties).
     #[arg(long, default_value_t = DEFAULT_DEADLINE_TIE)]
     pub deadline_tie: f64,
+    /// SMORE admits a GPU refused on θ_train at a full SM share when a smaller share meets θ_train
+    /// and the SLO, and runs the request at that share — the arbiter's step (docs/predictor.md).
+    #[arg(long, action = clap::ArgAction::Set, default_value_t = true)]
+    pub share_sizing: bool,
     /// Trainer utilization mix.
     #[arg(long, value_enum, default_value_t = Mix::Philly)]
     pub mix: Mix,
@@ -158,6 +164,7 @@ impl Default for EvalArgs {
             power_of_d: DEFAULT_D,
             retry: RetryArg::OnChange,
             deadline_tie: DEFAULT_DEADLINE_TIE,
+            share_sizing: true,
             mix: Mix::Philly,
             seeds: vec![],
             sweep_d: vec![],
@@ -172,7 +179,7 @@ impl Default for EvalArgs {
 /// SMORE's d in the evaluation: the best DSR of the sweep in docs/eval.md (both mixes).
 pub const DEFAULT_D: usize = 16;
 /// Near-tie factor of SMORE's priority in the evaluation (docs/eval.md, measured).
-pub const DEFAULT_DEADLINE_TIE: f64 = 0.25;
+pub const DEFAULT_DEADLINE_TIE: f64 = 0.5;
 
 /// `--retry`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -275,6 +282,9 @@ struct Running {
     /// Solo-time of work left, ms.
     work_left: f64,
     noise: f64,
+    /// Fraction of its unthrottled speed its SM time share allows, min(1, share/u) (the share
+    /// model of docs/predictor.md); it presses on the GPU in the same proportion. 1 = full.
+    rate: f64,
 }
 
 struct SimGpu {
@@ -302,7 +312,7 @@ impl SimGpu {
             + self
                 .running
                 .iter()
-                .map(|r| funcs[r.req.func].util)
+                .map(|r| funcs[r.req.func].util * r.rate)
                 .sum::<f64>()
     }
 }
@@ -541,6 +551,19 @@ fn fits(g: &SimGpu, mem: u64) -> bool {
 }
 
 fn start(g: &mut SimGpu, req: Req, now: f64, sc: &Scenario, rng: &mut StdRng, noise: f64) {
+    start_at(g, req, now, sc, rng, noise, 1.0);
+}
+
+/// Starts `req` on `g` throttled to `rate` of its speed ([`Running::rate`]).
+fn start_at(
+    g: &mut SimGpu,
+    req: Req,
+    now: f64,
+    sc: &Scenario,
+    rng: &mut StdRng,
+    noise: f64,
+    rate: f64,
+) {
     let f = &sc.funcs[req.func];
     g.used += f.memory;
     g.snap.used = g.used;
@@ -556,6 +579,7 @@ fn start(g: &mut SimGpu, req: Req, now: f64, sc: &Scenario, rng: &mut StdRng, no
         start: now.max(req.arrival),
         work_left: f.solo_ms,
         noise: (noise * normal(rng)).exp(),
+        rate,
     });
 }
 
@@ -584,6 +608,7 @@ fn simulate(
             RetryArg::OnChange => Retry::OnChange,
         },
         deadline_tie: a.deadline_tie,
+        share_sizing: a.share_sizing,
         ..SchedConfig::default()
     };
     // SMORE's queue, priority order and requeueing are `sched::Scheduler`'s (the only
@@ -633,8 +658,18 @@ fn simulate(
                     item.slo_ms = r.deadline - now;
                     alive(r)
                 });
-                s.run_round_with(&mut gpus, &sc.predictor, |g, _, r| {
-                    start(g, r, now, sc, &mut rng, a.noise)
+                s.run_round_with(&mut gpus, &sc.predictor, |g, item, r| {
+                    // The share the arbiter would grant (sized before the function joins).
+                    let rate = if cfg.share_sizing {
+                        sched::size_new_function(&cfg, &g.snap, item, &sc.predictor)
+                            .and_then(|d| d.share)
+                            .map_or(1.0, |s| {
+                                (s as f64 / 100.0 / item.sm_util.max(0.01)).min(1.0)
+                            })
+                    } else {
+                        1.0
+                    };
+                    start_at(g, r, now, sc, &mut rng, a.noise, rate)
                 });
             }
             None => place(
@@ -654,7 +689,13 @@ fn simulate(
             let ps: Vec<Pressure> = g
                 .running
                 .iter()
-                .map(|r| sc.funcs[r.req.func].press)
+                .map(|r| {
+                    let p = sc.funcs[r.req.func].press;
+                    Pressure {
+                        sm: p.sm * r.rate,
+                        bw: p.bw * r.rate,
+                    }
+                })
                 .collect();
             let (d_train, d_fn) = truth(tp, &ps);
             if let Some(t) = g.trainer {
@@ -669,7 +710,7 @@ fn simulate(
             // lie inside this step); `slow` keeps the factor to interpolate its completion.
             let mut slow = Vec::with_capacity(g.running.len());
             for (i, r) in g.running.iter_mut().enumerate() {
-                let x = 1.0 + d_fn[i] * r.noise;
+                let x = (1.0 + d_fn[i] * r.noise) / r.rate;
                 let from = r.start.max(now);
                 r.work_left -= (now + dt - from) / x;
                 slow.push(x);
@@ -910,7 +951,7 @@ pub fn evaluate(a: &EvalArgs) -> Result<(Vec<PolicyResult>, String)> {
          mix `{}`; {} requests/min for {} s ({} requests) over {} functions; SLO = solo × U[{}, \
          {}]; exclusive serves on {} dedicated GPUs; seed{} {}{}.\nPredictions: random forests \
          ({} trees) on {} SYNTHETIC rows (α = 0.2); θ_train = {}, d = {}, retry {:?}, \
-         deadline tie {}.",
+         deadline tie {}, share sizing {}.",
         a.gpus,
         a.gpu_type,
         mix_label(a.mix),
@@ -933,7 +974,8 @@ pub fn evaluate(a: &EvalArgs) -> Result<(Vec<PolicyResult>, String)> {
         a.theta_train,
         a.power_of_d,
         a.retry,
-        a.deadline_tie
+        a.deadline_tie,
+        a.share_sizing
     );
     Ok((rows, header))
 }

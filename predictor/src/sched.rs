@@ -45,6 +45,9 @@ pub struct SchedConfig {
     pub max_attempts: Option<u32>,
     /// When a refused item is looked at again ([`Retry`]).
     pub retry: Retry,
+    /// [`Scheduler`] applies the arbiter's share-sizing step ([`refine_with_share`]) to every
+    /// candidate, as the arbiter's policy does (beyond SMORE).
+    pub share_sizing: bool,
     /// Near-ties in priority, ordered by deadline: priorities within a factor (1 + this) of each
     /// other (same logarithmic bucket) are ordered by time left ([`PendingItem::slo_ms`]),
     /// earliest first. 0 = exact ties only.
@@ -68,6 +71,7 @@ impl Default for SchedConfig {
             backoff_max: 64,
             max_attempts: None,
             retry: Retry::Backoff,
+            share_sizing: false,
             deadline_tie: 0.0,
             protect_residents: true,
             share_grid: (1..=20).map(|i| i * 5).collect(),
@@ -616,17 +620,8 @@ pub fn refine_with_share(
     if !((e.score.is_some() || theta_only) && snap.training.is_some()) {
         return e;
     }
-    let mut s2 = snap.clone();
-    s2.functions.push(Resident {
-        id: item.id,
-        key: item.key.clone(),
-        slo_ms: item.slo_ms,
-        solo_latency_ms: item.solo_latency_ms,
-        sm_util: item.sm_util,
-    });
-    let k = s2.functions.len();
-    // size_gpu_shares answers in resident order: the new function is the last one.
-    let Some((_, d)) = size_gpu_shares(cfg, &s2, model).pop() else {
+    let k = snap.functions.len() + 1;
+    let Some(d) = size_new_function(cfg, snap, item, model) else {
         return e;
     };
     match d.share {
@@ -849,7 +844,13 @@ impl<T> Scheduler<T> {
             }
             let cfg = &self.cfg;
             let choice = choose(&Candidates::fixed(cands), fast, |g| {
-                Some(evaluate_candidate(cfg, gpus[g].as_ref(), &q.item, model))
+                let snap = gpus[g].as_ref();
+                let e = evaluate_candidate(cfg, snap, &q.item, model);
+                Some(if cfg.share_sizing {
+                    refine_with_share(cfg, snap, &q.item, e, model)
+                } else {
+                    e
+                })
             });
             let chosen = choice.chosen.map(|(g, _)| g);
             let explanation = choice.explain(&q.item);
@@ -1115,30 +1116,55 @@ pub fn size_gpu_shares(
     model: &dyn DegradationModel,
 ) -> Vec<(u64, ShareDecision)> {
     let keys: Vec<&ModelKey> = gpu.functions.iter().map(|r| &r.key).collect();
-    let k = keys.len().max(1) as f64;
     gpu.functions
         .iter()
         .enumerate()
-        .map(|(j, r)| {
-            let d_train_full = match &gpu.training {
-                Some(t) => model.train_deg(t, &[&r.key]).unwrap_or(f64::INFINITY),
-                None => 0.0,
-            };
-            let d_fn = model
-                .fn_deg(gpu.training.as_ref(), &keys, j)
-                .unwrap_or(f64::INFINITY);
-            let inp = ShareInput {
-                d_train_full,
-                theta: cfg.theta_train / k,
-                correction: gpu.train_correction,
-                d_fn,
-                sm_util: r.sm_util,
-                solo_latency_ms: r.solo_latency_ms,
-                slo_ms: r.slo_ms,
-            };
-            (r.id, size_share(&cfg.share_grid, &inp))
-        })
+        .map(|(j, r)| (r.id, size_resident(cfg, gpu, &keys, j, model)))
         .collect()
+}
+
+/// The share of resident `j` of `gpu` (`keys` = every resident's key, in order): θ_train split
+/// equally among the residents (the one sizing rule of [`size_gpu_shares`]).
+fn size_resident(
+    cfg: &SchedConfig,
+    gpu: &GpuSnapshot,
+    keys: &[&ModelKey],
+    j: usize,
+    model: &dyn DegradationModel,
+) -> ShareDecision {
+    let r = &gpu.functions[j];
+    let d_train_full = match &gpu.training {
+        Some(t) => model.train_deg(t, &[&r.key]).unwrap_or(f64::INFINITY),
+        None => 0.0,
+    };
+    let d_fn = model
+        .fn_deg(gpu.training.as_ref(), keys, j)
+        .unwrap_or(f64::INFINITY);
+    let inp = ShareInput {
+        d_train_full,
+        theta: cfg.theta_train / keys.len().max(1) as f64,
+        correction: gpu.train_correction,
+        d_fn,
+        sm_util: r.sm_util,
+        solo_latency_ms: r.solo_latency_ms,
+        slo_ms: r.slo_ms,
+    };
+    size_share(&cfg.share_grid, &inp)
+}
+
+/// The share `item` would get as one more resident of `snap` ([`size_gpu_shares`]' rule), or
+/// None when no training job runs there (nothing to protect: a full share).
+pub fn size_new_function(
+    cfg: &SchedConfig,
+    snap: &GpuSnapshot,
+    item: &PendingItem,
+    model: &dyn DegradationModel,
+) -> Option<ShareDecision> {
+    snap.training.as_ref()?;
+    let mut s2 = snap.clone();
+    s2.add_resident(item);
+    let keys: Vec<&ModelKey> = s2.functions.iter().map(|r| &r.key).collect();
+    Some(size_resident(cfg, &s2, &keys, keys.len() - 1, model))
 }
 
 /// Online correction of D̂_train from observed training degradation (e.g. NVML-derived slowdown

@@ -731,7 +731,7 @@ fn preferred_candidate_is_taken_at_once_and_widening_only_when_nothing_fits() {
     let model = fake();
     let it = item(1, "small", 100.0, 1);
     // GPU 0 acceptable but worse than GPU 1: preferred ⇒ taken without looking further.
-    let gpus = vec![
+    let gpus = [
         gpu(0, "hightrain", 1),
         gpu(1, "lowtrain", 1),
         gpu(2, "lowtrain", 1),
@@ -748,7 +748,7 @@ fn preferred_candidate_is_taken_at_once_and_widening_only_when_nothing_fits() {
     assert_eq!(seen, vec![0], "an acceptable preferred GPU ends the search");
     // Only the GPU outside the sample fits: widening finds it; without widening, refusal.
     for _ in 0..8 {
-        let full = vec![
+        let full = [
             gpu(0, "lowtrain", 10),
             gpu(1, "lowtrain", 10),
             gpu(2, "lowtrain", 1),
@@ -803,6 +803,35 @@ fn share_sizing_step_admits_a_theta_refusal_with_a_smaller_share_and_refuses_slo
     free.training = None;
     let e = evaluate_candidate(&cfg, &free, &it, &model);
     assert_eq!(refine_with_share(&cfg, &free, &it, e.clone(), &model), e);
+}
+
+#[test]
+fn a_new_function_is_sized_like_the_last_resident_of_size_gpu_shares() {
+    let cfg = all_gpus_cfg();
+    let model = fake();
+    let mut g = gpu(0, "hightrain", 1);
+    g.functions.push(Resident {
+        id: 7,
+        key: ModelKey::new("small", 1),
+        slo_ms: 100.0,
+        solo_latency_ms: 10.0,
+        sm_util: 0.3,
+    });
+    let it = item(1, "big", 1000.0, 1);
+    let d = size_new_function(&cfg, &g, &it, &model).unwrap();
+    let mut all = g.clone();
+    all.add_resident(&it);
+    let (id, last) = size_gpu_shares(&cfg, &all, &model).pop().unwrap();
+    assert_eq!((id, d), (1, last));
+    // θ is split between the two residents: a smaller share than alone.
+    let alone = size_new_function(&cfg, &gpu(0, "hightrain", 1), &it, &model).unwrap();
+    assert!(
+        d.share.unwrap() < alone.share.unwrap(),
+        "{d:?} vs {alone:?}"
+    );
+    let mut free = g.clone();
+    free.training = None;
+    assert_eq!(size_new_function(&cfg, &free, &it, &model), None);
 }
 
 #[test]
