@@ -2,8 +2,10 @@
 //! in a SIMULATION — the same seeded request trace under exclusive serving, Random, EDF with
 //! utilization admission, an ElasticFlow-like EDF with degradation-greedy placement, and SMORE.
 //!
-//! Owns: the time-stepped simulator (GPUs with one training job each, request arrivals, service
-//! with interference), the baseline policies, and the metrics table (DSR, GUI, SFD, SLD).
+//! Owns: the time-stepped simulator (GPUs with one training job each drawn from a trainer
+//! utilization [`Mix`], request arrivals, service with interference and SM shares), the baseline
+//! policies, the metrics table (DSR, GUI, SFD, SLD) and its median over seeds. SMORE itself is
+//! `smore_predictor::sched::Scheduler` (the one implementation), driven one round per step.
 //!
 //! Two models are kept strictly apart (docs/eval.md):
 //! - **ground truth**: the synthetic interference model of `smore_predictor::synth` (generalised

@@ -3,10 +3,15 @@
 //! Inputs are abstract snapshots ([`GpuSnapshot`], [`PendingItem`]) and a [`DegradationModel`];
 //! outputs are decisions with an [`Explanation`] each (for `smore status` and the decision log).
 //!
-//! Owns: priority order, power-of-d sampling, the σ memory rule, the θ_train and SLO admission
-//! rules, argmin/first-fit choice, requeue back-off, share sizing and its online correction.
+//! Owns: THE implementation of Algorithm 1 — priority order (with optional near-ties by
+//! deadline), candidate order ([`Candidates`]: power of d, a preferred GPU, widening), the σ
+//! memory rule, the θ_train and SLO admission rules, argmin/first-fit choice ([`choose`]), the
+//! queue with requeue back-off or deadline-aware re-evaluation ([`Scheduler`], [`Retry`]) — and
+//! share sizing with its online correction. The arbiter's policy and the cluster evaluation call
+//! this; they must not re-implement any of it (docs/predictor.md gives the grep that checks).
 //! Must never: do I/O, read clocks, or touch grants — the arbiter applies what this returns.
-//! Randomness comes only from the seeded RNG inside [`Scheduler`] (reproducible decisions).
+//! Randomness comes only from seeded RNGs: the one inside [`Scheduler`] or the caller's, passed
+//! to [`Candidates`] (reproducible decisions).
 
 use crate::features::ModelKey;
 use rand::rngs::StdRng;
