@@ -3,10 +3,15 @@
 //! Inputs are abstract snapshots ([`GpuSnapshot`], [`PendingItem`]) and a [`DegradationModel`];
 //! outputs are decisions with an [`Explanation`] each (for `smore status` and the decision log).
 //!
-//! Owns: priority order, power-of-d sampling, the σ memory rule, the θ_train and SLO admission
-//! rules, argmin/first-fit choice, requeue back-off, share sizing and its online correction.
+//! Owns: THE implementation of Algorithm 1 — priority order (with optional near-ties by
+//! deadline), candidate order ([`Candidates`]: power of d, a preferred GPU, widening), the σ
+//! memory rule, the θ_train and SLO admission rules, argmin/first-fit choice ([`choose`]), the
+//! queue with requeue back-off or deadline-aware re-evaluation ([`Scheduler`], [`Retry`]) — and
+//! share sizing with its online correction. The arbiter's policy and the cluster evaluation call
+//! this; they must not re-implement any of it (docs/predictor.md gives the grep that checks).
 //! Must never: do I/O, read clocks, or touch grants — the arbiter applies what this returns.
-//! Randomness comes only from the seeded RNG inside [`Scheduler`] (reproducible decisions).
+//! Randomness comes only from seeded RNGs: the one inside [`Scheduler`] or the caller's, passed
+//! to [`Candidates`] (reproducible decisions).
 
 use crate::features::ModelKey;
 use rand::rngs::StdRng;
@@ -43,6 +48,15 @@ pub struct SchedConfig {
     pub backoff_max: u64,
     /// Drop an item after this many failed attempts (None = keep retrying).
     pub max_attempts: Option<u32>,
+    /// When a refused item is looked at again ([`Retry`]).
+    pub retry: Retry,
+    /// [`Scheduler`] applies the arbiter's share-sizing step ([`refine_with_share`]) to every
+    /// candidate, as the arbiter's policy does (beyond SMORE).
+    pub share_sizing: bool,
+    /// Near-ties in priority, ordered by deadline: priorities within a factor (1 + this) of each
+    /// other (same logarithmic bucket) are ordered by time left ([`PendingItem::slo_ms`]),
+    /// earliest first. 0 = exact ties only.
+    pub deadline_tie: f64,
     /// Also refuse a GPU when a resident function would then miss its SLO (beyond SMORE).
     pub protect_residents: bool,
     /// SM-share grid, percent, for [`size_share`].
@@ -61,6 +75,9 @@ impl Default for SchedConfig {
             backoff_base: 1,
             backoff_max: 64,
             max_attempts: None,
+            retry: Retry::Backoff,
+            share_sizing: false,
+            deadline_tie: 0.0,
             protect_residents: true,
             share_grid: (1..=20).map(|i| i * 5).collect(),
         }
@@ -98,6 +115,13 @@ impl SchedConfig {
         if !(0.0..=1.0).contains(&self.lambda) {
             return bad("lambda", self.lambda.to_string(), "in [0, 1]");
         }
+        if !(self.deadline_tie.is_finite() && self.deadline_tie >= 0.0) {
+            return bad(
+                "deadline_tie",
+                self.deadline_tie.to_string(),
+                "finite and ≥ 0",
+            );
+        }
         if self.epsilon.is_nan() || self.epsilon <= 0.0 {
             return bad("epsilon", self.epsilon.to_string(), "> 0");
         }
@@ -110,6 +134,21 @@ impl SchedConfig {
         }
         Ok(())
     }
+}
+
+/// When [`Scheduler`] looks at a refused item again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Retry {
+    /// SMORE's requeue: after min(base·2^(attempts−1), max) rounds, whatever happened meanwhile.
+    Backoff,
+    /// Deadline-aware (beyond SMORE, docs/predictor.md): in the first round where a GPU changed
+    /// since the refusal (a placement, a completion, a new correction) — the GPUs that changed
+    /// are then evaluated besides the power-of-d sample — or where the item's slack (time left)
+    /// has halved since the refusal (a fresh sample before it is too late). Nothing else can turn
+    /// a refusal into an admission: memory, D̂_train and D̂_fn depend only on the GPUs, and a
+    /// shrinking slack only tightens the SLO check.
+    OnChange,
 }
 
 /// A [`SchedConfig`] field out of range.
@@ -586,17 +625,8 @@ pub fn refine_with_share(
     if !((e.score.is_some() || theta_only) && snap.training.is_some()) {
         return e;
     }
-    let mut s2 = snap.clone();
-    s2.functions.push(Resident {
-        id: item.id,
-        key: item.key.clone(),
-        slo_ms: item.slo_ms,
-        solo_latency_ms: item.solo_latency_ms,
-        sm_util: item.sm_util,
-    });
-    let k = s2.functions.len();
-    // size_gpu_shares answers in resident order: the new function is the last one.
-    let Some((_, d)) = size_gpu_shares(cfg, &s2, model).pop() else {
+    let k = snap.functions.len() + 1;
+    let Some(d) = size_new_function(cfg, snap, item, model) else {
         return e;
     };
     match d.share {
@@ -643,12 +673,13 @@ pub enum Outcome {
         /// GPU index ([`GpuSnapshot::index`]).
         gpu: u32,
     },
-    /// Back in the queue; eligible again at `retry_round`.
+    /// Back in the queue; eligible again at `retry_round` ([`Retry::Backoff`]) or when a GPU
+    /// changes or its slack halves ([`Retry::OnChange`]: `retry_round` is None).
     Requeued {
         /// Failed attempts so far.
         attempts: u32,
-        /// First round it is looked at again.
-        retry_round: u64,
+        /// First round it is looked at again, when that is known in advance.
+        retry_round: Option<u64>,
     },
     /// Gave up after `max_attempts`.
     Dropped {
@@ -674,6 +705,27 @@ struct Queued<T> {
     payload: T,
     attempts: u32,
     not_before: u64,
+    /// Round of the last refusal and the slack then ([`Retry::OnChange`]).
+    refused: Option<(u64, f64)>,
+}
+
+/// What identifies a GPU's state for [`Retry::OnChange`]: anything a candidate evaluation reads
+/// that placements, completions or corrections change.
+fn fingerprint(g: &GpuSnapshot) -> (u64, usize, u64, u64) {
+    let ids = g.functions.iter().fold(0u64, |h, r| {
+        h.rotate_left(5) ^ r.id.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    });
+    (g.used, g.functions.len(), ids, g.train_correction.to_bits())
+}
+
+/// Sort key of SMORE's priority with near-ties: the logarithmic bucket of P (higher first), so
+/// that priorities within a factor (1 + tie) share a bucket.
+fn priority_bucket(p: f64, tie: f64) -> f64 {
+    if tie <= 0.0 || p <= 0.0 || !p.is_finite() {
+        p
+    } else {
+        (p.ln() / tie.ln_1p()).floor()
+    }
 }
 
 /// The pending queue plus the seeded RNG: SMORE's scheduling loop (the only one: the cluster
@@ -685,6 +737,8 @@ pub struct Scheduler<T = ()> {
     rng: StdRng,
     queue: Vec<Queued<T>>,
     round: u64,
+    /// Per GPU (by position): its last fingerprint and the round it last changed.
+    seen: Vec<((u64, usize, u64, u64), u64)>,
 }
 
 impl<T> Scheduler<T> {
@@ -696,6 +750,7 @@ impl<T> Scheduler<T> {
             rng: StdRng::seed_from_u64(seed),
             queue: Vec::new(),
             round: 0,
+            seen: Vec::new(),
         })
     }
 
@@ -706,6 +761,7 @@ impl<T> Scheduler<T> {
             payload,
             attempts: 0,
             not_before: self.round,
+            refused: None,
         });
     }
 
@@ -740,10 +796,11 @@ impl<T> Scheduler<T> {
         allocate(&self.cfg, item, gpus, &cand, fast, model)
     }
 
-    /// One scheduling round: eligible items in priority order (ties: lower id first); first fit
-    /// when more than `first_fit_queue` are eligible. `place` applies a placement to the chosen
-    /// GPU (so later decisions in the round see it); refused items are requeued with exponential
-    /// back-off (or dropped after `max_attempts`).
+    /// One scheduling round: eligible items in priority order (near-ties by deadline, then lower
+    /// id first, [`SchedConfig::deadline_tie`]); first fit when more than `first_fit_queue` are
+    /// eligible. `place` applies a placement to the chosen GPU (so later decisions in the round
+    /// see it); refused items are requeued ([`SchedConfig::retry`]) or dropped after
+    /// `max_attempts`.
     pub fn run_round_with<G: AsRef<GpuSnapshot>>(
         &mut self,
         gpus: &mut [G],
@@ -752,24 +809,53 @@ impl<T> Scheduler<T> {
     ) -> Vec<Decision> {
         let round = self.round;
         self.round += 1;
+        self.observe_changes(gpus, round);
+        let seen = &self.seen;
+        let retry = self.cfg.retry;
         let (mut ready, wait): (Vec<Queued<T>>, Vec<Queued<T>>) = std::mem::take(&mut self.queue)
             .into_iter()
-            .partition(|q| q.not_before <= round);
+            .partition(|q| match (retry, q.refused) {
+                (Retry::Backoff, _) | (Retry::OnChange, None) => q.not_before <= round,
+                (Retry::OnChange, Some((at, slack))) => {
+                    q.item.slo_ms <= slack / 2.0 || seen.iter().any(|&(_, c)| c > at)
+                }
+            });
         self.queue = wait;
         let eps = self.cfg.epsilon;
+        let tie = self.cfg.deadline_tie;
         ready.sort_by(|a, b| {
-            b.item
-                .priority(eps)
-                .total_cmp(&a.item.priority(eps))
+            let (pa, pb) = (a.item.priority(eps), b.item.priority(eps));
+            priority_bucket(pb, tie)
+                .total_cmp(&priority_bucket(pa, tie))
+                .then(if tie > 0.0 {
+                    a.item.slo_ms.total_cmp(&b.item.slo_ms)
+                } else {
+                    std::cmp::Ordering::Equal
+                })
+                .then(pb.total_cmp(&pa))
                 .then(a.item.id.cmp(&b.item.id))
         });
         let fast = ready.len() > self.cfg.first_fit_queue;
         let mut out = Vec::with_capacity(ready.len());
         for mut q in ready {
-            let cands = Candidates::power_of_d(&mut self.rng, gpus.len(), self.cfg.d);
+            let mut cands = sample_candidates(&mut self.rng, gpus.len(), self.cfg.d);
+            if let (Retry::OnChange, Some((at, _))) = (retry, q.refused) {
+                // Look where something changed since the refusal, besides the sample.
+                for (g, &(_, c)) in self.seen.iter().enumerate() {
+                    if c > at && !cands.contains(&g) {
+                        cands.push(g);
+                    }
+                }
+            }
             let cfg = &self.cfg;
-            let choice = choose(&cands, fast, |g| {
-                Some(evaluate_candidate(cfg, gpus[g].as_ref(), &q.item, model))
+            let choice = choose(&Candidates::fixed(cands), fast, |g| {
+                let snap = gpus[g].as_ref();
+                let e = evaluate_candidate(cfg, snap, &q.item, model);
+                Some(if cfg.share_sizing {
+                    refine_with_share(cfg, snap, &q.item, e, model)
+                } else {
+                    e
+                })
             });
             let chosen = choice.chosen.map(|(g, _)| g);
             let explanation = choice.explain(&q.item);
@@ -787,19 +873,31 @@ impl<T> Scheduler<T> {
                             attempts: q.attempts,
                         }
                     } else {
-                        let wait = self
-                            .cfg
-                            .backoff_base
-                            .saturating_mul(1u64.checked_shl(q.attempts - 1).unwrap_or(u64::MAX))
-                            .min(self.cfg.backoff_max)
-                            .max(1);
-                        q.not_before = round + wait;
-                        let o = Outcome::Requeued {
-                            attempts: q.attempts,
-                            retry_round: q.not_before,
+                        let retry_round = match retry {
+                            Retry::Backoff => {
+                                let wait = self
+                                    .cfg
+                                    .backoff_base
+                                    .saturating_mul(
+                                        1u64.checked_shl(q.attempts - 1).unwrap_or(u64::MAX),
+                                    )
+                                    .min(self.cfg.backoff_max)
+                                    .max(1);
+                                q.not_before = round + wait;
+                                Some(q.not_before)
+                            }
+                            Retry::OnChange => {
+                                // Placements later in this round count as changes after it.
+                                q.refused = Some((round, q.item.slo_ms));
+                                None
+                            }
                         };
+                        let attempts = q.attempts;
                         self.queue.push(q);
-                        o
+                        Outcome::Requeued {
+                            attempts,
+                            retry_round,
+                        }
                     }
                 }
             };
@@ -809,7 +907,19 @@ impl<T> Scheduler<T> {
                 explanation,
             });
         }
+        self.observe_changes(gpus, round);
         out
+    }
+
+    /// Records which GPUs changed (fingerprint) as of `round`.
+    fn observe_changes<G: AsRef<GpuSnapshot>>(&mut self, gpus: &[G], round: u64) {
+        self.seen.resize(gpus.len(), ((0, 0, 0, 0), 0));
+        for (s, g) in self.seen.iter_mut().zip(gpus) {
+            let f = fingerprint(g.as_ref());
+            if s.0 != f {
+                *s = (f, round);
+            }
+        }
     }
 }
 
@@ -1011,30 +1121,55 @@ pub fn size_gpu_shares(
     model: &dyn DegradationModel,
 ) -> Vec<(u64, ShareDecision)> {
     let keys: Vec<&ModelKey> = gpu.functions.iter().map(|r| &r.key).collect();
-    let k = keys.len().max(1) as f64;
     gpu.functions
         .iter()
         .enumerate()
-        .map(|(j, r)| {
-            let d_train_full = match &gpu.training {
-                Some(t) => model.train_deg(t, &[&r.key]).unwrap_or(f64::INFINITY),
-                None => 0.0,
-            };
-            let d_fn = model
-                .fn_deg(gpu.training.as_ref(), &keys, j)
-                .unwrap_or(f64::INFINITY);
-            let inp = ShareInput {
-                d_train_full,
-                theta: cfg.theta_train / k,
-                correction: gpu.train_correction,
-                d_fn,
-                sm_util: r.sm_util,
-                solo_latency_ms: r.solo_latency_ms,
-                slo_ms: r.slo_ms,
-            };
-            (r.id, size_share(&cfg.share_grid, &inp))
-        })
+        .map(|(j, r)| (r.id, size_resident(cfg, gpu, &keys, j, model)))
         .collect()
+}
+
+/// The share of resident `j` of `gpu` (`keys` = every resident's key, in order): θ_train split
+/// equally among the residents (the one sizing rule of [`size_gpu_shares`]).
+fn size_resident(
+    cfg: &SchedConfig,
+    gpu: &GpuSnapshot,
+    keys: &[&ModelKey],
+    j: usize,
+    model: &dyn DegradationModel,
+) -> ShareDecision {
+    let r = &gpu.functions[j];
+    let d_train_full = match &gpu.training {
+        Some(t) => model.train_deg(t, &[&r.key]).unwrap_or(f64::INFINITY),
+        None => 0.0,
+    };
+    let d_fn = model
+        .fn_deg(gpu.training.as_ref(), keys, j)
+        .unwrap_or(f64::INFINITY);
+    let inp = ShareInput {
+        d_train_full,
+        theta: cfg.theta_train / keys.len().max(1) as f64,
+        correction: gpu.train_correction,
+        d_fn,
+        sm_util: r.sm_util,
+        solo_latency_ms: r.solo_latency_ms,
+        slo_ms: r.slo_ms,
+    };
+    size_share(&cfg.share_grid, &inp)
+}
+
+/// The share `item` would get as one more resident of `snap` ([`size_gpu_shares`]' rule), or
+/// None when no training job runs there (nothing to protect: a full share).
+pub fn size_new_function(
+    cfg: &SchedConfig,
+    snap: &GpuSnapshot,
+    item: &PendingItem,
+    model: &dyn DegradationModel,
+) -> Option<ShareDecision> {
+    snap.training.as_ref()?;
+    let mut s2 = snap.clone();
+    s2.add_resident(item);
+    let keys: Vec<&ModelKey> = s2.functions.iter().map(|r| &r.key).collect();
+    Some(size_resident(cfg, &s2, &keys, keys.len() - 1, model))
 }
 
 /// Online correction of D̂_train from observed training degradation (e.g. NVML-derived slowdown

@@ -529,7 +529,7 @@ fn scheduler_orders_by_priority_and_requeues_with_backoff() {
         d[1].outcome,
         Outcome::Requeued {
             attempts: 1,
-            retry_round: 1
+            retry_round: Some(1)
         }
     ));
     assert!(matches!(
@@ -548,7 +548,122 @@ fn scheduler_orders_by_priority_and_requeues_with_backoff() {
             }
         }
     }
-    assert_eq!(&retries[..4], &[3, 7, 11, 15]);
+    assert_eq!(&retries[..4], &[Some(3), Some(7), Some(11), Some(15)]);
+}
+
+#[test]
+fn on_change_retry_re_evaluates_a_refused_item_when_a_gpu_frees_up_and_not_before() {
+    let mut s = Scheduler::new(
+        SchedConfig {
+            d: 64,
+            retry: Retry::OnChange,
+            ..SchedConfig::default()
+        },
+        1,
+    )
+    .unwrap();
+    s.submit(item(1, "small", 100.0, 1));
+    // Full: 9 + 1 GiB > σ·10 GiB.
+    let mut gpus = vec![gpu(0, "lowtrain", 9)];
+    let d = s.run_round(&mut gpus, &fake());
+    assert_eq!(
+        d[0].outcome,
+        Outcome::Requeued {
+            attempts: 1,
+            retry_round: None
+        }
+    );
+    // Nothing changes: the item is not evaluated again (no decision), whatever the round.
+    for _ in 0..20 {
+        assert!(s.run_round(&mut gpus, &fake()).is_empty());
+    }
+    assert_eq!(s.queue_len(), 1);
+    // A function on the GPU finishes: memory frees up, the item is placed in the next round.
+    gpus[0].used = 8 * GIB;
+    let d = s.run_round(&mut gpus, &fake());
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].outcome, Outcome::Placed { gpu: 0 });
+    assert_eq!(s.queue_len(), 0);
+}
+
+#[test]
+fn on_change_retry_tries_again_when_the_slack_halves() {
+    let mut s = Scheduler::new(
+        SchedConfig {
+            d: 64,
+            retry: Retry::OnChange,
+            ..SchedConfig::default()
+        },
+        1,
+    )
+    .unwrap();
+    s.submit(item(1, "small", 80.0, 1));
+    let mut gpus = vec![gpu(0, "lowtrain", 9)];
+    assert_eq!(s.run_round(&mut gpus, &fake()).len(), 1);
+    // The caller updates the time left each round; 80 → 41 ms: not yet half.
+    s.retain(|it, _| {
+        it.slo_ms = 41.0;
+        true
+    });
+    assert!(s.run_round(&mut gpus, &fake()).is_empty());
+    s.retain(|it, _| {
+        it.slo_ms = 40.0;
+        true
+    });
+    let d = s.run_round(&mut gpus, &fake());
+    assert_eq!(d.len(), 1, "slack halved: looked at again");
+    assert!(matches!(
+        d[0].outcome,
+        Outcome::Requeued { attempts: 2, .. }
+    ));
+    // `retain` drops what the caller no longer wants (e.g. expired).
+    assert_eq!(s.retain(|_, _| false), 1);
+    assert_eq!(s.queue_len(), 0);
+}
+
+#[test]
+fn near_ties_in_priority_are_ordered_by_deadline() {
+    let run = |tie: f64| {
+        let mut s = Scheduler::new(
+            SchedConfig {
+                d: 64,
+                deadline_tie: tie,
+                ..SchedConfig::default()
+            },
+            1,
+        )
+        .unwrap();
+        // Item 1: slightly higher priority, more slack; item 2: 5 % lower priority, less slack;
+        // item 3: half the priority, the least slack.
+        let mut a = item(1, "small", 100.0, 1);
+        a.expected_util_gain = 0.30;
+        let mut b = item(2, "small", 50.0, 1);
+        b.expected_util_gain = 0.285;
+        let mut c = item(3, "small", 20.0, 1);
+        c.expected_util_gain = 0.15;
+        for x in [a, b, c] {
+            s.submit(x);
+        }
+        let mut gpus = vec![gpu(0, "lowtrain", 1)];
+        s.run_round(&mut gpus, &fake())
+            .iter()
+            .map(|d| d.item)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(0.0), vec![1, 2, 3], "SMORE: priority order");
+    assert_eq!(
+        run(0.25),
+        vec![2, 1, 3],
+        "a near-tie goes to the earlier deadline"
+    );
+    assert!(SchedConfig {
+        deadline_tie: -1.0,
+        ..SchedConfig::default()
+    }
+    .validate()
+    .unwrap_err()
+    .to_string()
+    .contains("deadline_tie"));
 }
 
 #[test]
@@ -616,7 +731,7 @@ fn preferred_candidate_is_taken_at_once_and_widening_only_when_nothing_fits() {
     let model = fake();
     let it = item(1, "small", 100.0, 1);
     // GPU 0 acceptable but worse than GPU 1: preferred ⇒ taken without looking further.
-    let gpus = vec![
+    let gpus = [
         gpu(0, "hightrain", 1),
         gpu(1, "lowtrain", 1),
         gpu(2, "lowtrain", 1),
@@ -633,7 +748,7 @@ fn preferred_candidate_is_taken_at_once_and_widening_only_when_nothing_fits() {
     assert_eq!(seen, vec![0], "an acceptable preferred GPU ends the search");
     // Only the GPU outside the sample fits: widening finds it; without widening, refusal.
     for _ in 0..8 {
-        let full = vec![
+        let full = [
             gpu(0, "lowtrain", 10),
             gpu(1, "lowtrain", 10),
             gpu(2, "lowtrain", 1),
@@ -688,6 +803,35 @@ fn share_sizing_step_admits_a_theta_refusal_with_a_smaller_share_and_refuses_slo
     free.training = None;
     let e = evaluate_candidate(&cfg, &free, &it, &model);
     assert_eq!(refine_with_share(&cfg, &free, &it, e.clone(), &model), e);
+}
+
+#[test]
+fn a_new_function_is_sized_like_the_last_resident_of_size_gpu_shares() {
+    let cfg = all_gpus_cfg();
+    let model = fake();
+    let mut g = gpu(0, "hightrain", 1);
+    g.functions.push(Resident {
+        id: 7,
+        key: ModelKey::new("small", 1),
+        slo_ms: 100.0,
+        solo_latency_ms: 10.0,
+        sm_util: 0.3,
+    });
+    let it = item(1, "big", 1000.0, 1);
+    let d = size_new_function(&cfg, &g, &it, &model).unwrap();
+    let mut all = g.clone();
+    all.add_resident(&it);
+    let (id, last) = size_gpu_shares(&cfg, &all, &model).pop().unwrap();
+    assert_eq!((id, d), (1, last));
+    // θ is split between the two residents: a smaller share than alone.
+    let alone = size_new_function(&cfg, &gpu(0, "hightrain", 1), &it, &model).unwrap();
+    assert!(
+        d.share.unwrap() < alone.share.unwrap(),
+        "{d:?} vs {alone:?}"
+    );
+    let mut free = g.clone();
+    free.training = None;
+    assert_eq!(size_new_function(&cfg, &free, &it, &model), None);
 }
 
 #[test]
