@@ -1393,107 +1393,79 @@ fn print_table(v: &[ScenarioSummary], gpu: bool) {
     }
 }
 
+/// The scenario's PNG ([`crate::plot`]).
 fn plot(
     png: &Path,
     s: &ScenarioSummary,
     series: &Series,
     records: &[Record],
-    _fs: &[FunctionSpec],
+    fs: &[FunctionSpec],
 ) -> Result<()> {
-    use plotters::prelude::*;
-    static FONT: std::sync::Once = std::sync::Once::new();
-    FONT.call_once(|| {
-        let _ = plotters::style::register_font(
-            "sans-serif",
-            FontStyle::Normal,
-            dejavu::sans::regular(),
-        );
-    });
-    let e = |e: &dyn std::fmt::Display| anyhow::anyhow!("drawing {}: {e}", png.display());
-    let root = BitMapBackend::new(png, (1100, 700)).into_drawing_area();
-    root.fill(&WHITE).map_err(|x| e(&x))?;
-    let (top, bottom) = root.split_vertically(350);
-    let (t0, t1) = series.replay;
-    let mut c = ChartBuilder::on(&top)
-        .caption(
-            format!(
-                "scenario {}: GPU utilization (NVML) — {}",
-                s.scenario,
-                if s.simulated {
-                    "simulated GPU"
-                } else {
-                    "real GPU"
-                }
-            ),
-            ("sans-serif", 20),
-        )
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(45)
-        .build_cartesian_2d(0f64..t1, 0f64..105f64)
-        .map_err(|x| e(&x))?;
-    c.configure_mesh()
-        .x_desc("seconds since the trainer started")
-        .y_desc("%")
-        .draw()
-        .map_err(|x| e(&x))?;
-    c.draw_series(LineSeries::new(series.util.iter().copied(), &BLUE))
-        .map_err(|x| e(&x))?
-        .label("co-located (trainer + functions)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-    c.draw_series(LineSeries::new(
-        [(0.0, s.gui_exclusive_pct), (t1, s.gui_exclusive_pct)],
-        &RED,
-    ))
-    .map_err(|x| e(&x))?
-    .label("trainer alone (mean)")
-    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
-    c.configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|x| e(&x))?;
-    let secs = s.seconds;
-    let mut submitted = vec![0u64; secs];
-    let mut served = vec![0u64; secs];
-    for r in records.iter().filter(|r| r.second < secs) {
-        submitted[r.second] += 1;
-        if r.served() {
-            served[r.second] += 1;
-        }
-    }
-    let ymax = submitted.iter().copied().max().unwrap_or(1).max(1) as f64 * 1.1;
-    let mut c = ChartBuilder::on(&bottom)
-        .caption(
-            "requests per second: submitted vs served",
-            ("sans-serif", 20),
-        )
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(45)
-        .build_cartesian_2d(0f64..t1, 0f64..ymax)
-        .map_err(|x| e(&x))?;
-    c.configure_mesh()
-        .x_desc("seconds since the trainer started (1 s = 1 trace minute)")
-        .y_desc("requests")
-        .draw()
-        .map_err(|x| e(&x))?;
-    for (v, color, label) in [(&submitted, BLACK, "submitted"), (&served, GREEN, "served")] {
-        c.draw_series(LineSeries::new(
-            v.iter()
-                .enumerate()
-                .map(|(i, &n)| (t0 + i as f64, n as f64)),
-            color,
-        ))
-        .map_err(|x| e(&x))?
-        .label(label)
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-    }
-    c.configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|x| e(&x))?;
-    root.present().map_err(|x| e(&x))?;
-    Ok(())
+    use crate::plot::{draw, shares_by_function, FunctionRow, Mark, PlotInput};
+    let names: Vec<&str> = fs.iter().map(|f| f.name).collect();
+    let samples: Vec<(f64, &str, f64)> = series
+        .shares
+        .iter()
+        .map(|x| (x.t_s, x.function.as_str(), x.share_pct))
+        .collect();
+    let shares = shares_by_function(&names, &samples);
+    let functions = s
+        .requests
+        .functions
+        .iter()
+        .zip(shares)
+        .enumerate()
+        .map(|(i, (f, share))| FunctionRow {
+            name: f.function.clone(),
+            slo_ms: f.slo_ms,
+            requests: records
+                .iter()
+                .filter(|r| r.function == i)
+                .map(|r| {
+                    let m = match r.refused {
+                        Some(_) => Mark::Refused,
+                        None if r.latency_ms <= f.slo_ms => Mark::Met,
+                        None => Mark::Missed,
+                    };
+                    (r.arrival_s, r.latency_ms, m)
+                })
+                .collect(),
+            share,
+        })
+        .collect();
+    let r = &s.requests;
+    let input = PlotInput {
+        title: format!(
+            "smore demo, scenario {} — {} — policy {}, θ_train {:.0} %",
+            s.scenario,
+            if s.simulated {
+                "SIMULATED GPU"
+            } else {
+                "real GPU"
+            },
+            s.policy,
+            s.theta_train * 100.0
+        ),
+        subtitle: format!(
+            "offered {:.0} % · GPU util {:.1} % alone → {:.1} % co-located ({:+.1} pp) · SFD {:.1} % · DSR {:.1} % of all, {:.1} % of admitted · refused {} of {} · cold {}",
+            s.offered_load_pct,
+            s.gui_exclusive_pct,
+            s.gui_colocated_pct,
+            s.gui_gain_pp,
+            s.sfd * 100.0,
+            r.dsr * 100.0,
+            r.dsr_admitted * 100.0,
+            r.refused,
+            r.requests,
+            r.cold_starts
+        ),
+        functions,
+        iterations: series.iterations.clone(),
+        iter_alone_ms: s.trainer_iter_alone_ms,
+        theta_train: s.theta_train,
+        util: series.util.clone(),
+        util_exclusive_pct: s.gui_exclusive_pct,
+        replay: series.replay,
+    };
+    draw(png, &input)
 }

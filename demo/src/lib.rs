@@ -5,7 +5,7 @@
 //! `--gpu`, a real one), and report what a user judges smore by — utilization, training slowdown,
 //! function latency against SLOs, deadline satisfaction — or what an operator pays for it.
 //!
-//! Layout: [`demo`] (orchestration, printed report, plot), [`scenario`] (what each scenario runs:
+//! Layout: [`demo`] (orchestration, printed report), [`plot`] (the PNG), [`scenario`] (what each scenario runs:
 //! trainer shape, functions, trace), [`report`] (the figures' definitions), [`bench`] (figures
 //! printed by benchmarks).
 //!
@@ -14,5 +14,6 @@
 
 pub mod bench;
 pub mod demo;
+pub mod plot;
 pub mod report;
 pub mod scenario;

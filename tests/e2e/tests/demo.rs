@@ -1,0 +1,126 @@
+//! `smore demo` end to end: a short scenario on the simulated GPU must produce every figure the
+//! report promises (summary.json), the per-request and per-poll series, and the PNG.
+
+use smore_e2e::bin;
+use std::process::Command;
+
+/// Every figure a scenario's summary.json carries (docs/demo.md).
+const FIGURES: &[&str] = &[
+    "scenario",
+    "simulated",
+    "seconds",
+    "offered_load_pct",
+    "gui_exclusive_pct",
+    "gui_colocated_pct",
+    "gui_gain_pp",
+    "trainer_iter_alone_ms",
+    "trainer_iter_colocated_ms",
+    "sfd",
+    "sld",
+    "dsr",
+    "dsr_admitted",
+    "requests",
+    "served",
+    "refused",
+    "refused_by",
+    "cold_starts",
+    "cold_start_rate",
+    "refused_instances",
+    "functions",
+];
+const FUNCTION_FIGURES: &[&str] = &[
+    "function",
+    "requests",
+    "admitted",
+    "refused",
+    "cold_starts",
+    "solo_p99_ms",
+    "colocated_p99_ms",
+    "latency_p99_ms",
+    "slo_ms",
+    "sld",
+    "dsr",
+    "dsr_admitted",
+];
+
+#[test]
+fn a_short_demo_reports_every_figure_and_draws_the_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = Command::new(bin("smore"))
+        .args(["demo", "--scenario", "busy", "--seconds", "5", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "smore demo failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("scenario busy") && stdout.contains("all figures simulated"),
+        "the report must say the figures are simulated:\n{stdout}"
+    );
+
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    for k in FIGURES {
+        assert!(!s[k].is_null(), "summary.json lacks {k}: {s:#}");
+    }
+    assert_eq!(s["scenario"], "busy");
+    assert_eq!(s["simulated"], true);
+    for k in [
+        "gui_exclusive_pct",
+        "gui_colocated_pct",
+        "trainer_iter_alone_ms",
+        "trainer_iter_colocated_ms",
+    ] {
+        let v = s[k].as_f64().unwrap();
+        assert!(v.is_finite() && v > 0.0, "{k} = {v}");
+    }
+    // The busy trainer is busy: ≥ 80 % by NVML (nominal 93 %, the machine's load shows).
+    assert!(s["gui_exclusive_pct"].as_f64().unwrap() >= 80.0, "{s:#}");
+    let requests = s["requests"].as_u64().unwrap();
+    assert!(requests > 0);
+    assert_eq!(
+        s["served"].as_u64().unwrap() + s["refused"].as_u64().unwrap(),
+        requests,
+        "every request is served or refused"
+    );
+    let by = &s["refused_by"];
+    let causes: u64 = ["instance", "deferred", "deadline", "failed"]
+        .iter()
+        .map(|k| by[k].as_u64().unwrap())
+        .sum();
+    assert_eq!(causes, s["refused"].as_u64().unwrap());
+    for k in ["dsr", "dsr_admitted"] {
+        let v = s[k].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&v), "{k} = {v}");
+    }
+    assert!(s["dsr_admitted"].as_f64().unwrap() >= s["dsr"].as_f64().unwrap());
+    let fns = s["functions"].as_array().unwrap();
+    assert_eq!(fns.len(), 3);
+    for f in fns {
+        for k in FUNCTION_FIGURES {
+            assert!(f.get(*k).is_some(), "function entry lacks {k}: {f:#}");
+        }
+        assert!(f["slo_ms"].as_f64().unwrap() > 0.0);
+    }
+    let per_fn: u64 = fns.iter().map(|f| f["requests"].as_u64().unwrap()).sum();
+    assert_eq!(per_fn, requests);
+
+    // The series behind the plot.
+    let csv = std::fs::read_to_string(out.join("requests.csv")).unwrap();
+    assert_eq!(
+        csv.lines().count() as u64,
+        requests + 1,
+        "one row per request"
+    );
+    let shares = std::fs::read_to_string(out.join("shares.csv")).unwrap();
+    assert!(
+        shares.lines().count() > 1,
+        "the arbiter's grants were polled while instances ran:\n{shares}"
+    );
+    let trainer = std::fs::read_to_string(out.join("trainer.csv")).unwrap();
+    assert!(trainer.lines().count() > 10, "trainer iterations over time");
+    let png = std::fs::read(out.join("demo.png")).unwrap();
+    assert!(png.len() > 10_000 && &png[1..4] == b"PNG", "demo.png");
+}
