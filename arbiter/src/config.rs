@@ -167,7 +167,7 @@ impl Default for Config {
             gpu_indices: None,
             nvml_library: "libnvidia-ml.so.1".into(),
             policy: PolicyKind::Fit,
-            // σ = 0.95 and θ_train = 0.10: SMORE's defaults (paper §V; DESIGN.md).
+            // σ = 0.95 and θ_train = 0.10: SMORE's defaults (Liu et al., "SMORE…", IEEE TPDS 2025, §V).
             memory_safety: 0.95,
             theta_train: 0.10,
             // 2 %: 2 ms of GPU time per 100 ms window still runs a few small kernels per window;

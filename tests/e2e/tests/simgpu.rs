@@ -13,14 +13,6 @@ use std::process::{Child, Stdio};
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
-fn sim(memory: &str) -> SimGpu {
-    SimGpu::builder()
-        .memory(memory)
-        .context_memory("0")
-        .build()
-        .expect("simulated node")
-}
-
 /// Spawns a probe and waits until it printed `op=ready` (its earlier ops are done).
 fn spawn_ready(sim: &SimGpu, ops: &[&str]) -> (Child, Vec<String>) {
     let mut child = sim
@@ -49,7 +41,7 @@ fn spawn_ready(sim: &SimGpu, ops: &[&str]) -> (Child, Vec<String>) {
 
 #[test]
 fn two_busy_processes_share_the_timeline_evenly() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     let spawn = || {
         sim.command(bin("sim-trainer"))
             .args([
@@ -95,7 +87,7 @@ fn two_busy_processes_share_the_timeline_evenly() {
 
 #[test]
 fn a_lone_process_runs_at_full_speed_and_kernel_durations_are_honoured() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     let out = run_ok(sim.command(bin("sim-probe")).args([
         "run:5000:2",
         "run:300:10",
@@ -116,7 +108,7 @@ fn a_lone_process_runs_at_full_speed_and_kernel_durations_are_honoured() {
 
 #[test]
 fn memory_is_one_ledger_across_processes() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     let (mut holder, lines) = spawn_ready(&sim, &["alloc:v2:3GiB", "ready", "sleep:20000"]);
     assert!(lines[1].contains("rc=0"), "{lines:?}");
     let out = run_ok(sim.command(bin("sim-probe")).args([
@@ -149,7 +141,7 @@ fn memory_is_one_ledger_across_processes() {
 
 #[test]
 fn get_proc_address_answers_the_documented_variant() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     // (base name, cudaVersion, flags, export the real driver returns)
     let cases = [
         ("cuMemAlloc", 12000, 0, "cuMemAlloc_v2"),
@@ -212,7 +204,7 @@ fn get_proc_address_answers_the_documented_variant() {
 
 #[test]
 fn every_resolution_path_reaches_the_driver() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     let script = [
         "alloc:v2:64MiB",
         "alloc:async:1MiB",
@@ -223,46 +215,19 @@ fn every_resolution_path_reaches_the_driver() {
         "meminfo",
         "free-all",
     ];
-    let runs: Vec<(std::path::PathBuf, Vec<&str>, &str)> = vec![
-        (
-            bin("sim-probe-linked"),
-            vec!["--resolve", "direct"],
-            "cuLaunchKernel=cuLaunchKernel",
-        ),
-        (
-            bin("sim-probe-linked"),
-            vec!["--resolve", "direct", "--per-thread"],
-            "cuLaunchKernel=cuLaunchKernel_ptsz",
-        ),
-        (
-            bin("sim-probe"),
-            vec!["--resolve", "dlsym"],
-            "cuMemAlloc=cuMemAlloc_v2",
-        ),
-        (
-            bin("sim-probe"),
-            vec!["--resolve", "dlsym", "--per-thread"],
-            "cuLaunchKernel=cuLaunchKernel_ptsz",
-        ),
-        (
-            bin("sim-probe"),
-            vec!["--resolve", "procaddr", "--cuda-version", "12000"],
-            "cuMemAlloc=cuMemAlloc@12000",
-        ),
-        (
-            bin("sim-probe"),
-            vec![
-                "--resolve",
-                "procaddr",
-                "--cuda-version",
-                "13000",
-                "--per-thread",
-            ],
-            "cuMemAlloc=cuMemAlloc@13000",
-        ),
-    ];
-    for (prog, args, expect) in runs {
-        let out = run_ok(sim.command(&prog).args(&args).args(script)).unwrap();
+    // What each style's own resolution reports for one entry point.
+    let expected = |style: Resolution| match style {
+        Resolution::Direct => "cuLaunchKernel=cuLaunchKernel",
+        Resolution::DirectPerThread | Resolution::DlsymPerThread => {
+            "cuLaunchKernel=cuLaunchKernel_ptsz"
+        }
+        Resolution::Dlsym => "cuMemAlloc=cuMemAlloc_v2",
+        Resolution::ProcAddress12 => "cuMemAlloc=cuMemAlloc@12000",
+        Resolution::ProcAddress13PerThread => "cuMemAlloc=cuMemAlloc@13000",
+    };
+    for style in Resolution::ALL {
+        let (prog, args, expect) = (style.probe(), style.args(), expected(style));
+        let out = run_ok(sim.command(&prog).args(args).args(script)).unwrap();
         assert!(out.contains(expect), "{prog:?} {args:?}: {out}");
         let l = parse_lines(&out);
         for f in l.iter().filter(|f| f.get("rc").is_some()) {
