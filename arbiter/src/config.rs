@@ -89,7 +89,7 @@ struct RawGpus {
 struct RawPolicy {
     name: Option<PolicyKind>,
     memory_safety: Option<Spanned<f64>>,
-    theta_train: Option<Spanned<f64>>,
+    theta_train: Option<Spanned<Fraction>>,
     harvest: Option<bool>,
     min_share: Option<Spanned<u32>>,
     power_of_d: Option<Spanned<u32>>,
@@ -113,6 +113,18 @@ struct RawWatchdog {
     memory_slack: Option<Spanned<String>>,
     check_shim: Option<bool>,
 }
+
+/// A fraction as the file may spell it: a number (`0.1`) or a percentage string (`"10%"`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Fraction {
+    Number(f64),
+    Text(String),
+}
+
+/// The most device memory one function may be given by default: 1 TiB. The largest GPUs sold
+/// today carry 192 GB; a default above this is a typo (or `u64::MAX`), not a plan.
+pub const MAX_DEFAULT_MEMORY: u64 = 1 << 40;
 
 /// The validated configuration.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -192,7 +204,7 @@ impl Default for Config {
             gpu_indices: None,
             nvml_library: "libnvidia-ml.so.1".into(),
             policy: PolicyKind::Fit,
-            // σ = 0.95 and θ_train = 0.10: SMORE's defaults (paper §V; DESIGN.md).
+            // σ = 0.95 and θ_train = 0.10: SMORE's defaults (Liu et al., "SMORE…", IEEE TPDS 2025, §V).
             memory_safety: 0.95,
             theta_train: 0.10,
             // Harvest on: the raw worst-case shares starved functions (docs/demo.md, docs/harvest.md).
@@ -233,6 +245,57 @@ fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
+/// The dotted key (`policy.theta_train`) whose `key = value` line holds `offset`, with the
+/// nearest `[table]` header above it; `None` when the line is not a key/value line.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let offset = offset.min(text.len());
+    let start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].lines().next().unwrap_or("");
+    let (key, _) = line.split_once('=')?;
+    let key = key.trim().trim_matches('"');
+    if key.is_empty() || key.starts_with('[') || key.starts_with('#') {
+        return None;
+    }
+    let table = text[..start].lines().rev().find_map(|l| {
+        let l = l.trim();
+        (l.starts_with('[') && !l.starts_with("[[")).then(|| l.trim_matches(['[', ']']).trim())
+    });
+    Some(match table {
+        Some(t) if !t.is_empty() => format!("{t}.{key}"),
+        _ => key.to_string(),
+    })
+}
+
+/// θ_train from the file: a fraction in (0, 1] (`0.1`) or a percentage in (0, 100] (`"10%"`).
+/// A bare number above 1 is refused rather than guessed: `10` may mean 10 % or a 10× slowdown.
+fn theta_train(v: Fraction) -> Result<f64, String> {
+    let x = match v {
+        Fraction::Number(x) => {
+            if x > 1.0 && x.is_finite() {
+                return Err(format!(
+                    "{x} is ambiguous: θ_train is a fraction of the training job's time, write 0.1 or \"10%\" for 10 %"
+                ));
+            }
+            x
+        }
+        Fraction::Text(t) => {
+            let pct = t
+                .trim()
+                .strip_suffix('%')
+                .and_then(|n| n.trim().parse::<f64>().ok())
+                .ok_or_else(|| format!("{t:?} is not a fraction: write 0.1 or \"10%\" for 10 %"))?;
+            pct / 100.0
+        }
+    };
+    if x.is_finite() && x > 0.0 && x <= 1.0 {
+        Ok(x)
+    } else {
+        Err(format!(
+            "{x} is outside (0, 1]: θ_train is a fraction of the training job's time (0.1 or \"10%\" = 10 %)"
+        ))
+    }
+}
+
 impl Config {
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -250,10 +313,18 @@ impl Config {
     /// Parses config text; `name` is used in messages.
     pub fn parse(text: &str, name: &str) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| line_of(text, s.start));
             let msg = e.message().trim().to_string();
-            match line {
-                Some(l) => ConfigError(format!("{name}:{l}: {msg}")),
+            match e.span() {
+                Some(span) => {
+                    let line = line_of(text, span.start);
+                    match key_at(text, span.start) {
+                        // Unknown keys already name themselves (with the valid ones).
+                        Some(key) if !msg.starts_with("unknown field") => {
+                            ConfigError(format!("{name}:{line}: key `{key}`: {msg}"))
+                        }
+                        _ => ConfigError(format!("{name}:{line}: {msg}")),
+                    }
+                }
                 None => ConfigError(format!("{name}: {msg}")),
             }
         })?;
@@ -346,7 +417,9 @@ impl Config {
             c.memory_safety = frac(v, "policy.memory_safety", 0.0, 1.0)?;
         }
         if let Some(v) = p.theta_train {
-            c.theta_train = frac(v, "policy.theta_train", 0.0, 10.0)?;
+            let span = v.span();
+            c.theta_train = theta_train(v.into_inner())
+                .map_err(|what| err(span, "policy.theta_train", what))?;
         }
         if let Some(v) = p.harvest {
             c.harvest = v;
@@ -406,11 +479,22 @@ impl Config {
                     .filter(|b| *b > 0)
                     .ok_or_else(|| {
                         err(
-                            span,
+                            span.clone(),
                             "functions.default_memory",
                             format!("{:?} is not a size like \"2GiB\"", v.get_ref()),
                         )
                     })?;
+            if c.default_memory > MAX_DEFAULT_MEMORY {
+                return Err(err(
+                    span,
+                    "functions.default_memory",
+                    format!(
+                        "{:?} is more than any GPU has (at most {}): give the memory a typical function needs, e.g. \"2GiB\"",
+                        v.get_ref(),
+                        smore_protocol::size::format_size(MAX_DEFAULT_MEMORY)
+                    ),
+                ));
+            }
         }
         if let Some(a) = raw.watchdog.action {
             c.watchdog_action = a;
@@ -505,5 +589,56 @@ mod tests {
         );
         let e = error_of("[gpus]\ndiscover = false\n");
         assert!(e.contains("indices"), "{e}");
+    }
+
+    #[test]
+    fn theta_train_is_a_fraction_or_a_percentage() {
+        let parse = |v: &str| Config::parse(&format!("[policy]\ntheta_train = {v}\n"), "n");
+        assert_eq!(parse("0.1").unwrap().theta_train, 0.1);
+        assert_eq!(parse("1").unwrap().theta_train, 1.0);
+        assert_eq!(parse("\"10%\"").unwrap().theta_train, 0.1);
+        assert_eq!(parse("\"2.5 %\"").unwrap().theta_train, 0.025);
+    }
+
+    #[test]
+    fn theta_train_above_one_is_refused_as_ambiguous() {
+        let e = error_of("[policy]\ntheta_train = 10\n");
+        assert!(
+            e.starts_with("node.toml:2:")
+                && e.contains("policy.theta_train")
+                && e.contains("ambiguous"),
+            "{e}"
+        );
+        let e = error_of("[policy]\ntheta_train = \"150%\"\n");
+        assert!(e.contains("outside (0, 1]"), "{e}");
+        let e = error_of("[policy]\ntheta_train = 0\n");
+        assert!(e.contains("outside (0, 1]"), "{e}");
+    }
+
+    #[test]
+    fn a_type_error_names_the_key() {
+        let e = error_of("[arbiter]\nsocket = \"/x\"\n\n[policy]\nmemory_safety = \"ninety\"\n");
+        assert!(
+            e.starts_with("node.toml:5: key `policy.memory_safety`:") && e.contains("invalid type"),
+            "{e}"
+        );
+        let e = error_of("[policy]\ntheta_train = \"ten percent\"\n");
+        assert!(
+            e.starts_with("node.toml:2: key `policy.theta_train`:"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_default_memory_larger_than_any_gpu_is_refused() {
+        let e = error_of("[functions]\ndefault_memory = \"18446744073709551615\"\n");
+        assert!(
+            e.starts_with("node.toml:2:")
+                && e.contains("functions.default_memory")
+                && e.contains("more than any GPU"),
+            "{e}"
+        );
+        let c = Config::parse("[functions]\ndefault_memory = \"80GiB\"\n", "n").unwrap();
+        assert_eq!(c.default_memory, 80 << 30);
     }
 }

@@ -1,31 +1,17 @@
 //! The C and Python example runtimes, built and run against a real `smore arbiter` on the
 //! simulated GPU; the arbiter's status must show what they reported.
 
-use smore_e2e::{ops, parse_lines, Arbiter, SimGpu};
-use smore_protocol::conn::Client;
-use smore_protocol::wire::{Reply, Request};
-use std::path::{Path, PathBuf};
+use smore_e2e::{ops, parse_lines, wait_until, Arbiter, SimGpu};
+use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
-fn arbiter(sim: &SimGpu) -> Arbiter {
-    Arbiter::start(sim, &smore_e2e::bin("smore"), "")
-}
-
-fn requests_reported(socket: &Path, function: &str) -> u64 {
-    let Reply::Status { snapshot } = Client::connect(socket)
-        .unwrap()
-        .call(Request::Status)
-        .unwrap()
-    else {
-        panic!()
-    };
-    snapshot["gpus"]
-        .as_array()
-        .unwrap()
+/// Requests the arbiter's status counts for `function`, over all its instances.
+fn requests_reported(arb: &Arbiter, function: &str) -> u64 {
+    arb.functions()
         .iter()
-        .flat_map(|g| g["functions"].as_array().unwrap().clone())
         .filter(|f| f["function"] == function)
-        .map(|f| f["requests"].as_u64().unwrap())
+        .map(|f| f["requests"].as_u64().expect("requests is a count"))
         .sum()
 }
 
@@ -37,7 +23,7 @@ fn lib() -> PathBuf {
 fn the_c_example_runtime_registers_reports_and_is_admitted() {
     let dir = env!("CARGO_MANIFEST_DIR");
     let sim = SimGpu::builder().devices(1).memory("8GiB").build().unwrap();
-    let arb = arbiter(&sim);
+    let arb = Arbiter::new(&sim, "");
     let exe = sim.dir().join("smoke");
     let lib = lib();
     let out = Command::new("cc")
@@ -78,14 +64,14 @@ fn the_c_example_runtime_registers_reports_and_is_admitted() {
     );
     assert!(stdout.contains("no open request"), "{stdout}");
     // Released on exit.
-    assert_eq!(requests_reported(&arb.socket, "c-smoke"), 0);
+    assert_eq!(requests_reported(&arb, "c-smoke"), 0);
 }
 
 #[test]
 fn the_python_ctypes_runtime_works_under_smore_run() {
     let dir = env!("CARGO_MANIFEST_DIR");
     let sim = SimGpu::builder().devices(1).memory("8GiB").build().unwrap();
-    let arb = arbiter(&sim);
+    let arb = Arbiter::new(&sim, "");
     let socket = arb.socket.clone();
     // Under `smore run` the runtime attaches to the instance `smore run` registered: one
     // instance, with the runtime's reports.
@@ -138,7 +124,7 @@ fn a_registered_runtime_survives_an_arbiter_restart() {
     use smore::*;
     use std::ffi::CString;
     let sim = SimGpu::builder().devices(1).memory("8GiB").build().unwrap();
-    let arb = arbiter(&sim);
+    let arb = Arbiter::new(&sim, "");
     let socket = arb.socket.clone();
     let path = CString::new(socket.display().to_string()).unwrap();
     let name = CString::new("survivor").unwrap();
@@ -173,13 +159,7 @@ fn a_registered_runtime_survives_an_arbiter_restart() {
             std::ffi::CStr::from_ptr(smore_last_error())
         );
     }
-    let Reply::Status { snapshot } = Client::connect(&arb.socket)
-        .unwrap()
-        .call(Request::Status)
-        .unwrap()
-    else {
-        panic!()
-    };
+    let snapshot = arb.status();
     let fns = snapshot["gpus"][0]["functions"].as_array().unwrap().clone();
     assert_eq!(fns.len(), 1, "{snapshot}");
     assert_eq!(fns[0]["id"], g.instance);
@@ -187,9 +167,8 @@ fn a_registered_runtime_survives_an_arbiter_restart() {
     assert_eq!(fns[0]["requests"], 1);
     // SAFETY: disconnecting the live handle once.
     unsafe { smore_disconnect(h) };
-    assert_eq!(
-        requests_reported(&arb.socket, "survivor"),
-        0,
-        "released on disconnect"
-    );
+    // The arbiter sees the hang-up on its own thread: released soon after, not at once.
+    wait_until("released on disconnect", Duration::from_secs(5), || {
+        requests_reported(&arb, "survivor") == 0
+    });
 }

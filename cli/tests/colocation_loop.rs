@@ -3,13 +3,11 @@
 //! shares the arbiter grants must keep the trainer's slowdown within θ_train while the functions
 //! get real GPU time. Run once per policy behind the seam.
 
-use smore_e2e::{bin, num, summary, Arbiter, SimGpu};
-use smore_protocol::conn::Client;
-use smore_protocol::wire::{self, Reply, Request};
+use smore_e2e::{bin, num, summary, Arbiter, SimGpu, BUSY_TRAINER};
+use smore_protocol::wire;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-const SMORE: &str = env!("CARGO_BIN_EXE_smore");
 /// θ_train given to the arbiter.
 const THETA: f64 = 0.10;
 /// Measurement slack on the slowdown (iteration times on a 2-core CI machine are noisy).
@@ -17,26 +15,20 @@ const SLACK: f64 = 0.04;
 
 fn trainer(sim: &SimGpu, seconds: f64) -> std::process::Command {
     let mut c = sim.command(bin("sim-trainer"));
-    c.args([
-        "--kernels",
-        "8",
-        "--kernel-us",
-        "5000",
-        "--host-ms",
-        "15",
-        "--seconds",
-        &seconds.to_string(),
-    ]);
+    c.args(BUSY_TRAINER)
+        .args(["--seconds", &seconds.to_string()]);
     c
 }
 
-fn mean_iter(out: &str, from: usize) -> f64 {
-    let v: Vec<f64> = out
-        .lines()
+/// The iteration times (ms) `sim-trainer` printed, in order.
+fn iter_ms(out: &str) -> Vec<f64> {
+    out.lines()
         .filter_map(|l| l.strip_prefix("iter="))
         .filter_map(|l| l.split("ms=").nth(1)?.trim().parse().ok())
-        .skip(from)
-        .collect();
+        .collect()
+}
+
+fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
@@ -54,40 +46,23 @@ struct Run {
     estimates: Vec<f64>,
 }
 
-fn status(socket: &std::path::Path) -> serde_json::Value {
-    let Reply::Status { snapshot } = Client::connect(socket)
-        .unwrap()
-        .call(Request::Status)
-        .unwrap()
-    else {
-        panic!()
-    };
-    snapshot
-}
-
 fn run_loop(policy_toml: &str) -> Run {
     let sim = SimGpu::builder()
         .devices(1)
         .memory("16GiB")
         .build()
         .unwrap();
-    let arb = Arbiter::start(
-        &sim,
-        std::path::Path::new(SMORE),
-        &format!("\n[policy]\ntheta_train = {THETA}\n{policy_toml}\n"),
-    );
-    let socket = arb.socket.clone();
+    let arb = Arbiter::with_policy(&sim, &format!("theta_train = {THETA}\n{policy_toml}"));
     // Baseline: the trainer alone.
     let alone = trainer(&sim, 3.0).output().unwrap();
-    let alone = mean_iter(&String::from_utf8_lossy(&alone.stdout), 5);
+    let alone = mean(&iter_ms(&String::from_utf8_lossy(&alone.stdout))[5..]);
     // Co-located: the trainer runs; after the arbiter has seen it alone, two greedy functions.
     let tr = trainer(&sim, 9.0).stdout(Stdio::piped()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(2000));
     let fns: Vec<Child> = ["resnet50:8", "mobilenet_v2:1"]
         .iter()
         .map(|model| {
-            sim.command(SMORE)
-                .env("SMORE_ARBITER_SOCKET", &socket)
+            arb.smore()
                 .args([
                     "run",
                     "--function",
@@ -121,7 +96,7 @@ fn run_loop(policy_toml: &str) -> Run {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(1500));
-    let snapshot = status(&socket);
+    let snapshot = arb.status();
     let functions = snapshot["gpus"][0]["functions"].as_array().unwrap().clone();
     let shares: Vec<u32> = functions
         .iter()
@@ -135,7 +110,7 @@ fn run_loop(policy_toml: &str) -> Run {
     let mut estimates = Vec::new();
     for _ in 0..6 {
         std::thread::sleep(Duration::from_millis(500));
-        if let Some(e) = status(&socket)["gpus"][0]["harvest"]["slowdown_estimate"].as_f64() {
+        if let Some(e) = arb.status()["gpus"][0]["harvest"]["slowdown_estimate"].as_f64() {
             estimates.push(e);
         }
     }
@@ -159,13 +134,9 @@ fn run_loop(policy_toml: &str) -> Run {
     let out = tr.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     // Iterations while the functions ran: from ~2.5 s to ~7.5 s of the 9 s run (≈ 55 ms each).
-    let v: Vec<f64> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("iter="))
-        .filter_map(|l| l.split("ms=").nth(1)?.trim().parse().ok())
-        .collect();
+    let v = iter_ms(&text);
     let during: Vec<f64> = v.iter().copied().skip(50).take(80).collect();
-    let colocated = during.iter().sum::<f64>() / during.len().max(1) as f64;
+    let colocated = mean(&during);
     Run {
         slowdown: colocated / alone - 1.0,
         shares,

@@ -1,43 +1,21 @@
 //! The arbiter as an operator runs it: a real `smore arbiter` process on the simulated GPU, real
 //! clients over its Unix socket, real processes under `smore run`.
 
-use smore_e2e::{Arbiter, SimGpu};
+use smore_e2e::{registration, wait_exit, wait_until, Arbiter, SimGpu};
 use smore_protocol::conn::{recv_with_fd, send_with_fd, Client};
 use smore_protocol::grant::{GrantPage, PAGE_BYTES};
 use smore_protocol::wire::{self, Envelope, ErrorCode, Register, Reply, Request, MAX_FRAME};
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const SMORE: &str = env!("CARGO_BIN_EXE_smore");
 
-fn start(sim: &SimGpu, extra: &str) -> Arbiter {
-    Arbiter::start(sim, Path::new(SMORE), extra)
-}
-
-fn sim(devices: u32) -> SimGpu {
-    SimGpu::builder()
-        .devices(devices)
-        .memory("16GiB")
-        .context_memory("0")
-        .build()
-        .unwrap()
-}
-
 fn register(c: &Client, function: &str, memory: u64) -> (Reply, Option<OwnedFd>) {
-    c.call_with_fd(Request::Register(Register {
-        function: function.into(),
-        model: None,
-        slo_ms: Some(50.0),
-        memory: Some(memory),
-        resume: None,
-        gpu: None,
-        exec: true,
-    }))
-    .unwrap()
+    c.call_with_fd(registration(function, None, 50.0, memory))
+        .unwrap()
 }
 
 /// A read-only view of a grant page, as the shim maps it.
@@ -72,19 +50,10 @@ impl Drop for PageView {
     }
 }
 
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    t0.elapsed()
-}
-
 #[test]
 fn registration_gets_a_grant_page_it_cannot_write() {
-    let sim = sim(2);
-    let arb = start(&sim, "");
+    let sim = SimGpu::exact(2, "16GiB");
+    let arb = Arbiter::new(&sim, "");
     let c = arb.client();
     let (reply, fd) = register(&c, "resnet", 3 << 30);
     let Reply::Granted(g) = reply else {
@@ -171,8 +140,8 @@ fn registration_gets_a_grant_page_it_cannot_write() {
 
 #[test]
 fn live_share_changes_reach_the_page_before_the_reply() {
-    let sim = sim(1);
-    let arb = start(&sim, "");
+    let sim = SimGpu::exact(1, "16GiB");
+    let arb = Arbiter::new(&sim, "");
     let c = arb.client();
     let (Reply::Granted(g), Some(fd)) = register(&c, "f", 1 << 30) else {
         panic!()
@@ -217,8 +186,8 @@ fn live_share_changes_reach_the_page_before_the_reply() {
 
 #[test]
 fn a_sigkilled_function_is_released_within_a_second() {
-    let sim = sim(1);
-    let arb = start(&sim, "");
+    let sim = SimGpu::exact(1, "16GiB");
+    let arb = Arbiter::new(&sim, "");
     let mut child = arb
         .smore()
         .args(["run", "--function", "sleeper", "--memory", "1GiB", "--shim"])
@@ -260,9 +229,9 @@ fn a_sigkilled_function_is_released_within_a_second() {
 }
 
 #[test]
-fn smore_run_refusal_exits_with_a_distinct_code() {
-    let sim = sim(1);
-    let arb = start(&sim, "");
+fn smore_run_refused_for_memory_exits_with_the_refusal_code() {
+    let sim = SimGpu::exact(1, "16GiB");
+    let arb = Arbiter::new(&sim, "");
     let out = arb
         .smore()
         .args(["run", "--memory", "100GiB", "--shim"])
@@ -276,7 +245,11 @@ fn smore_run_refusal_exits_with_a_distinct_code() {
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("refused") && err.contains("100GiB"), "{err}");
-    // A dead arbiter is reported as such.
+}
+
+#[test]
+fn smore_run_without_an_arbiter_exits_69() {
+    let sim = SimGpu::exact(1, "16GiB");
     let out = sim
         .command(SMORE)
         .args(["run", "--socket", "/nonexistent/smore.sock", "--shim"])
@@ -290,8 +263,8 @@ fn smore_run_refusal_exits_with_a_distinct_code() {
 
 #[test]
 fn an_arbiter_restart_loses_nothing_and_counts_nothing_twice() {
-    let sim = sim(1);
-    let mut arb = start(&sim, "");
+    let sim = SimGpu::exact(1, "16GiB");
+    let mut arb = Arbiter::new(&sim, "");
     let c = arb.client();
     let (Reply::Granted(g), Some(fd)) = register(&c, "survivor", 8 << 30) else {
         panic!()
@@ -336,8 +309,8 @@ fn an_arbiter_restart_loses_nothing_and_counts_nothing_twice() {
 
 #[test]
 fn two_hundred_concurrent_registrations_are_served() {
-    let sim = sim(2);
-    let arb = start(&sim, "");
+    let sim = SimGpu::exact(2, "16GiB");
+    let arb = Arbiter::new(&sim, "");
     let socket = arb.socket.clone();
     let t0 = Instant::now();
     let handles: Vec<_> = (0..200)
@@ -398,8 +371,8 @@ fn config_errors_name_the_file_line_and_key() {
 
 #[test]
 fn malformed_messages_get_errors_and_do_not_disturb_others() {
-    let sim = sim(1);
-    let arb = start(&sim, "");
+    let sim = SimGpu::exact(1, "16GiB");
+    let arb = Arbiter::new(&sim, "");
     let good = arb.client();
     let (Reply::Granted(_), _) = register(&good, "good", 1 << 20) else {
         panic!()
@@ -488,25 +461,15 @@ fn malformed_messages_get_errors_and_do_not_disturb_others() {
 
 #[test]
 fn nvml_discovery_and_training_detection_feed_status_and_metrics() {
-    let sim = sim(2);
+    let sim = SimGpu::exact(2, "16GiB");
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let arb = start(&sim, &format!("metrics_addr = \"127.0.0.1:{port}\"\n"));
+    let arb = Arbiter::new(&sim, &format!("metrics_addr = \"127.0.0.1:{port}\"\n"));
     // An unregistered process holding memory on GPU 1: training, never touched.
-    let mut trainer = sim
-        .command(smore_e2e::bin("sim-probe"))
-        .env("CUDA_VISIBLE_DEVICES", "1")
-        .args(["alloc:v2:3GiB", "ready", "sleep:30000"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_until("training detected", Duration::from_secs(10), || {
-        arb.status()["gpus"][1]["training"]
-            .as_array()
-            .is_some_and(|t| !t.is_empty())
-    });
+    let mut trainer = sim.spawn_memory_holder(1, "3GiB");
+    arb.wait_for_training(1, Duration::from_secs(10));
     let s = arb.status();
     assert_eq!(s["gpus"].as_array().unwrap().len(), 2);
     assert_eq!(s["gpus"][1]["training"][0]["pid"], trainer.id());
@@ -537,54 +500,59 @@ fn nvml_discovery_and_training_detection_feed_status_and_metrics() {
     trainer.wait().unwrap();
 }
 
+/// `smore run --function <function> --memory 1GiB` with a preload that names no shim, up to the
+/// `--`: the program appended runs registered but bypasses the shim.
+fn run_without_shim(arb: &Arbiter, function: &str) -> Command {
+    let mut c = arb.smore();
+    c.args([
+        "run",
+        "--function",
+        function,
+        "--memory",
+        "1GiB",
+        "--shim",
+        "/nonexistent/libsmore_shim.so",
+        "--",
+    ]);
+    c
+}
+
+/// The watchdog SIGKILLs `child` within `limit` and records an event saying `why`.
+fn assert_killed_by_the_watchdog(arb: &Arbiter, mut child: Child, limit: Duration, why: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let status = wait_exit(&mut child, "the watchdog acted", limit, || arb.logs());
+    assert_eq!(status.signal(), Some(9), "{status}");
+    let ev = arb.status()["events"].to_string();
+    assert!(ev.contains(why), "{ev}");
+}
+
 #[test]
 fn a_function_without_the_shim_gets_the_watchdog() {
-    let sim = sim(1);
-    let arb = start(&sim, "[watchdog]\naction = \"sigkill\"\n");
+    let sim = SimGpu::exact(1, "16GiB");
+    let arb = Arbiter::new(&sim, "[watchdog]\naction = \"sigkill\"\n");
     // Registered through `smore run`, but the preload names no shim: the GPU process bypasses it.
-    let mut child = arb
-        .smore()
-        .args([
-            "run",
-            "--function",
-            "sneaky",
-            "--memory",
-            "1GiB",
-            "--shim",
-            "/nonexistent/libsmore_shim.so",
-            "--",
-        ])
+    let child = run_without_shim(&arb, "sneaky")
         .arg(smore_e2e::bin("sim-probe"))
         .args(["alloc:v2:64MiB", "sleep:30000"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(15),
-            "watchdog did not act:\n{}",
-            arb.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(status.signal(), Some(9));
-    let ev = arb.status()["events"].to_string();
-    assert!(ev.contains("without the smore shim"), "{ev}");
+    assert_killed_by_the_watchdog(
+        &arb,
+        child,
+        Duration::from_secs(15),
+        "without the smore shim",
+    );
     assert_eq!(arb.status()["counters"]["watchdog_actions"], 1);
 }
 
 #[test]
 fn a_function_using_more_sm_time_than_its_share_gets_the_watchdog() {
-    let sim = sim(1);
+    let sim = SimGpu::exact(1, "16GiB");
     // The shim check is off: this catches a process whose launches escape the shim some other
     // way (raw driver pointers, direct ioctls), from NVML's per-process SM samples alone.
-    let arb = start(
+    let arb = Arbiter::new(
         &sim,
         "[watchdog]\naction = \"sigkill\"\ncheck_shim = false\n",
     );
@@ -602,46 +570,16 @@ fn a_function_using_more_sm_time_than_its_share_gets_the_watchdog() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    wait_until("training detected", Duration::from_secs(10), || {
-        arb.status()["gpus"][0]["training"]
-            .as_array()
-            .is_some_and(|t| !t.is_empty())
-    });
+    arb.wait_for_training(0, Duration::from_secs(10));
     eprintln!("before: {}", arb.status()["gpus"][0]);
-    let mut child = arb
-        .smore()
-        .args([
-            "run",
-            "--function",
-            "greedy",
-            "--memory",
-            "1GiB",
-            "--shim",
-            "/nonexistent/libsmore_shim.so",
-            "--",
-        ])
+    let child = run_without_shim(&arb, "greedy")
         .arg(smore_e2e::bin("sim-function"))
         .args(["--interval-ms", "0", "--seconds", "30", "--quiet"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "watchdog did not act:\n{}",
-            arb.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(status.signal(), Some(9));
-    let ev = arb.status()["events"].to_string();
-    assert!(ev.contains("over its share"), "{ev}");
+    assert_killed_by_the_watchdog(&arb, child, Duration::from_secs(20), "over its share");
     trainer.kill().unwrap();
     trainer.wait().unwrap();
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 fn arbiter() -> (Arbiter, SimGpu) {
     let sim = SimGpu::builder().devices(1).memory("8GiB").build().unwrap();
-    let arb = Arbiter::start(&sim, Path::new(env!("CARGO_BIN_EXE_smore")), "");
+    let arb = Arbiter::new(&sim, "");
     (arb, sim)
 }
 

@@ -3,50 +3,20 @@
 //! `[policy] model` is unset (logged as SYNTHETIC), so these tests check the decision path and its
 //! explanations, not prediction accuracy.
 
-use smore_e2e::{Arbiter, SimGpu};
+use smore_e2e::{registration, Arbiter, SimGpu};
 use smore_protocol::conn::Client;
-use smore_protocol::wire::{RefuseCode, Register, Reply, Request};
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use smore_protocol::wire::{RefuseCode, Reply, Request};
+use std::time::Duration;
 
-const SMORE: &str = env!("CARGO_BIN_EXE_smore");
-
-/// The arbiter with `policy` as its `[policy]` section.
-fn start(sim: &SimGpu, policy: &str) -> Arbiter {
-    Arbiter::start(
-        sim,
-        std::path::Path::new(SMORE),
-        &format!("\n[policy]\n{policy}"),
-    )
-}
-
-fn sim(devices: u32) -> SimGpu {
-    SimGpu::builder()
-        .devices(devices)
-        .memory("16GiB")
-        .context_memory("0")
-        .build()
+fn register(c: &Client, function: &str, model: &str, slo_ms: f64) -> Reply {
+    c.call(registration(function, Some(model), slo_ms, 1 << 30))
         .unwrap()
 }
 
-fn register(c: &Client, function: &str, model: &str, slo_ms: f64) -> Reply {
-    c.call_with_fd(Request::Register(Register {
-        function: function.into(),
-        model: Some(model.into()),
-        slo_ms: Some(slo_ms),
-        memory: Some(1 << 30),
-        resume: None,
-        gpu: None,
-        exec: true,
-    }))
-    .unwrap()
-    .0
-}
-
 #[test]
-fn smore_policy_grants_with_predictions_and_refuses_an_impossible_slo() {
-    let sim = sim(2);
-    let arb = start(&sim, "name = \"smore\"\n");
+fn smore_policy_decisions_carry_the_predictors_predictions_and_reasons() {
+    let sim = SimGpu::exact(2, "16GiB");
+    let arb = Arbiter::with_policy(&sim, "name = \"smore\"\n");
     assert!(
         arb.logs().contains("SYNTHETIC"),
         "a synthetic predictor must be announced as such:\n{}",
@@ -101,24 +71,11 @@ fn smore_policy_grants_with_predictions_and_refuses_an_impossible_slo() {
 
 #[test]
 fn smore_policy_prefers_the_gpu_without_training() {
-    let sim = sim(2);
-    let arb = start(&sim, "name = \"smore\"\npower_of_d = 2\n");
+    let sim = SimGpu::exact(2, "16GiB");
+    let arb = Arbiter::with_policy(&sim, "name = \"smore\"\npower_of_d = 2\n");
     // An unregistered process holding memory on GPU 1: training (never touched).
-    let mut trainer = sim
-        .command(smore_e2e::bin("sim-probe"))
-        .env("CUDA_VISIBLE_DEVICES", "1")
-        .args(["alloc:v2:3GiB", "ready", "sleep:30000"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while arb.status()["gpus"][1]["training"]
-        .as_array()
-        .is_none_or(|t| t.is_empty())
-    {
-        assert!(t0.elapsed() < Duration::from_secs(10), "training not seen");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut trainer = sim.spawn_memory_holder(1, "3GiB");
+    arb.wait_for_training(1, Duration::from_secs(10));
     let c = arb.client();
     let Reply::Granted(g) = register(&c, "bert", "bert_base:8", 100.0) else {
         panic!("not granted:\n{}", arb.logs())

@@ -4,7 +4,9 @@
 //! Accepted: a plain integer (bytes) or an integer / decimal followed by a unit: `B`, `KiB`, `MiB`,
 //! `GiB`, `TiB` (powers of 1024) or `KB`, `MB`, `GB`, `TB` (powers of 1000), case-insensitive, with
 //! optional white space between number and unit. `K`, `M`, `G`, `T` alone mean the binary units, as
-//! in `nvidia-smi` and most container runtimes.
+//! in `nvidia-smi` and most container runtimes, and the Kubernetes quantity spellings `Ki`, `Mi`,
+//! `Gi`, `Ti` (`2Gi`, `512Mi`) are the binary units too. A fraction of a byte (`0.5`, `1.5B`) is
+//! refused: it is almost always a size whose unit was forgotten.
 
 use std::fmt;
 
@@ -47,10 +49,10 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
     }
     let multiplier: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
+        "k" | "ki" | "kib" => 1 << 10,
+        "m" | "mi" | "mib" => 1 << 20,
+        "g" | "gi" | "gib" => 1 << 30,
+        "t" | "ti" | "tib" => 1 << 40,
         "kb" => 1_000,
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
@@ -63,6 +65,11 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
             .ok_or_else(|| err("too large"));
     }
     let value: f64 = num.parse().map_err(|_| err("not a number"))?;
+    if multiplier == 1 {
+        return Err(err(
+            "a fraction of a byte (a unit such as MiB or GiB is missing?)",
+        ));
+    }
     let bytes = value * multiplier as f64;
     if !bytes.is_finite() || bytes >= u64::MAX as f64 {
         return Err(err("too large"));
@@ -104,6 +111,23 @@ mod tests {
         assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
         assert_eq!(parse_size("1GB").unwrap(), 1_000_000_000);
         assert_eq!(parse_size("4k").unwrap(), 4096);
+    }
+
+    #[test]
+    fn parses_kubernetes_quantities() {
+        assert_eq!(parse_size("2Gi").unwrap(), 2 << 30);
+        assert_eq!(parse_size("512Mi").unwrap(), 512 << 20);
+        assert_eq!(parse_size("64Ki").unwrap(), 64 << 10);
+        assert_eq!(parse_size("1Ti").unwrap(), 1 << 40);
+        assert_eq!(parse_size("1.5Gi").unwrap(), 3 << 29);
+    }
+
+    #[test]
+    fn refuses_a_fraction_of_a_byte() {
+        for bad in ["0.5", "1.5B", "0.5 b"] {
+            let e = parse_size(bad).unwrap_err().to_string();
+            assert!(e.contains("fraction of a byte"), "{bad}: {e}");
+        }
     }
 
     #[test]

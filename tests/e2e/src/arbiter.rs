@@ -6,6 +6,7 @@
 use crate::SimGpu;
 use smore_protocol::conn::Client;
 use smore_protocol::wire::{Reply, Request};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -49,6 +50,16 @@ impl Arbiter {
         a
     }
 
+    /// [`Arbiter::start`] of the workspace's `smore` binary.
+    pub fn new(sim: &SimGpu, extra: &str) -> Arbiter {
+        Arbiter::start(sim, &crate::bin("smore"), extra)
+    }
+
+    /// [`Arbiter::new`] with `policy` as the `[policy]` section.
+    pub fn with_policy(sim: &SimGpu, policy: &str) -> Arbiter {
+        Arbiter::new(sim, &format!("\n[policy]\n{policy}\n"))
+    }
+
     fn log_path(&self, n: u32) -> PathBuf {
         self.dir.join(format!("arbiter-{n}.log"))
     }
@@ -90,6 +101,13 @@ impl Arbiter {
         self.launch();
     }
 
+    /// Starts a [`Arbiter::kill`]ed arbiter again with the same config and state directory
+    /// (for tests that act while it is down).
+    pub fn revive(&mut self) {
+        assert!(self.child.is_none(), "revive: the arbiter is still running");
+        self.launch();
+    }
+
     /// Everything the arbiter logged, over all its starts.
     pub fn logs(&self) -> String {
         (1..=self.starts)
@@ -100,6 +118,16 @@ impl Arbiter {
 
     pub fn client(&self) -> Client {
         Client::connect(&self.socket).expect("connecting to the arbiter")
+    }
+
+    /// One request on a fresh connection, its reply.
+    pub fn call(&self, req: Request) -> Reply {
+        self.client().call(req).expect("arbiter request")
+    }
+
+    /// One request on a fresh connection, its reply and the fd that came with it.
+    pub fn call_with_fd(&self, req: Request) -> (Reply, Option<OwnedFd>) {
+        self.client().call_with_fd(req).expect("arbiter request")
     }
 
     /// The `status` snapshot.
@@ -120,6 +148,16 @@ impl Arbiter {
             .collect()
     }
 
+    /// Waits until the arbiter lists a training process on GPU `gpu` (it finds them through
+    /// NVML at its reconcile period), failing the test after `limit`.
+    pub fn wait_for_training(&self, gpu: usize, limit: Duration) {
+        crate::wait_until(&format!("training detected on GPU {gpu}"), limit, || {
+            self.status()["gpus"][gpu]["training"]
+                .as_array()
+                .is_some_and(|t| !t.is_empty())
+        });
+    }
+
     /// A `smore` command with the node's environment and this arbiter's socket.
     pub fn smore(&self) -> Command {
         let mut c = Command::new(&self.smore);
@@ -133,4 +171,18 @@ impl Drop for Arbiter {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A `Register` request as a function runtime sends it (`exec`: the caller runs the function
+/// itself), for `function` of `model` with `slo_ms` and a `memory` cap in bytes.
+pub fn registration(function: &str, model: Option<&str>, slo_ms: f64, memory: u64) -> Request {
+    Request::Register(smore_protocol::wire::Register {
+        function: function.into(),
+        model: model.map(Into::into),
+        slo_ms: Some(slo_ms),
+        memory: Some(memory),
+        resume: None,
+        gpu: None,
+        exec: true,
+    })
 }

@@ -9,13 +9,16 @@
 //! real process talking to the driver ABI, or from the node state the driver itself maintains.
 
 pub mod arbiter;
+pub mod resolve;
 
 use anyhow::{bail, Context, Result};
-pub use arbiter::Arbiter;
+pub use arbiter::{registration, Arbiter};
+pub use resolve::Resolution;
 use smore_simgpu::{Node, SimConfig};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output};
+use std::time::{Duration, Instant};
 
 /// `target/<profile>` of the running test executable (tests live in `target/<profile>/deps`).
 pub fn target_dir() -> PathBuf {
@@ -134,6 +137,17 @@ impl SimGpu {
         SimGpuBuilder::default()
     }
 
+    /// A node of `devices` GPUs with `memory` each (e.g. `"8GiB"`) and no context footprint, so
+    /// that memory arithmetic in tests is exact. Panics when the node cannot be created.
+    pub fn exact(devices: u32, memory: &str) -> SimGpu {
+        SimGpu::builder()
+            .devices(devices)
+            .memory(memory)
+            .context_memory("0")
+            .build()
+            .expect("simulated node")
+    }
+
     /// Directory holding `libcuda.so.1` and `libnvidia-ml.so.1`.
     pub fn lib_dir(&self) -> PathBuf {
         self.dir.path().join("lib")
@@ -161,6 +175,27 @@ impl SimGpu {
         c
     }
 
+    /// A command for `program` on this node with the shim preloaded and `env` set: a function
+    /// process as the tests run one.
+    pub fn shimmed(&self, program: impl AsRef<std::ffi::OsStr>, env: &[(&str, &str)]) -> Command {
+        let mut c = self.command(program);
+        c.env("LD_PRELOAD", shim_lib());
+        c.envs(env.iter().copied());
+        c
+    }
+
+    /// Spawns an unregistered `sim-probe` on `device` that allocates `size` (e.g. `"3GiB"`) and
+    /// sleeps: to the arbiter, a training process. Its stdout is piped (and never read; the probe
+    /// prints three lines). Kill it at the end of the test.
+    pub fn spawn_memory_holder(&self, device: u32, size: &str) -> Child {
+        self.command(bin("sim-probe"))
+            .env("CUDA_VISIBLE_DEVICES", device.to_string())
+            .args([&format!("alloc:v2:{size}"), "ready", "sleep:30000"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawning sim-probe")
+    }
+
     /// The node's shared state, observed without joining it as a process.
     pub fn node(&self) -> Node {
         Node::create(&self.state_path().display().to_string(), &self.cfg).expect("observe node")
@@ -169,6 +204,43 @@ impl SimGpu {
     /// The node's configuration.
     pub fn config(&self) -> &SimConfig {
         &self.cfg
+    }
+}
+
+/// `sim-trainer` options of a busy training job: 8 × 5 ms kernels and 15 ms of host time per
+/// iteration (about 72 % of the GPU, 55 ms per iteration when alone).
+pub const BUSY_TRAINER: [&str; 6] = ["--kernels", "8", "--kernel-us", "5000", "--host-ms", "15"];
+
+/// Polls `f` every 5 ms until it holds, failing the test with `what` when it does not within
+/// `limit`. Returns how long it took (some tests assert on that latency).
+pub fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    t0.elapsed()
+}
+
+/// Waits for `child` to exit, failing the test with `what` and `context()` (logs, typically)
+/// when it has not within `limit`.
+pub fn wait_exit(
+    child: &mut Child,
+    what: &str,
+    limit: Duration,
+    context: impl Fn() -> String,
+) -> ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().expect("waiting for a child") {
+            return s;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "{what}: not within {limit:?}\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

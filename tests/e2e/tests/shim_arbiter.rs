@@ -12,16 +12,9 @@ use std::os::unix::net::UnixListener;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
+use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
-
-fn sim() -> SimGpu {
-    SimGpu::builder()
-        .memory("8GiB")
-        .context_memory("0")
-        .build()
-        .expect("simulated node")
-}
 
 /// A grant page in a sealed memfd, as the arbiter makes it: writable here, sealed against any
 /// new writable mapping (`F_SEAL_FUTURE_WRITE`) before it is handed out.
@@ -120,13 +113,12 @@ fn granted(cap: u64, share: u32) -> Reply {
 
 #[test]
 fn registration_maps_the_granted_page_and_follows_its_changes() {
-    let sim = sim();
+    let sim = SimGpu::exact(1, "8GiB");
     let page = grant_page(64 * MIB, 100, true);
     let live = page.page;
     let (path, server, closed) = fake_arbiter(sim.dir(), granted(64 * MIB, 100), Some(page.fd));
     let mut child = sim
-        .command(bin("sim-probe"))
-        .env("LD_PRELOAD", shim_lib())
+        .shimmed(bin("sim-probe"), &[])
         .env("SMORE_ARBITER_SOCKET", &path)
         .env("SMORE_FUNCTION", "resnet")
         .env("SMORE_MODEL", "resnet50")
@@ -216,12 +208,11 @@ fn registration_maps_the_granted_page_and_follows_its_changes() {
 
 #[test]
 fn an_inherited_grant_fd_is_the_live_page() {
-    let sim = sim();
+    let sim = SimGpu::exact(1, "8GiB");
     // Not close-on-exec: the probe inherits it, as from `smore run`.
     let page = grant_page(64 * MIB, 100, false);
     let out = run_ok(
-        sim.command(bin("sim-probe"))
-            .env("LD_PRELOAD", shim_lib())
+        sim.shimmed(bin("sim-probe"), &[])
             .env("SMORE_GRANT_FD", page.fd.as_raw_fd().to_string())
             .env("SMORE_MEMORY_LIMIT", "1GiB")
             .args(["alloc:v2:48MiB", "alloc:v2:32MiB", "meminfo"]),
@@ -237,10 +228,13 @@ fn an_inherited_grant_fd_is_the_live_page() {
     assert_eq!(num(ops(&l, "meminfo")[0], "total") as u64, 64 * MIB);
 }
 
-fn probe_allocs(cmd: &mut Command) -> (Vec<String>, String) {
-    let out = cmd
-        .env("LD_PRELOAD", shim_lib())
-        .env("SMORE_MEMORY_LIMIT", "64MiB")
+/// Runs the probe of `sim` with the shim, a 64 MiB cap and `env`: the return codes of a 48 MiB
+/// and a 32 MiB allocation, and the shim's stderr.
+fn probe_allocs(sim: &SimGpu, env: &[(&str, &str)]) -> (Vec<String>, String) {
+    let mut env = env.to_vec();
+    env.push(("SMORE_MEMORY_LIMIT", "64MiB"));
+    let out = sim
+        .shimmed(bin("sim-probe"), &env)
         .args(["alloc:v2:48MiB", "alloc:v2:32MiB"])
         .output()
         .unwrap();
@@ -255,13 +249,11 @@ fn probe_allocs(cmd: &mut Command) -> (Vec<String>, String) {
 
 #[test]
 fn an_unreachable_arbiter_applies_the_failure_policy() {
-    let sim = sim();
+    let sim = SimGpu::exact(1, "8GiB");
     let missing = sim.dir().join("no-arbiter.sock");
     // open (the default): the standalone contract applies.
-    let (rcs, err) = probe_allocs(
-        sim.command(bin("sim-probe"))
-            .env("SMORE_ARBITER_SOCKET", &missing),
-    );
+    let missing = missing.to_str().expect("a UTF-8 temporary path");
+    let (rcs, err) = probe_allocs(&sim, &[("SMORE_ARBITER_SOCKET", missing)]);
     assert_eq!(rcs, ["0", "2"], "{err}");
     assert!(
         err.contains("no-arbiter.sock") && err.contains("SMORE_FAILURE=open"),
@@ -269,9 +261,11 @@ fn an_unreachable_arbiter_applies_the_failure_policy() {
     );
     // closed: nothing is allocated.
     let (rcs, err) = probe_allocs(
-        sim.command(bin("sim-probe"))
-            .env("SMORE_ARBITER_SOCKET", &missing)
-            .env("SMORE_FAILURE", "closed"),
+        &sim,
+        &[
+            ("SMORE_ARBITER_SOCKET", missing),
+            ("SMORE_FAILURE", "closed"),
+        ],
     );
     assert_eq!(rcs, ["2", "2"], "{err}");
     assert!(err.contains("SMORE_FAILURE=closed"), "{err}");
@@ -280,16 +274,16 @@ fn an_unreachable_arbiter_applies_the_failure_policy() {
 #[test]
 fn a_refused_registration_applies_the_failure_policy() {
     for (policy, want) in [("open", ["0", "2"]), ("closed", ["2", "2"])] {
-        let sim = sim();
+        let sim = SimGpu::exact(1, "8GiB");
         let refusal = Reply::Refused {
             code: RefuseCode::NoMemory,
             reason: "no GPU has 64 MiB".into(),
         };
         let (path, server, _) = fake_arbiter(sim.dir(), refusal, None);
+        let path = path.to_str().expect("a UTF-8 temporary path");
         let (rcs, err) = probe_allocs(
-            sim.command(bin("sim-probe"))
-                .env("SMORE_ARBITER_SOCKET", &path)
-                .env("SMORE_FAILURE", policy),
+            &sim,
+            &[("SMORE_ARBITER_SOCKET", path), ("SMORE_FAILURE", policy)],
         );
         assert_eq!(rcs, want, "{policy}: {err}");
         assert!(
@@ -300,121 +294,23 @@ fn a_refused_registration_applies_the_failure_policy() {
     }
 }
 
-/// A real `smore arbiter` on the simulated node, restartable with the same configuration.
-struct RealArbiter {
-    sim_cmd: Box<dyn Fn() -> Command>,
-    cfg: std::path::PathBuf,
-    socket: std::path::PathBuf,
-    dir: std::path::PathBuf,
-    child: Option<std::process::Child>,
-    starts: u32,
-}
-
-impl RealArbiter {
-    fn new(sim: &SimGpu) -> RealArbiter {
-        let dir = sim.dir().to_path_buf();
-        let socket = dir.join("arbiter.sock");
-        let cfg = dir.join("node.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 50\n",
-                socket,
-                dir.join("state")
-            ),
-        )
-        .unwrap();
-        let env: Vec<(String, String)> = sim.env().to_vec();
-        RealArbiter {
-            sim_cmd: Box::new(move || {
-                let mut c = Command::new(bin("smore"));
-                c.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-                c
-            }),
-            cfg,
-            socket,
-            dir,
-            child: None,
-            starts: 0,
-        }
-    }
-
-    fn log_path(&self, n: u32) -> std::path::PathBuf {
-        self.dir.join(format!("arbiter-{n}.log"))
-    }
-
-    fn logs(&self) -> String {
-        (1..=self.starts)
-            .map(|n| std::fs::read_to_string(self.log_path(n)).unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join("\n--- restart ---\n")
-    }
-
-    fn start(&mut self) {
-        self.starts += 1;
-        let log = std::fs::File::create(self.log_path(self.starts)).unwrap();
-        let child = (self.sim_cmd)()
-            .args(["arbiter", "--config"])
-            .arg(&self.cfg)
-            .env("RUST_LOG", "info")
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let t0 = std::time::Instant::now();
-        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
-            assert!(
-                t0.elapsed() < std::time::Duration::from_secs(20),
-                "arbiter did not start:\n{}",
-                self.logs()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    }
-
-    /// SIGKILL: no chance to clean anything up.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn call(&self, req: Request) -> Reply {
-        smore_protocol::conn::Client::connect(&self.socket)
-            .unwrap()
-            .call(req)
-            .unwrap()
-    }
-
-    /// GPU 0 from a `Status` request: the bytes granted there and its functions.
-    fn gpu0(&self) -> (Option<u64>, Vec<Listed>) {
-        match self.call(Request::Status) {
-            Reply::Status { snapshot } => {
-                let g = &snapshot["gpus"][0];
-                let fns = g["functions"]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .map(|f| Listed {
-                                id: f["id"].as_u64(),
-                                pid: f["pid"].as_u64(),
-                                attached: f["attached"].as_bool(),
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                (g["granted"].as_u64(), fns)
-            }
-            r => panic!("{r:?}"),
-        }
-    }
-}
-
-impl Drop for RealArbiter {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// GPU 0 from the arbiter's `status`: the bytes granted there and its functions.
+fn gpu0(arb: &Arbiter) -> (Option<u64>, Vec<Listed>) {
+    let snapshot = arb.status();
+    let g = &snapshot["gpus"][0];
+    let fns = g["functions"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|f| Listed {
+                    id: f["id"].as_u64(),
+                    pid: f["pid"].as_u64(),
+                    attached: f["attached"].as_bool(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (g["granted"].as_u64(), fns)
 }
 
 /// One function as `status` lists it.
@@ -495,16 +391,8 @@ impl Held {
     }
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = std::time::Instant::now();
-    while !f() {
-        assert!(
-            t0.elapsed() < std::time::Duration::from_secs(15),
-            "{what}: not within 15 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
+/// How long a function or the arbiter may take to react to a change in these tests.
+const REACT: Duration = Duration::from_secs(15);
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Mode {
@@ -518,13 +406,8 @@ enum Mode {
 /// grant (open) or refuses allocations (closed) meanwhile, re-registers by itself as the same
 /// instance, is counted once, and its cap holds throughout; the re-attached page is live.
 fn arbiter_restart(mode: Mode, policy: &str) {
-    let sim = SimGpu::builder()
-        .memory("16GiB")
-        .context_memory("0")
-        .build()
-        .expect("simulated node");
-    let mut arb = RealArbiter::new(&sim);
-    arb.start();
+    let sim = SimGpu::exact(1, "16GiB");
+    let mut arb = Arbiter::new(&sim, "");
     let cmd = match mode {
         Mode::SmoreRun => {
             let mut c = sim.command(bin("smore"));
@@ -536,11 +419,11 @@ fn arbiter_restart(mode: Mode, policy: &str) {
             c
         }
         Mode::Socket => {
-            let mut c = sim.command(bin("shim-client"));
-            c.arg("hold")
-                .env("LD_PRELOAD", shim_lib())
-                .env("SMORE_FUNCTION", "held")
-                .env("SMORE_MEMORY_LIMIT", "64MiB");
+            let mut c = sim.shimmed(
+                bin("shim-client"),
+                &[("SMORE_FUNCTION", "held"), ("SMORE_MEMORY_LIMIT", "64MiB")],
+            );
+            c.arg("hold");
             c
         }
     };
@@ -553,7 +436,7 @@ fn arbiter_restart(mode: Mode, policy: &str) {
     let ctx = format!("{mode:?}, SMORE_FAILURE={policy}");
     assert_eq!(f.alloc("48MiB"), "0", "{ctx}");
     assert_eq!(f.alloc("32MiB"), "2", "the grant's 64 MiB cap: {ctx}");
-    let (_, fns) = arb.gpu0();
+    let (_, fns) = gpu0(&arb);
     assert_eq!(fns.len(), 1, "{ctx}: {fns:?}");
     let id = fns[0].id.unwrap();
     assert_eq!(fns[0].pid, Some(pid), "{ctx}");
@@ -563,7 +446,9 @@ fn arbiter_restart(mode: Mode, policy: &str) {
     let mut used = 48;
     if policy == "closed" {
         // Once the shim has seen the hang-up, its view is a 0-byte cap and nothing is allocated.
-        wait_for("fail-closed after the arbiter died", || f.total() == 0);
+        wait_until("fail-closed after the arbiter died", REACT, || {
+            f.total() == 0
+        });
         assert_eq!(f.alloc("8MiB"), "2", "{ctx}");
     } else {
         // The last grant stays in force, cap included.
@@ -573,12 +458,12 @@ fn arbiter_restart(mode: Mode, policy: &str) {
         used += 8;
     }
 
-    arb.start();
-    wait_for("the function re-attached", || {
-        let (_, fns) = arb.gpu0();
+    arb.revive();
+    wait_until("the function re-attached", REACT, || {
+        let (_, fns) = gpu0(&arb);
         fns.len() == 1 && fns[0].attached == Some(true)
     });
-    let (granted, fns) = arb.gpu0();
+    let (granted, fns) = gpu0(&arb);
     assert_eq!(fns.len(), 1, "counted once: {ctx}: {fns:?}");
     assert_eq!(fns[0].id, Some(id), "same instance: {ctx}");
     assert_eq!(fns[0].pid, Some(pid), "{ctx}");
@@ -588,7 +473,9 @@ fn arbiter_restart(mode: Mode, policy: &str) {
         "the GPU counts its cap once: {ctx}"
     );
     // The new page is swapped in right after the reply that marks it attached.
-    wait_for("the re-attached grant applies", || f.total() == 64 << 20);
+    wait_until("the re-attached grant applies", REACT, || {
+        f.total() == 64 << 20
+    });
     let room = 64 - used;
     assert_eq!(f.alloc(&format!("{room}MiB")), "0", "{ctx}");
     assert_eq!(f.alloc("1MiB"), "2", "the cap is still enforced: {ctx}");
@@ -611,7 +498,9 @@ fn arbiter_restart(mode: Mode, policy: &str) {
         "{ctx}: {err}"
     );
     // Exit closes the new connection: the grant is released.
-    wait_for("the grant released at exit", || arb.gpu0().1.is_empty());
+    wait_until("the grant released at exit", REACT, || {
+        gpu0(&arb).1.is_empty()
+    });
     let logs = arb.logs();
     assert!(
         logs.contains("re-attached"),
@@ -635,13 +524,8 @@ fn an_arbiter_restart_fails_closed_then_the_shim_re_registers_itself() {
 /// instance stays listed once (detached, its memory still counted).
 #[test]
 fn a_descendant_sharing_a_smore_run_grant_does_not_re_register() {
-    let sim = SimGpu::builder()
-        .memory("16GiB")
-        .context_memory("0")
-        .build()
-        .expect("simulated node");
-    let mut arb = RealArbiter::new(&sim);
-    arb.start();
+    let sim = SimGpu::exact(1, "16GiB");
+    let mut arb = Arbiter::new(&sim, "");
     let mut cmd = sim.command(bin("smore"));
     // `; true` makes the shell fork the function instead of exec'ing it.
     let script = format!("{:?} hold; true", bin("shim-client"));
@@ -659,13 +543,13 @@ fn a_descendant_sharing_a_smore_run_grant_does_not_re_register() {
     let mut f = Held::spawn(cmd, sim.dir().join("function.err"));
     let shell = f.child.id() as u64;
     assert_eq!(f.alloc("48MiB"), "0");
-    let (_, fns) = arb.gpu0();
+    let (_, fns) = gpu0(&arb);
     assert_eq!((fns.len(), fns[0].pid), (1, Some(shell)), "{fns:?}");
     let id = fns[0].id.unwrap();
 
     arb.kill();
-    arb.start();
-    wait_for("the descendant gave up re-registering", || {
+    arb.revive();
+    wait_until("the descendant gave up re-registering", REACT, || {
         f.stderr().contains("not re-registering")
     });
     let err = f.stderr();
@@ -673,7 +557,7 @@ fn a_descendant_sharing_a_smore_run_grant_does_not_re_register() {
         err.contains(&format!("instance {id} belongs to pid {shell}")),
         "{err}"
     );
-    let (granted, fns) = arb.gpu0();
+    let (granted, fns) = gpu0(&arb);
     assert_eq!(fns.len(), 1, "counted once: {fns:?}");
     assert_eq!(fns[0].id, Some(id));
     assert_eq!(fns[0].attached, Some(false), "nobody re-attached it");
@@ -682,5 +566,7 @@ fn a_descendant_sharing_a_smore_run_grant_does_not_re_register() {
     assert_eq!(f.alloc("16MiB"), "0");
     assert_eq!(f.alloc("1MiB"), "2");
     f.finish();
-    wait_for("released when the shell exits", || arb.gpu0().1.is_empty());
+    wait_until("released when the shell exits", REACT, || {
+        gpu0(&arb).1.is_empty()
+    });
 }

@@ -5,11 +5,7 @@ use smore_e2e::*;
 
 #[test]
 fn the_shim_benchmark_prints_its_figures() {
-    let sim = SimGpu::builder()
-        .memory("8GiB")
-        .context_memory("0")
-        .build()
-        .unwrap();
+    let sim = SimGpu::exact(1, "8GiB");
     let out = run_ok(
         sim.command(bin("shim-bench"))
             .arg("--shim")

@@ -14,29 +14,18 @@ fn a_light_function_under_a_small_share_serves_its_offered_load() {
         .memory("8GiB")
         .build()
         .expect("simulated node");
-    // Trainer: 8 × 5 ms kernels + 15 ms host time per iteration (≈ 72 % busy).
+    // A busy trainer (≈ 72 % of the GPU).
     let trainer = sim
         .command(bin("sim-trainer"))
-        .args([
-            "--kernels",
-            "8",
-            "--kernel-us",
-            "5000",
-            "--host-ms",
-            "15",
-            "--seconds",
-            "6",
-            "--quiet",
-        ])
+        .args(BUSY_TRAINER)
+        .args(["--seconds", "6", "--quiet"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     // Function: 4 × 400 µs per request every 33 ms ≈ 5 % of the GPU, held to a 15 % share.
     let out = run_ok(
-        sim.command(bin("sim-function"))
-            .env("LD_PRELOAD", shim_lib())
-            .env("SMORE_SM_SHARE", "15")
+        sim.shimmed(bin("sim-function"), &[("SMORE_SM_SHARE", "15")])
             .args([
                 "--kernels",
                 "4",

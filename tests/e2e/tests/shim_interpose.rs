@@ -8,38 +8,24 @@ use std::process::Command;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-fn sim() -> SimGpu {
-    SimGpu::builder()
-        .memory("8GiB")
-        .context_memory("0")
-        .build()
-        .expect("simulated node")
-}
-
-fn shimmed(sim: &SimGpu, program: PathBuf, env: &[(&str, &str)]) -> Command {
-    let mut c = sim.command(program);
-    c.env("LD_PRELOAD", shim_lib());
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c
-}
-
 #[test]
 fn rtld_next_lookups_of_the_program_are_answered_relative_to_the_program() {
-    let sim = sim();
+    let sim = SimGpu::exact(1, "8GiB");
     // From the executable, the next definition of a hooked name is the shim's own export (the
     // first object after the program); a `dlsym` that lost the caller's context would answer
     // relative to the shim and find nothing (the driver is not in the global scope).
-    let out = run_ok(shimmed(&sim, bin("shim-client"), &[]).args(["rtld-next"])).unwrap();
+    let out = run_ok(sim.shimmed(bin("shim-client"), &[]).args(["rtld-next"])).unwrap();
     let l = parse_lines(&out);
     let r = ops(&l, "rtld-next")[0];
     assert_ne!(r["next"], "0x0", "{out}");
     assert_eq!(r["same"], "true", "{out}");
     // Unhooked names pass through untouched.
     let out =
-        run_ok(shimmed(&sim, bin("shim-client"), &[]).args(["rtld-next", "--symbol", "malloc"]))
-            .unwrap();
+        run_ok(
+            sim.shimmed(bin("shim-client"), &[])
+                .args(["rtld-next", "--symbol", "malloc"]),
+        )
+        .unwrap();
     let r = parse_lines(&out);
     assert_eq!(ops(&r, "rtld-next")[0]["same"], "true", "{out}");
 }
@@ -82,16 +68,15 @@ fn build_other_interposer(dir: &Path) -> PathBuf {
 
 #[test]
 fn another_interposer_in_front_of_the_shim_chains_through_it() {
-    let sim = sim();
+    let sim = SimGpu::exact(1, "8GiB");
     let other = build_other_interposer(sim.dir());
     let preload = format!("{}:{}", other.display(), shim_lib().display());
     let out = sim
         .command(bin("sim-probe-linked"))
         .env("LD_PRELOAD", preload)
         .env("SMORE_MEMORY_LIMIT", "64MiB")
+        .args(Resolution::Direct.args())
         .args([
-            "--resolve",
-            "direct",
             "alloc:v2:48MiB",
             "alloc:v2:32MiB",
             "meminfo",
@@ -121,17 +106,11 @@ fn another_interposer_in_front_of_the_shim_chains_through_it() {
 
 #[test]
 fn a_fork_child_reinitialises_the_shim() {
-    let sim = sim();
+    let sim = SimGpu::exact(1, "8GiB");
     let out = run_ok(
-        shimmed(&sim, bin("shim-client"), &[("SMORE_MEMORY_LIMIT", "1GiB")]).args([
-            "--resolve",
-            "dlsym",
-            "fork",
-            "--parent-alloc",
-            "600MiB",
-            "--child-cap",
-            "256MiB",
-        ]),
+        sim.shimmed(bin("shim-client"), &[("SMORE_MEMORY_LIMIT", "1GiB")])
+            .args(Resolution::Dlsym.args())
+            .args(["fork", "--parent-alloc", "600MiB", "--child-cap", "256MiB"]),
     )
     .unwrap();
     let l = parse_lines(&out);
@@ -155,7 +134,8 @@ fn a_fork_child_reinitialises_the_shim() {
 
 /// Runs the probe with `env`; returns (stdout lines, shim stderr lines).
 fn probe_with(sim: &SimGpu, env: &[(&str, &str)], script: &[&str]) -> (Vec<Fields>, Vec<String>) {
-    let out = shimmed(sim, bin("sim-probe"), env)
+    let out = sim
+        .shimmed(bin("sim-probe"), env)
         .args(script)
         .output()
         .unwrap();
@@ -172,7 +152,7 @@ fn probe_with(sim: &SimGpu, env: &[(&str, &str)], script: &[&str]) -> (Vec<Field
 
 #[test]
 fn a_bad_value_is_reported_once_and_the_shim_passes_through() {
-    let sim = sim();
+    let sim = SimGpu::exact(1, "8GiB");
     let script = [
         "alloc:v2:100MiB",
         "alloc:v2:100MiB",
@@ -215,7 +195,7 @@ fn a_bad_value_is_reported_once_and_the_shim_passes_through() {
 
 #[test]
 fn fail_closed_refuses_allocations_when_the_configuration_is_bad() {
-    let sim = sim();
+    let sim = SimGpu::exact(1, "8GiB");
     let (l, err) = probe_with(
         &sim,
         &[("SMORE_MEMORY_LIMIT", "lots"), ("SMORE_FAILURE", "closed")],

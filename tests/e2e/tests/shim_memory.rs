@@ -3,58 +3,9 @@
 //! footprint. Real processes with `LD_PRELOAD` of `libsmore_shim.so`; nothing is faked.
 
 use smore_e2e::*;
-use std::path::PathBuf;
-use std::process::Command;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-
-fn sim(memory: &str) -> SimGpu {
-    SimGpu::builder()
-        .memory(memory)
-        .context_memory("0")
-        .build()
-        .expect("simulated node")
-}
-
-/// A command for `program` on `sim` with the shim preloaded and `env` set.
-fn shimmed(sim: &SimGpu, program: PathBuf, env: &[(&str, &str)]) -> Command {
-    let mut c = sim.command(program);
-    c.env("LD_PRELOAD", shim_lib());
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c
-}
-
-/// The six ways the probes reach the driver: direct linking (plain and per-thread default
-/// stream, i.e. `_ptsz` exports), dlsym of the exported names (plain and `_ptsz`), and the CUDA
-/// runtime's `cuGetProcAddress_v2` at 12.0 and at 13.0 with per-thread streams.
-fn styles() -> Vec<(PathBuf, Vec<&'static str>)> {
-    vec![
-        (bin("sim-probe-linked"), vec!["--resolve", "direct"]),
-        (
-            bin("sim-probe-linked"),
-            vec!["--resolve", "direct", "--per-thread"],
-        ),
-        (bin("sim-probe"), vec!["--resolve", "dlsym"]),
-        (bin("sim-probe"), vec!["--resolve", "dlsym", "--per-thread"]),
-        (
-            bin("sim-probe"),
-            vec!["--resolve", "procaddr", "--cuda-version", "12000"],
-        ),
-        (
-            bin("sim-probe"),
-            vec![
-                "--resolve",
-                "procaddr",
-                "--cuda-version",
-                "13000",
-                "--per-thread",
-            ],
-        ),
-    ]
-}
 
 const KINDS: [&str; 8] = [
     "v2", "pitch", "managed", "async", "pool", "vmm", "array", "array3d",
@@ -62,7 +13,7 @@ const KINDS: [&str; 8] = [
 
 #[test]
 fn every_allocation_path_is_capped_and_freed_exactly_through_every_resolution_style() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     let mut script = vec!["stream".to_string()];
     for k in KINDS {
         for op in [
@@ -79,10 +30,11 @@ fn every_allocation_path_is_capped_and_freed_exactly_through_every_resolution_st
             script.push(op);
         }
     }
-    for (prog, args) in styles() {
+    for style in Resolution::ALL {
+        let (prog, args) = (style.probe(), style.args());
         let out = run_ok(
-            shimmed(&sim, prog.clone(), &[("SMORE_MEMORY_LIMIT", "64MiB")])
-                .args(&args)
+            sim.shimmed(&prog, &[("SMORE_MEMORY_LIMIT", "64MiB")])
+                .args(args)
                 .args(&script),
         )
         .unwrap();
@@ -120,26 +72,14 @@ fn every_allocation_path_is_capped_and_freed_exactly_through_every_resolution_st
 
 #[test]
 fn racing_threads_never_pass_the_cap_and_use_it_up() {
-    let sim = sim("8GiB");
-    for args in [
-        vec!["--resolve", "dlsym"],
-        vec![
-            "--resolve",
-            "procaddr",
-            "--cuda-version",
-            "13000",
-            "--per-thread",
-        ],
-    ] {
+    let sim = SimGpu::exact(1, "8GiB");
+    for style in [Resolution::Dlsym, Resolution::ProcAddress13PerThread] {
+        let args = style.args();
         for _round in 0..3 {
             let out = run_ok(
-                shimmed(
-                    &sim,
-                    bin("shim-client"),
-                    &[("SMORE_MEMORY_LIMIT", "100MiB")],
-                )
-                .args(&args)
-                .args(["race", "--threads", "8", "--size", "1MiB"]),
+                sim.shimmed(bin("shim-client"), &[("SMORE_MEMORY_LIMIT", "100MiB")])
+                    .args(args)
+                    .args(["race", "--threads", "8", "--size", "1MiB"]),
             )
             .unwrap();
             let l = parse_lines(&out);
@@ -165,32 +105,22 @@ fn racing_threads_never_pass_the_cap_and_use_it_up() {
 
 #[test]
 fn memory_information_reports_the_cap() {
-    let sim = SimGpu::builder()
-        .devices(2)
-        .memory("8GiB")
-        .context_memory("0")
-        .build()
-        .unwrap();
+    let sim = SimGpu::exact(2, "8GiB");
     let script = ["alloc:v2:256MiB", "meminfo", "totalmem", "nvml-meminfo"];
     let env = [
         ("SMORE_MEMORY_LIMIT", "1GiB"),
         ("SMORE_MEMORY_LIMIT_1", "512MiB"),
     ];
-    for args in [
-        vec!["--resolve", "dlsym"],
-        vec!["--resolve", "procaddr", "--cuda-version", "12000"],
-        vec![
-            "--resolve",
-            "procaddr",
-            "--cuda-version",
-            "13000",
-            "--per-thread",
-        ],
+    for style in [
+        Resolution::Dlsym,
+        Resolution::ProcAddress12,
+        Resolution::ProcAddress13PerThread,
     ] {
+        let args = style.args();
         for (device, cap) in [("0", GIB), ("1", 512 * MIB)] {
             let out = run_ok(
-                shimmed(&sim, bin("sim-probe"), &env)
-                    .args(&args)
+                sim.shimmed(bin("sim-probe"), &env)
+                    .args(args)
                     .args(["--device", device])
                     .args(script),
             )
@@ -213,7 +143,7 @@ fn memory_information_reports_the_cap() {
         (vec![("SMORE_MEMORY_LIMIT", "64GiB")], 8 * GIB),
         (vec![], 8 * GIB),
     ] {
-        let out = run_ok(shimmed(&sim, bin("sim-probe"), &env).args([
+        let out = run_ok(sim.shimmed(bin("sim-probe"), &env).args([
             "meminfo",
             "totalmem",
             "nvml-meminfo",
@@ -238,12 +168,8 @@ fn the_context_footprint_counts_against_the_cap() {
         .build()
         .unwrap();
     let out = run_ok(
-        shimmed(&sim, bin("sim-probe"), &[("SMORE_MEMORY_LIMIT", "1GiB")]).args([
-            "meminfo",
-            "alloc:v2:725MiB",
-            "alloc:v2:724MiB",
-            "meminfo",
-        ]),
+        sim.shimmed(bin("sim-probe"), &[("SMORE_MEMORY_LIMIT", "1GiB")])
+            .args(["meminfo", "alloc:v2:725MiB", "alloc:v2:724MiB", "meminfo"]),
     )
     .unwrap();
     let l = parse_lines(&out);
@@ -261,22 +187,22 @@ fn the_context_footprint_counts_against_the_cap() {
 
 #[test]
 fn over_cap_refusals_log_one_rate_limited_line_and_the_process_goes_on() {
-    let sim = sim("8GiB");
-    let out = shimmed(
-        &sim,
-        bin("sim-probe"),
-        &[("SMORE_MEMORY_LIMIT", "64MiB"), ("SMORE_LOG", "debug")],
-    )
-    .args([
-        "alloc:v2:100MiB",
-        "alloc:v2:100MiB",
-        "alloc:managed:100MiB",
-        "alloc:vmm:100MiB",
-        "alloc:v2:64MiB",
-        "run:100:3",
-    ])
-    .output()
-    .unwrap();
+    let sim = SimGpu::exact(1, "8GiB");
+    let out = sim
+        .shimmed(
+            bin("sim-probe"),
+            &[("SMORE_MEMORY_LIMIT", "64MiB"), ("SMORE_LOG", "debug")],
+        )
+        .args([
+            "alloc:v2:100MiB",
+            "alloc:v2:100MiB",
+            "alloc:managed:100MiB",
+            "alloc:vmm:100MiB",
+            "alloc:v2:64MiB",
+            "run:100:3",
+        ])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let stdout = String::from_utf8(out.stdout).unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
@@ -303,17 +229,18 @@ fn over_cap_refusals_log_one_rate_limited_line_and_the_process_goes_on() {
 fn a_cuda_3_0_program_gets_the_32_bit_hooks_from_cu_get_proc_address() {
     // cuGetProcAddress(name, 3000) returns the v1 exports (32-bit pointers and sizes); a shim
     // mapping by name would hand back the _v2 hooks and write 64-bit values into 32-bit slots.
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     let out = run_ok(
-        shimmed(&sim, bin("shim-client"), &[("SMORE_MEMORY_LIMIT", "64MiB")]).args([
-            "--resolve",
-            "dlsym",
-            "v1",
-            "--size",
-            "48MiB",
-            "--more",
-            "32MiB",
-        ]),
+        sim.shimmed(bin("shim-client"), &[("SMORE_MEMORY_LIMIT", "64MiB")])
+            .args([
+                "--resolve",
+                "dlsym",
+                "v1",
+                "--size",
+                "48MiB",
+                "--more",
+                "32MiB",
+            ]),
     )
     .unwrap();
     let l = parse_lines(&out);
@@ -345,27 +272,18 @@ fn nvml_devices_are_matched_to_cuda_ordinals_by_uuid() {
     // CUDA_VISIBLE_DEVICES=1: CUDA ordinal 0 is the node's device 1 (NVML index 1). The cap of
     // ordinal 0 must show on NVML index 1, and NVML index 0 (not this process's device) is left
     // as the device reports it.
-    let sim = SimGpu::builder()
-        .devices(2)
-        .memory("8GiB")
-        .context_memory("0")
-        .build()
-        .unwrap();
+    let sim = SimGpu::exact(2, "8GiB");
     for (index, total, free) in [(0, 8 * GIB, 8 * GIB), (1, 512 * MIB, 256 * MIB)] {
         let out = run_ok(
-            shimmed(
-                &sim,
-                bin("shim-client"),
-                &[("SMORE_MEMORY_LIMIT_0", "512MiB")],
-            )
-            .env("CUDA_VISIBLE_DEVICES", "1")
-            .args([
-                "--resolve",
-                "dlsym",
-                "nvml-info",
-                "--index",
-                &index.to_string(),
-            ]),
+            sim.shimmed(bin("shim-client"), &[("SMORE_MEMORY_LIMIT_0", "512MiB")])
+                .env("CUDA_VISIBLE_DEVICES", "1")
+                .args([
+                    "--resolve",
+                    "dlsym",
+                    "nvml-info",
+                    "--index",
+                    &index.to_string(),
+                ]),
         )
         .unwrap();
         let l = parse_lines(&out);

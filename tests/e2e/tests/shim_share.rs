@@ -6,7 +6,6 @@
 //! same accounting NVML reports, never from what the shim believes.
 
 use smore_e2e::*;
-use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,42 +13,11 @@ use std::time::{Duration, Instant};
 /// acceptance bound).
 const TOLERANCE: f64 = 0.03;
 
-fn sim() -> SimGpu {
-    SimGpu::builder()
-        .memory("8GiB")
-        .context_memory("0")
-        .build()
-        .expect("simulated node")
-}
-
 #[test]
 fn every_launch_path_is_throttled_through_every_resolution_style() {
     // 25 % of a 10 ms window: the bucket holds 2.5 ms of GPU time, so 100 ms of work takes
     // ≥ 390 ms instead of 100 ms. The graph ops are paid for by the tiny kernel after them (a
     // graph's cost is learnt when it has run, then charged before the next launch).
-    let styles: Vec<(PathBuf, Vec<&str>)> = vec![
-        (bin("sim-probe-linked"), vec!["--resolve", "direct"]),
-        (
-            bin("sim-probe-linked"),
-            vec!["--resolve", "direct", "--per-thread"],
-        ),
-        (bin("sim-probe"), vec!["--resolve", "dlsym"]),
-        (bin("sim-probe"), vec!["--resolve", "dlsym", "--per-thread"]),
-        (
-            bin("sim-probe"),
-            vec!["--resolve", "procaddr", "--cuda-version", "12000"],
-        ),
-        (
-            bin("sim-probe"),
-            vec![
-                "--resolve",
-                "procaddr",
-                "--cuda-version",
-                "13000",
-                "--per-thread",
-            ],
-        ),
-    ];
     let mut script = vec![
         "stream",
         "run:1000:100:kernel",
@@ -58,19 +26,20 @@ fn every_launch_path_is_throttled_through_every_resolution_style() {
     ];
     script.extend(["run:5000:4:graph"; 5]);
     script.push("run:1:1");
-    let handles: Vec<_> = styles
+    let handles: Vec<_> = Resolution::ALL
         .into_iter()
-        .map(|(prog, args)| {
+        .map(|style| {
             let script = script.clone();
             std::thread::spawn(move || {
-                let sim = sim();
+                let sim = SimGpu::exact(1, "8GiB");
+                let (prog, args) = (style.probe(), style.args());
                 let out = run_ok(
-                    sim.command(&prog)
-                        .env("LD_PRELOAD", shim_lib())
-                        .env("SMORE_SM_SHARE", "25")
-                        .env("SMORE_SM_WINDOW_MS", "10")
-                        .args(&args)
-                        .args(&script),
+                    sim.shimmed(
+                        &prog,
+                        &[("SMORE_SM_SHARE", "25"), ("SMORE_SM_WINDOW_MS", "10")],
+                    )
+                    .args(args)
+                    .args(&script),
                 )
                 .unwrap();
                 (prog, args, out)
@@ -122,7 +91,7 @@ struct Measured {
 /// 50 % by round-robin, whatever the shim does). The function runs requests of 8 × 250 µs
 /// back to back: it always wants more than its share.
 fn measure(share: u32, secs: f64) -> Measured {
-    let sim = sim();
+    let sim = SimGpu::exact(1, "8GiB");
     let node = sim.node();
     let total = format!("{}", secs + 4.0);
     let mut trainer: Child = sim
@@ -145,9 +114,10 @@ fn measure(share: u32, secs: f64) -> Measured {
     std::thread::sleep(Duration::from_millis(1000));
     let trainer_solo = (gpu(&trainer) - g0) / t0.elapsed().as_nanos() as f64;
     let mut function: Child = sim
-        .command(bin("sim-function"))
-        .env("LD_PRELOAD", shim_lib())
-        .env("SMORE_SM_SHARE", share.to_string())
+        .shimmed(
+            bin("sim-function"),
+            &[("SMORE_SM_SHARE", &share.to_string())],
+        )
         .args(["--kernel-us", "250", "--kernels", "8", "--quiet"])
         .args(["--seconds", &format!("{}", secs + 1.5)])
         .stdout(Stdio::null())

@@ -17,14 +17,6 @@ use std::process::{Child, Stdio};
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
-fn sim(memory: &str) -> SimGpu {
-    SimGpu::builder()
-        .memory(memory)
-        .context_memory("0")
-        .build()
-        .expect("simulated node")
-}
-
 /// Spawns a probe and waits until it printed `op=ready` (its earlier ops are done).
 fn spawn_ready(sim: &SimGpu, ops: &[&str]) -> (Child, Vec<String>) {
     let mut child = sim
@@ -53,7 +45,7 @@ fn spawn_ready(sim: &SimGpu, ops: &[&str]) -> (Child, Vec<String>) {
 
 #[test]
 fn two_busy_processes_share_the_timeline_evenly() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     let spawn = || {
         sim.command(bin("sim-trainer"))
             .args([
@@ -99,7 +91,7 @@ fn two_busy_processes_share_the_timeline_evenly() {
 
 #[test]
 fn a_lone_process_runs_at_full_speed_and_kernel_durations_are_honoured() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     let out = run_ok(sim.command(bin("sim-probe")).args([
         "run:5000:2",
         "run:300:10",
@@ -120,7 +112,7 @@ fn a_lone_process_runs_at_full_speed_and_kernel_durations_are_honoured() {
 
 #[test]
 fn memory_is_one_ledger_across_processes() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     let (mut holder, lines) = spawn_ready(&sim, &["alloc:v2:3GiB", "ready", "sleep:20000"]);
     assert!(lines[1].contains("rc=0"), "{lines:?}");
     let out = run_ok(sim.command(bin("sim-probe")).args([
@@ -153,7 +145,7 @@ fn memory_is_one_ledger_across_processes() {
 
 #[test]
 fn get_proc_address_answers_the_documented_variant() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     // (base name, cudaVersion, flags, export the real driver returns)
     let cases = [
         ("cuMemAlloc", 12000, 0, "cuMemAlloc_v2"),
@@ -216,7 +208,7 @@ fn get_proc_address_answers_the_documented_variant() {
 
 #[test]
 fn every_resolution_path_reaches_the_driver() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     let script = [
         "alloc:v2:64MiB",
         "alloc:async:1MiB",
@@ -227,46 +219,19 @@ fn every_resolution_path_reaches_the_driver() {
         "meminfo",
         "free-all",
     ];
-    let runs: Vec<(std::path::PathBuf, Vec<&str>, &str)> = vec![
-        (
-            bin("sim-probe-linked"),
-            vec!["--resolve", "direct"],
-            "cuLaunchKernel=cuLaunchKernel",
-        ),
-        (
-            bin("sim-probe-linked"),
-            vec!["--resolve", "direct", "--per-thread"],
-            "cuLaunchKernel=cuLaunchKernel_ptsz",
-        ),
-        (
-            bin("sim-probe"),
-            vec!["--resolve", "dlsym"],
-            "cuMemAlloc=cuMemAlloc_v2",
-        ),
-        (
-            bin("sim-probe"),
-            vec!["--resolve", "dlsym", "--per-thread"],
-            "cuLaunchKernel=cuLaunchKernel_ptsz",
-        ),
-        (
-            bin("sim-probe"),
-            vec!["--resolve", "procaddr", "--cuda-version", "12000"],
-            "cuMemAlloc=cuMemAlloc@12000",
-        ),
-        (
-            bin("sim-probe"),
-            vec![
-                "--resolve",
-                "procaddr",
-                "--cuda-version",
-                "13000",
-                "--per-thread",
-            ],
-            "cuMemAlloc=cuMemAlloc@13000",
-        ),
-    ];
-    for (prog, args, expect) in runs {
-        let out = run_ok(sim.command(&prog).args(&args).args(script)).unwrap();
+    // What each style's own resolution reports for one entry point.
+    let expected = |style: Resolution| match style {
+        Resolution::Direct => "cuLaunchKernel=cuLaunchKernel",
+        Resolution::DirectPerThread | Resolution::DlsymPerThread => {
+            "cuLaunchKernel=cuLaunchKernel_ptsz"
+        }
+        Resolution::Dlsym => "cuMemAlloc=cuMemAlloc_v2",
+        Resolution::ProcAddress12 => "cuMemAlloc=cuMemAlloc@12000",
+        Resolution::ProcAddress13PerThread => "cuMemAlloc=cuMemAlloc@13000",
+    };
+    for style in Resolution::ALL {
+        let (prog, args, expect) = (style.probe(), style.args(), expected(style));
+        let out = run_ok(sim.command(&prog).args(args).args(script)).unwrap();
         assert!(out.contains(expect), "{prog:?} {args:?}: {out}");
         let l = parse_lines(&out);
         for f in l.iter().filter(|f| f.get("rc").is_some()) {
@@ -454,7 +419,7 @@ fn mps_two_busy_processes_are_each_slowed_as_modelled() {
 
 #[test]
 fn nvml_sample_timestamps_are_unix_epoch_microseconds() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     let mut trainer = sim
         .command(bin("sim-trainer"))
         .args([
@@ -530,7 +495,7 @@ fn trainer_profiles_keep_the_gpu_as_busy_as_documented() {
     let runs: Vec<_> = profiles
         .iter()
         .map(|(p, _, _)| {
-            let sim = sim("8GiB");
+            let sim = SimGpu::exact(1, "8GiB");
             let child = sim
                 .command(bin("sim-trainer"))
                 .args(["--profile", p, "--seconds", "3", "--quiet"])
@@ -567,7 +532,7 @@ fn trainer_profiles_keep_the_gpu_as_busy_as_documented() {
 
 #[test]
 fn ground_truth_interference_is_the_slowdown_the_trainer_suffers_under_time_slicing() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     let trainer = |iters: &str| {
         sim.command(bin("sim-trainer"))
             .args(["--profile", "high", "--iters", iters, "--linger-s", "10"])
@@ -644,7 +609,7 @@ fn ground_truth_interference_is_the_slowdown_the_trainer_suffers_under_time_slic
 
 #[test]
 fn a_bursty_function_reports_service_and_end_to_end_latency_per_request() {
-    let sim = sim("8GiB");
+    let sim = SimGpu::exact(1, "8GiB");
     // Bursts of 4 requests (2 × 1 ms kernels each) every 50 ms, served in order by one instance.
     let out = run_ok(sim.command(bin("sim-function")).args([
         "--kernel-us",
