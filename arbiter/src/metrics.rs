@@ -66,6 +66,33 @@ pub fn render(snap: &Value) -> String {
         "gauge",
         g(&|x| x["training"].as_array().map_or(0.0, |a| a.len() as f64)),
     );
+    // Harvest (docs/harvest.md): what the promise is about — each GPU's estimated training
+    // slowdown beside the bound it is held to, and the functions' collision budget. An absent
+    // estimate (no training job, or under 1 s of reports) is not exported rather than shown as 0.
+    let h = |key: &'static str, scale: f64| -> Vec<(String, f64)> {
+        g(&|x| x["harvest"][key].as_f64().map_or(f64::NAN, |v| v * scale))
+            .into_iter()
+            .filter(|(_, v)| v.is_finite())
+            .collect()
+    };
+    family(
+        "smore_gpu_training_slowdown_estimate_ratio",
+        "Training slowdown the functions' reported collision time implies over the last 10 s (c/(1-c)).",
+        "gauge",
+        h("slowdown_estimate", 1.0),
+    );
+    family(
+        "smore_gpu_training_slowdown_bound_ratio",
+        "theta_train: the training slowdown the GPU is held to.",
+        "gauge",
+        h("theta", 1.0),
+    );
+    family(
+        "smore_gpu_collision_budget_ratio",
+        "The functions' total collision budget, fraction of wall time (theta/(1+theta) x calibration).",
+        "gauge",
+        h("budget_ppm", 1e-6),
+    );
     let fns: Vec<Value> = gpus
         .iter()
         .flat_map(|x| x["functions"].as_array().cloned().unwrap_or_default())
@@ -108,6 +135,18 @@ pub fn render(snap: &Value) -> String {
         "SM utilization NVML attributes to the instance.",
         "gauge",
         f(&|x| x["sm_used"].as_f64().unwrap_or(0.0)),
+    );
+    family(
+        "smore_function_collision_budget_ratio",
+        "The instance's part of its GPU's collision budget, fraction of wall time.",
+        "gauge",
+        f(&|x| x["contention_ppm"].as_f64().unwrap_or(0.0) * 1e-6),
+    );
+    family(
+        "smore_function_collision_used_ratio",
+        "Collision time the instance's shims reported over the last interval, fraction of wall time.",
+        "gauge",
+        f(&|x| x["contention_used_ppm"].as_f64().unwrap_or(0.0) * 1e-6),
     );
     family(
         "smore_function_throttled_seconds_total",
