@@ -121,6 +121,11 @@ impl UsageLedger {
         d
     }
 
+    /// Whether any process of the function has reported usage yet.
+    pub fn has_reports(&self) -> bool {
+        !self.last.is_empty()
+    }
+
     /// Counts reported request latencies against the SLO (ms).
     pub fn record_latencies(&mut self, latencies_ms: &[f64], slo_ms: Option<f64>) {
         for &l in latencies_ms.iter().filter(|l| l.is_finite() && **l >= 0.0) {

@@ -49,6 +49,9 @@ pub const OBSERVE_EVERY: u64 = 20;
 /// split again among its functions by what they used over the interval (docs/harvest.md). Shims
 /// report their counters about once a second; a shorter interval would mostly see no report.
 pub const HARVEST_EVERY: u64 = 4;
+/// Seconds a function under harvest may run before NVML use without any usage report from its
+/// shim counts as unaccounted (the shim reports within ~1 s of its first launch).
+pub const REPORT_GRACE_S: f64 = 10.0;
 
 /// An instance id (what the protocol's `Grant::instance` carries).
 pub type InstanceId = u64;
@@ -871,6 +874,7 @@ impl State {
 
     /// Folds one NVML sample per GPU into the state; returns the watchdog actions to carry out.
     pub fn reconcile(&mut self, samples: &[(u32, GpuSample)]) -> Vec<Enforcement> {
+        let now = self.clock.now();
         // Instances whose process is gone are released first (pid-reuse safe).
         let dead: Vec<InstanceId> = self
             .instances
@@ -926,7 +930,25 @@ impl State {
                 // A function whose GPU time exceeds its share for long: the shim is bypassed
                 // for launches (raw driver pointers, direct ioctls) or not working. The streak
                 // counts even while the shim check fails, as it always has.
-                let overuse = inst.over_share.observe(usage.sm, inst.rec.share);
+                //
+                // In harvest mode the raw share is 100 and the collision budget is enforced by
+                // the shim, out of NVML's sight; what NVML can check is that the function's GPU
+                // time matches what its shim accounts for: the shim's own estimate (reported
+                // every second) stands in for the share. A function that never reports after
+                // [`REPORT_GRACE_S`] is held to 0.
+                let share = if inst.rec.share >= 100 && inst.contention_ppm > 0 {
+                    let reported = (inst.gpu_used_ppm / 10_000).min(99);
+                    let quiet =
+                        !inst.usage.has_reports() && now - inst.registered_at > REPORT_GRACE_S;
+                    if inst.usage.has_reports() || quiet {
+                        reported + watchdog::HARVEST_EXTRA_SLACK_PCT
+                    } else {
+                        100
+                    }
+                } else {
+                    inst.rec.share
+                };
+                let overuse = inst.over_share.observe(usage.sm, share.min(100));
                 let verdict = shim.and(overuse).and(watchdog::check_memory(
                     usage.used,
                     inst.rec.cap,
@@ -1154,7 +1176,81 @@ mod tests {
                 total: 10 << 30,
             },
         ];
-        State::new(Config::default(), gpus, Box::new(FitPolicy))
+        // The first version's raw time shares (the rules these tests pin down); harvest mode has
+        // tests of its own below.
+        let cfg = Config {
+            harvest: false,
+            ..Config::default()
+        };
+        State::new(cfg, gpus, Box::new(FitPolicy))
+    }
+
+    fn harvest_state() -> State {
+        let mut s = state();
+        s.cfg.harvest = true;
+        s
+    }
+
+    /// A sample with a training process (pid 1, never ours) busy `util` % and `fns` (pid, SM %).
+    fn training_sample(util: u32, fns: &[(u32, u32)]) -> GpuSample {
+        let mut sample = GpuSample {
+            used: 3 << 30,
+            util: Some(util),
+            ..Default::default()
+        };
+        sample.procs.insert(1, 2 << 30);
+        sample.proc_util.insert(1, util);
+        for &(pid, sm) in fns {
+            sample.procs.insert(pid, 1 << 20);
+            sample.proc_util.insert(pid, sm);
+        }
+        sample
+    }
+
+    #[test]
+    fn harvest_grants_the_whole_gpu_and_a_split_collision_budget_beside_training() {
+        let mut s = harvest_state();
+        let (g, page) = s.register(me(), args(1 << 30)).unwrap();
+        assert_eq!(page.page().contention(0), 0, "no training yet: harvest off");
+        s.reconcile(&[(g.gpu_index, training_sample(60, &[]))]);
+        assert_eq!(page.page().share(0), 100, "raw share: the whole GPU");
+        let ppm = page.page().contention(0);
+        assert!(ppm > 0 && ppm <= 90_910, "θ/(1+θ) at most: {ppm}");
+        // The training job leaves: nothing to protect, harvest off again.
+        s.reconcile(&[(g.gpu_index, GpuSample::default())]);
+        assert_eq!(page.page().contention(0), 0);
+    }
+
+    #[test]
+    fn reported_collisions_become_the_published_slowdown_estimate() {
+        let mut s = harvest_state();
+        let clock = facts::fake::FakeClock::default();
+        s.clock = Box::new(clock.clone());
+        let (g, _page) = s.register(me(), args(1 << 30)).unwrap();
+        // 50 ms of collisions per second for 12 s: c = 0.05 ⇒ s = 0.0526.
+        for sec in 0..=12u64 {
+            if sec > 0 {
+                s.report_usage(
+                    g.instance,
+                    me().pid,
+                    ShimUsage {
+                        gpu_ns: sec * 200_000_000,
+                        contention_ns: sec * 50_000_000,
+                    },
+                );
+            }
+            for _ in 0..HARVEST_EVERY {
+                s.reconcile(&[(g.gpu_index, training_sample(60, &[]))]);
+            }
+            // The harvest step reads the clock: a second per step.
+            clock.advance(1.0);
+        }
+        let est = s.snapshot()["gpus"][0]["harvest"]["slowdown_estimate"]
+            .as_f64()
+            .unwrap();
+        assert!((est - 0.05 / 0.95).abs() < 0.01, "{est}");
+        let f = &s.snapshot()["gpus"][0]["functions"][0];
+        assert!(f["contention_used_ppm"].as_u64().unwrap() > 40_000, "{f}");
     }
 
     fn me() -> Peer {
@@ -1199,6 +1295,31 @@ mod tests {
         for g in s.views() {
             assert!(g.grants.iter().map(|x| x.cap).sum::<u64>() as f64 <= 0.95 * g.total as f64);
         }
+    }
+
+    #[test]
+    fn a_harvested_function_whose_nvml_use_its_shim_does_not_account_for_gets_the_watchdog() {
+        let mut s = harvest_state();
+        let (g, _page) = s.register(me(), args(1 << 30)).unwrap();
+        s.cfg.check_shim = false;
+        // Its shim reports 10 % of the GPU; NVML shows 80 % for many samples: bypassed launches.
+        s.report_usage(
+            g.instance,
+            me().pid,
+            ShimUsage {
+                gpu_ns: 0,
+                contention_ns: 0,
+            },
+        );
+        let mut acted = false;
+        for _ in 0..(SM_OVERUSE_SAMPLES * 2) {
+            let a = s.reconcile(&[(g.gpu_index, training_sample(20, &[(me().pid, 80)]))]);
+            acted |= !a.is_empty();
+        }
+        assert!(
+            acted,
+            "the watchdog acts on NVML use the shim does not report"
+        );
     }
 
     #[test]

@@ -14,6 +14,10 @@ use std::fmt;
 /// whole timeslices, so short excursions are normal. Reasoning, checked on the simulated GPU
 /// (shimmed functions at 10–75 % stay within a few points over 1 s).
 pub const SM_SLACK_PCT: u32 = 15;
+/// Harvest mode: extra slack on top of [`SM_SLACK_PCT`] over the GPU time the function's shim
+/// reported (percent points): the report is an estimate of the last second, NVML samples cover
+/// 1/6 s, and a burst can fall between them.
+pub const HARVEST_EXTRA_SLACK_PCT: u32 = 10;
 /// Consecutive over-use samples before the watchdog acts (× reconcile period: 2 s at 250 ms).
 pub const SM_OVERUSE_SAMPLES: u32 = 8;
 
