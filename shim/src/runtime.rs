@@ -776,7 +776,8 @@ impl Runtime {
             prev = u.ts_us;
         }
         let measured_ppm = measured_ns * PPM as u64 / ((last - ts0) * 1000).max(1);
-        let estimated_ppm = (estimated - est0).saturating_mul(PPM as u64) / (now - at).max(1);
+        let estimated_ppm = estimated.saturating_sub(est0).saturating_mul(PPM as u64)
+            / now.saturating_sub(at).max(1);
         self.calibration[dev].observe(estimated_ppm, measured_ppm);
     }
 
@@ -821,7 +822,14 @@ impl Sampler {
             });
             return (None, Some(None));
         };
+        if submitted < r.submitted {
+            // Settled out of order (older than the reference): no offset to take.
+            return (None, None);
+        }
         let Some(ms) = driver::event_elapsed_ms(r.event, a) else {
+            // The reference is unusable (its context is gone, the address reused): the next
+            // sample of this context sets a new one (the old event is leaked, once).
+            self.clock_refs.retain(|r| r.ctx != ctx);
             return (None, None);
         };
         let gpu = (ms as f64 * 1e6) as i64;

@@ -4,10 +4,11 @@
 //! - `batch-sync`: batches of `--batch` short one-block kernels, a stream synchronize after each
 //!   batch (an inference request of small ops).
 //! - `long`: single long kernels (`--kernel-us`, default 20 ms), a synchronize after each.
-//! - `tiny`: many tiny kernels back to back (`--kernel-us`, default 20 µs), a synchronize every
+//! - `tiny`: many small kernels back to back (`--kernel-us`, default 40 µs), a synchronize every
 //!   `--batch` kernels only (bounds the queue; the launch rate is what matters). Shorter kernels
 //!   make the client launch-bound in a debug build on a loaded 2-core machine (5 µs: ~14 % of
-//!   the GPU at most, unshimmed), which would test the CPU, not the share.
+//!   the GPU at most, unshimmed; 20 µs: 20–27 % at a 50 % share when other builds load the
+//!   machine), which would test the CPU, not the share.
 //! - `graph`: a CUDA graph of `--batch` kernels captured once, launched and synchronized in a
 //!   loop.
 //!
@@ -29,7 +30,7 @@ struct Args {
     /// batch-sync, long, tiny or graph.
     #[arg(long)]
     pattern: String,
-    /// Duration of each kernel, µs (default per pattern: 50, 20000, 20, 100).
+    /// Duration of each kernel, µs (default per pattern: 50, 20000, 40, 100).
     #[arg(long)]
     kernel_us: Option<f64>,
     /// Kernels per batch / per graph / between synchronizes of `tiny` (default per pattern: 20,
@@ -46,7 +47,7 @@ fn defaults(pattern: &str) -> Result<(f64, u32)> {
     Ok(match pattern {
         "batch-sync" => (50.0, 20),
         "long" => (20_000.0, 1),
-        "tiny" => (20.0, 200),
+        "tiny" => (40.0, 200),
         "graph" => (100.0, 20),
         other => bail!("unknown --pattern {other:?}: expected batch-sync, long, tiny or graph"),
     })
