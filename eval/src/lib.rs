@@ -665,9 +665,7 @@ fn simulate(
                     let rate = if cfg.share_sizing {
                         sched::size_new_function(&cfg, &g.snap, item, &sc.predictor)
                             .and_then(|d| d.share)
-                            .map_or(1.0, |s| {
-                                (s as f64 / 100.0 / item.sm_util.max(0.01)).min(1.0)
-                            })
+                            .map_or(1.0, |s| sched::work_rate(s, item.sm_util))
                     } else {
                         1.0
                     };

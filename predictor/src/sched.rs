@@ -1063,16 +1063,23 @@ pub struct ShareDecision {
 
 /// Predicted training degradation contributed at `share` percent.
 pub fn train_deg_at_share(inp: &ShareInput, share: u32) -> f64 {
-    let u = inp.sm_util.max(0.01);
-    let s = share as f64 / 100.0;
-    inp.correction * inp.d_train_full * (s / u).min(1.0)
+    inp.correction * inp.d_train_full * work_rate(share, inp.sm_util)
 }
 
 /// Predicted function latency at `share` percent.
 pub fn latency_at_share(inp: &ShareInput, share: u32) -> f64 {
-    let u = inp.sm_util.max(0.01);
-    let s = (share as f64 / 100.0).max(1e-3);
-    inp.solo_latency_ms * (1.0 + inp.d_fn) * (u / s).max(1.0)
+    // A 0 % share (never on a valid grid) is taken as 0.1 % rather than an infinite latency.
+    let rate = work_rate(share, inp.sm_util)
+        .max(1e-3 / inp.sm_util.max(0.01))
+        .min(1.0);
+    inp.solo_latency_ms * (1.0 + inp.d_fn) / rate
+}
+
+/// The share model's one rule: a function with solo SM utilization `sm_util` gated to an SM time
+/// share of `share` percent does min(1, share/u) of its unthrottled work per unit time (and
+/// presses on the GPU in the same proportion). u is floored at 1 %.
+pub fn work_rate(share: u32, sm_util: f64) -> f64 {
+    (share as f64 / 100.0 / sm_util.max(0.01)).min(1.0)
 }
 
 /// Beyond SMORE: the largest share in `grid` with predicted training degradation ≤ θ and
