@@ -7,7 +7,7 @@
 //! - the training job's iteration time against its time alone and the θ_train bound
 //!   (alone × (1 + θ));
 //! - the SM shares the arbiter granted each function (sum over its instances, polled once per
-//!   second), with NVML's GPU utilization and the trainer-alone mean on the same % axis.
+//!   second), stacked, with NVML's GPU utilization and the trainer-alone mean on the same % axis.
 //!
 //! Must never: compute a figure (the caller passes what `report` computed), or draw without the
 //! device label (simulated or real) in the title.
@@ -136,6 +136,8 @@ enum Key {
     Dot(RGBColor),
     Line(RGBColor, u32),
     Dashed(RGBColor),
+    /// A filled square (a stacked band).
+    Fill(RGBColor),
     /// Text only (a figure about the panel).
     Text,
 }
@@ -154,6 +156,10 @@ fn legend(area: &Area, entries: &[(Key, String)]) -> DrawResult {
                 c.stroke_width(wd),
             ))?,
             Key::Text => {}
+            Key::Fill(c) => area.draw(&Rectangle::new(
+                [(x + 3, y - 6), (x + 19, y + 6)],
+                c.mix(0.75).filled(),
+            ))?,
             Key::Dashed(c) => {
                 for d in [0, 9, 18] {
                     area.draw(&PathElement::new(
@@ -346,7 +352,7 @@ fn trainer_panel(area: &Area, p: &PlotInput, x_end: f64) -> DrawResult {
 fn shares_panel(area: &Area, p: &PlotInput, x_end: f64) -> DrawResult {
     let mut c = ChartBuilder::on(area)
         .caption(
-            "SM shares the arbiter granted (sum over each function's instances) and GPU utilization",
+            "SM shares the arbiter granted (stacked; each function's summed over its instances) and GPU utilization",
             ("sans-serif", 17),
         )
         .margin(8)
@@ -363,32 +369,43 @@ fn shares_panel(area: &Area, p: &PlotInput, x_end: f64) -> DrawResult {
         [(p.replay.0, 0.0), (p.replay.1, 105.0)],
         REPLAY.filled(),
     )))?;
-    c.draw_series(LineSeries::new(
-        p.util.iter().copied(),
-        RGBColor(160, 160, 160).stroke_width(1),
-    ))?;
     c.draw_series(DashedLineSeries::new(
         [(0.0, p.util_exclusive_pct), (x_end, p.util_exclusive_pct)],
         6,
         4,
         BLACK.stroke_width(1),
     ))?;
+    // Stacked: function i's band lies between the sum of the shares before it and that sum
+    // plus its own, so equal shares do not hide each other and the top is the total granted.
+    // Each poll's value holds until the next poll.
+    let polls = p.functions.first().map_or(0, |f| f.share.len());
+    let mut base = vec![0.0f64; polls];
     for (i, f) in p.functions.iter().enumerate() {
         let color = PALETTE[i % PALETTE.len()];
-        // Steps: a share holds until the next poll.
-        let mut steps = Vec::with_capacity(f.share.len() * 2);
-        for w in f.share.windows(2) {
-            steps.push(w[0]);
-            steps.push((w[1].0, w[0].1));
+        let bands: Vec<_> = f
+            .share
+            .windows(2)
+            .zip(base.iter())
+            .filter(|(w, _)| w[0].1 > 0.0)
+            .map(|(w, b)| {
+                Rectangle::new(
+                    [(w[0].0, *b), (w[1].0, (*b + w[0].1).min(105.0))],
+                    color.mix(0.75).filled(),
+                )
+            })
+            .collect();
+        c.draw_series(bands)?;
+        for (b, x) in base.iter_mut().zip(&f.share) {
+            *b += x.1;
         }
-        if let Some(&last) = f.share.last() {
-            steps.push(last);
-        }
-        c.draw_series(LineSeries::new(steps, color.stroke_width(2)))?;
     }
+    c.draw_series(LineSeries::new(
+        p.util.iter().copied(),
+        RGBColor(90, 90, 90).stroke_width(1),
+    ))?;
     let mut keys = vec![
         (
-            Key::Line(RGBColor(160, 160, 160), 1),
+            Key::Line(RGBColor(90, 90, 90), 1),
             "GPU utilization (NVML), co-located".to_string(),
         ),
         (
@@ -399,8 +416,8 @@ fn shares_panel(area: &Area, p: &PlotInput, x_end: f64) -> DrawResult {
     for (i, f) in p.functions.iter().enumerate() {
         let mean = crate::report::mean(f.share.iter().map(|x| x.1));
         keys.push((
-            Key::Line(PALETTE[i % PALETTE.len()], 2),
-            format!("{} share (mean {:.1} %)", f.name, mean),
+            Key::Fill(PALETTE[i % PALETTE.len()]),
+            format!("{} share, stacked (mean {:.1} %)", f.name, mean),
         ));
     }
     legend(area, &keys)
