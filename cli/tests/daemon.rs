@@ -481,10 +481,12 @@ fn nvml_discovery_and_training_detection_feed_status_and_metrics() {
     // Human-readable status and metrics.
     let out = arb.smore().arg("status").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("training pid") && text.contains("big"),
-        "{text}"
-    );
+    let training = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("training"))
+        .unwrap_or_else(|| panic!("no training row: {text}"));
+    assert!(training.contains(&trainer.id().to_string()), "{training}");
+    assert!(text.contains("big"), "{text}");
     let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
     let mut body = String::new();
