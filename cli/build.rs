@@ -1,5 +1,6 @@
 //! Stamps `smore --version` with the git commit and the build date. Without git (a source
-//! tarball) or outside a checkout the commit reads `unknown`; the build never fails over it.
+//! tarball) or outside a checkout the commit reads `unknown`, and the date without GNU `date`;
+//! the build never fails over either.
 
 use std::process::Command;
 
@@ -49,16 +50,15 @@ fn main() {
     println!("cargo:rerun-if-env-changed=SOURCE_DATE_EPOCH");
 }
 
-/// `YYYY-MM-DD` (UTC) of a Unix time, by the civil-from-days algorithm (H. Hinnant).
+/// `YYYY-MM-DD` (UTC) of a Unix time, by `date`; `unknown` where it is missing or not GNU date.
 fn date(secs: u64) -> String {
-    let z = (secs / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+    Command::new("date")
+        .args(["-u", "-d", &format!("@{secs}"), "+%Y-%m-%d"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| s.len() == 10)
+        .unwrap_or_else(|| "unknown".into())
 }

@@ -228,28 +228,6 @@ fn daemon_logs_are_json_lines_with_log_format_json() {
 }
 
 #[test]
-fn a_default_memory_larger_than_any_gpu_stops_the_daemon_at_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("node.toml");
-    std::fs::write(
-        &cfg,
-        "[functions]\ndefault_memory = \"18446744073709551615\"\n",
-    )
-    .unwrap();
-    let out = Command::new(SMORE)
-        .args(["arbiter", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    let err = text(&out.stderr);
-    assert!(!out.status.success(), "{err}");
-    assert!(
-        err.contains("node.toml:2:") && err.contains("functions.default_memory"),
-        "{err}"
-    );
-}
-
-#[test]
 fn completions_man_page_and_version_are_generated() {
     let out = |args: &[&str]| {
         let o = Command::new(SMORE).args(args).output().unwrap();
