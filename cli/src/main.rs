@@ -1,13 +1,23 @@
 //! The `smore` command: the node daemon, the operator CLI and the tools.
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 mod cmd;
 use cmd::{run, status};
 use std::path::PathBuf;
 
+/// `smore --version`: the crate version, the git commit and the build date (cli/build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("SMORE_GIT_COMMIT"),
+    ", built ",
+    env!("SMORE_BUILD_DATE"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "smore",
-    version,
+    version = VERSION,
     about = "Harvest idle GPU time of training jobs for serverless inference, within a bound on training slowdown",
     long_about = "smore lets serverless inference functions use the GPU capacity training jobs leave \
 idle. `smore arbiter` runs on each GPU node and owns every function's memory cap and SM share; \
@@ -26,6 +36,9 @@ enum Cmd {
         /// Node config file (see docs/node.example.toml); built-in defaults when omitted.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Log lines as text (colours only when stderr is a terminal) or as JSON objects.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
         /// Override the config's socket path.
         #[arg(long)]
         socket: Option<PathBuf>,
@@ -55,6 +68,22 @@ enum Cmd {
     Prewarm(smore_prewarm::cli::PrewarmCommand),
     /// SIMULATED comparison of co-location policies (`smore eval colocation`): DSR, GUI, SFD, SLD.
     Eval(smore_eval::EvalArgs),
+    /// Print a shell completion script (e.g. `smore completions bash > /etc/bash_completion.d/smore`).
+    Completions {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff; e.g. `smore man | man -l -`).
+    Man,
+}
+
+/// How the daemon writes its log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines; ANSI colours only when stderr is a terminal.
+    Text,
+    /// One JSON object per line (for journald / log collectors).
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -67,21 +96,26 @@ enum BenchCmd {
     Predictor,
 }
 
-fn init_logging() {
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => fmt.json().with_ansi(false).init(),
+    }
 }
 
 fn arbiter(
     config: Option<PathBuf>,
+    log_format: LogFormat,
     socket: Option<PathBuf>,
     state_dir: Option<PathBuf>,
 ) -> anyhow::Result<()> {
-    init_logging();
+    init_logging(log_format);
     let mut cfg = match &config {
         Some(p) => smore_arbiter::config::Config::load(p)?,
         None => smore_arbiter::config::Config::default(),
@@ -100,9 +134,10 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Arbiter {
             config,
+            log_format,
             socket,
             state_dir,
-        } => arbiter(config, socket, state_dir),
+        } => arbiter(config, log_format, socket, state_dir),
         Cmd::Run(a) => std::process::exit(run::run(a)),
         Cmd::Status(a) => status::status(a),
         Cmd::Top(a) => status::top(a),
@@ -114,9 +149,21 @@ fn main() {
         Cmd::Predictor(c) => smore_predictor::cli::run(c),
         Cmd::Prewarm(c) => smore_prewarm::cli::run(c),
         Cmd::Eval(a) => smore_eval::run(a),
+        Cmd::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "smore", &mut std::io::stdout());
+            Ok(())
+        }
+        Cmd::Man => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .map_err(Into::into),
     };
     if let Err(e) = r {
         eprintln!("smore: {e:#}");
-        std::process::exit(1);
+        let code = if e.downcast_ref::<status::Unreachable>().is_some() {
+            run::EXIT_UNREACHABLE
+        } else {
+            1
+        };
+        std::process::exit(code);
     }
 }

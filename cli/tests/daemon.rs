@@ -336,35 +336,41 @@ fn two_hundred_concurrent_registrations_are_served() {
     });
 }
 
-#[test]
-fn config_errors_name_the_file_line_and_key() {
+/// Starts `smore arbiter` on a `node.toml` holding `config`; it must refuse to start. Its stderr.
+fn refused_config(config: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("node.toml");
-    std::fs::write(
-        &cfg,
-        "[arbiter]\nsocket = \"/tmp/x.sock\"\n\n[policy]\ntheta_train = 2000\n",
-    )
-    .unwrap();
+    std::fs::write(&cfg, config).unwrap();
     let out = Command::new(SMORE)
         .args(["arbiter", "--config"])
         .arg(&cfg)
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "started with {config:?}: {err}");
+    err
+}
+
+#[test]
+fn config_errors_name_the_file_line_and_key() {
+    let err =
+        refused_config("[arbiter]\nsocket = \"/tmp/x.sock\"\n\n[policy]\ntheta_train = 2000\n");
     assert!(
         err.contains("node.toml:5:") && err.contains("policy.theta_train"),
         "{err}"
     );
-    std::fs::write(&cfg, "[watchdog]\nacton = \"log\"\n").unwrap();
-    let out = Command::new(SMORE)
-        .args(["arbiter", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_config("[watchdog]\nacton = \"log\"\n");
     assert!(
         err.contains("node.toml:2:") && err.contains("acton"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_default_memory_larger_than_any_gpu_stops_the_daemon_at_start() {
+    let err = refused_config("[functions]\ndefault_memory = \"18446744073709551615\"\n");
+    assert!(
+        err.contains("node.toml:2:") && err.contains("functions.default_memory"),
         "{err}"
     );
 }
@@ -483,10 +489,12 @@ fn nvml_discovery_and_training_detection_feed_status_and_metrics() {
     // Human-readable status and metrics.
     let out = arb.smore().arg("status").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("training pid") && text.contains("big"),
-        "{text}"
-    );
+    let training = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("training"))
+        .unwrap_or_else(|| panic!("no training row: {text}"));
+    assert!(training.contains(&trainer.id().to_string()), "{training}");
+    assert!(text.contains("big"), "{text}");
     let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
     let mut body = String::new();

@@ -17,6 +17,10 @@ use std::path::PathBuf;
 
 /// Exit code when the arbiter cannot be reached (EX_UNAVAILABLE).
 pub const EXIT_UNREACHABLE: i32 = 69;
+/// Exit code when the command cannot be found, as a shell reports it.
+pub const EXIT_NOT_FOUND: i32 = 127;
+/// Exit code when the command was found but cannot be executed, as a shell reports it.
+pub const EXIT_NOT_EXECUTABLE: i32 = 126;
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -26,10 +30,10 @@ pub struct RunArgs {
     /// Model id in the predictor's catalog.
     #[arg(long)]
     pub model: Option<String>,
-    /// Latency SLO of one request, milliseconds.
-    #[arg(long)]
+    /// Latency SLO of one request, milliseconds (more than 0, at most one hour).
+    #[arg(long, value_parser = parse_slo)]
     pub slo: Option<f64>,
-    /// Device memory the function needs (its cap), e.g. 2GiB.
+    /// Device memory the function needs (its cap), e.g. 2GiB, 2Gi or 512MiB; at least 1 MiB.
     #[arg(long, value_parser = parse_memory)]
     pub memory: Option<u64>,
     /// Arbiter socket (default: $SMORE_ARBITER_SOCKET or /run/smore/arbiter.sock).
@@ -43,8 +47,57 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
+/// The smallest `--memory` accepted: 1 MiB. Below it no CUDA context fits (a real one takes
+/// hundreds of MiB; see docs/shim.md on the context footprint), so a smaller cap is a unit
+/// mistake (`--memory 512` meaning MiB), not a request.
+pub const MIN_MEMORY: u64 = 1 << 20;
+
+/// The largest `--slo` accepted: one hour, in milliseconds. An inference request's latency
+/// objective beyond that is a unit mistake, and would make every admission trivially succeed.
+pub const MAX_SLO_MS: f64 = 3_600_000.0;
+
 fn parse_memory(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| format!("{e} (expected e.g. 512MiB or 2GiB)"))
+    let bytes = parse_size(s).map_err(|e| format!("{e} (expected e.g. 512MiB or 2GiB)"))?;
+    if bytes < MIN_MEMORY {
+        return Err(format!(
+            "{s:?} is {bytes} B, less than the 1 MiB smallest cap: give a unit, e.g. 512MiB or 2GiB"
+        ));
+    }
+    Ok(bytes)
+}
+
+fn parse_slo(s: &str) -> Result<f64, String> {
+    let ms: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of milliseconds (e.g. 50)"))?;
+    if !ms.is_finite() || ms <= 0.0 || ms > MAX_SLO_MS {
+        return Err(format!(
+            "{s:?} is not a latency objective: give milliseconds in (0, {MAX_SLO_MS}] (e.g. 50)"
+        ));
+    }
+    Ok(ms)
+}
+
+/// HAMi-core's limits, which some GPU operators set: smore's shim does not read them, so a
+/// function started with them set would run under smore's grant, not the limit the operator meant.
+const HAMI_VARIABLES: [&str; 2] = ["CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT"];
+
+/// Finds `program` as `execvp` would: a path containing `/` as it is, otherwise the first
+/// executable file of that name in `$PATH`. `None` when nothing would run.
+fn find_program(program: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        return executable(&p).then_some(p);
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| executable(p))
 }
 
 /// Registers and execs; returns only on failure, with the exit code to use.
@@ -59,6 +112,22 @@ pub fn run(a: RunArgs) -> i32 {
 }
 
 fn try_run(a: RunArgs) -> Result<i32> {
+    // Checked before registering: a grant for a command that cannot start would be made and
+    // released for nothing, and counted in the arbiter's decisions.
+    if find_program(&a.command[0]).is_none() {
+        eprintln!(
+            "smore run: {:?} is not an executable file or a command in $PATH; nothing was registered",
+            a.command[0]
+        );
+        return Ok(EXIT_NOT_FOUND);
+    }
+    for var in HAMI_VARIABLES {
+        if let Ok(v) = std::env::var(var) {
+            eprintln!(
+                "smore run: warning: {var}={v} is set but ignored: smore's shim enforces the arbiter's grant (--memory, the SM share), not HAMi's limits"
+            );
+        }
+    }
     let socket = client_socket(a.socket.as_deref());
     let shim = match a.shim {
         Some(p) => p,
@@ -144,8 +213,8 @@ fn try_run(a: RunArgs) -> Result<i32> {
     let err = cmd.exec();
     eprintln!("smore run: cannot execute {:?}: {err}", a.command[0]);
     Ok(if err.kind() == std::io::ErrorKind::NotFound {
-        127
+        EXIT_NOT_FOUND
     } else {
-        126
+        EXIT_NOT_EXECUTABLE
     })
 }

@@ -21,12 +21,18 @@ pub struct Arbiter {
     pub state_dir: PathBuf,
     dir: PathBuf,
     starts: u32,
+    /// More `smore arbiter` arguments (after `--config <file>`).
+    args: Vec<String>,
 }
 
 impl Arbiter {
     /// Writes `node.toml` (with `extra` appended: more `[arbiter]` keys first, then any other
     /// sections) and starts `smore arbiter` from `smore`, waiting until it accepts connections.
     pub fn start(sim: &SimGpu, smore: &Path, extra: &str) -> Arbiter {
+        Arbiter::start_with(sim, smore, extra, &[])
+    }
+
+    fn start_with(sim: &SimGpu, smore: &Path, extra: &str, args: &[&str]) -> Arbiter {
         let dir = sim.dir().to_path_buf();
         let socket = dir.join("arbiter.sock");
         let state_dir = dir.join("state");
@@ -45,6 +51,7 @@ impl Arbiter {
             state_dir,
             dir,
             starts: 0,
+            args: args.iter().map(|s| s.to_string()).collect(),
         };
         a.launch();
         a
@@ -53,6 +60,11 @@ impl Arbiter {
     /// [`Arbiter::start`] of the workspace's `smore` binary.
     pub fn new(sim: &SimGpu, extra: &str) -> Arbiter {
         Arbiter::start(sim, &crate::bin("smore"), extra)
+    }
+
+    /// [`Arbiter::new`] with more `smore arbiter` arguments (e.g. `--log-format json`).
+    pub fn with_args(sim: &SimGpu, extra: &str, args: &[&str]) -> Arbiter {
+        Arbiter::start_with(sim, &crate::bin("smore"), extra, args)
     }
 
     /// [`Arbiter::new`] with `policy` as the `[policy]` section.
@@ -71,6 +83,7 @@ impl Arbiter {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .args(["arbiter", "--config"])
             .arg(&self.cfg)
+            .args(&self.args)
             .env("RUST_LOG", "debug")
             .stderr(log)
             .spawn()
