@@ -1,5 +1,6 @@
-//! `smore bench arbiter`: registration latency and throughput, and grant-change propagation
-//! time, against a real `smore arbiter` process on a simulated node.
+//! `smore bench arbiter`: the arbiter's own CPU use per second of wall time with `--functions N`
+//! idle functions alive, `status` latency, registration latency and throughput, and
+//! grant-change propagation time, against a real `smore arbiter` process on a simulated node.
 //!
 //! `smore bench shim`: runs the shim benchmark (`shim-bench`, built with the workspace) on a
 //! simulated node, or on the real driver with `--real-gpu`. It prints figures (ns added per
@@ -57,6 +58,69 @@ pub struct BenchArbiterArgs {
     /// Clients registering at once for the throughput figure.
     #[arg(long, default_value_t = 200)]
     pub concurrent: usize,
+    /// Idle functions kept alive under `smore run` while measuring (each holds a context and
+    /// 32 MiB on the simulated GPU and sleeps).
+    #[arg(long, default_value_t = 0)]
+    pub functions: usize,
+    /// Seconds over which the arbiter's CPU use is measured.
+    #[arg(long, default_value_t = 10.0)]
+    pub measure_s: f64,
+}
+
+/// User + system CPU time of `pid`, seconds.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    smore_arbiter::proc::cpu_seconds(pid).context("reading the arbiter's CPU time")
+}
+
+/// Starts `n` idle functions (`smore run … -- sim-function --serve`) and waits until each is
+/// ready. The children are killed when the returned guard drops.
+fn idle_functions(
+    node: &crate::demo::Node,
+    socket: &std::path::Path,
+    n: usize,
+) -> Result<Vec<Idle>> {
+    use std::io::BufRead;
+    let smore = std::env::current_exe()?;
+    let function = artifacts::require("sim-function")?;
+    let mut started = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut child = node
+            .command(&smore)
+            .args(["run", "--memory", "64MiB", "--function"])
+            .arg(format!("idle{i}"))
+            .arg("--socket")
+            .arg(socket)
+            .arg("--")
+            .arg(&function)
+            .args(["--serve", "--model-memory-mib", "32", "--load-ms", "0"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting idle function {i}"))?;
+        let out = child.stdout.take().context("no stdout")?;
+        started.push((Idle(child), out));
+    }
+    let mut ready = Vec::with_capacity(n);
+    for (i, (child, out)) in started.into_iter().enumerate() {
+        let mut line = String::new();
+        std::io::BufReader::new(out).read_line(&mut line)?;
+        if line.trim() != "ready" {
+            anyhow::bail!("idle function {i} did not start (said {line:?})");
+        }
+        ready.push(child);
+    }
+    Ok(ready)
+}
+
+/// An idle function process (killed on drop; its stdin stays open until then).
+struct Idle(std::process::Child);
+
+impl Drop for Idle {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn percentiles(mut v: Vec<f64>) -> (f64, f64, f64) {
@@ -113,6 +177,44 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
             "smore bench arbiter — simulated node, arbiter at {}",
             socket.display()
         );
+        // 0. The arbiter's own cost with `functions` idle functions alive.
+        let t = Instant::now();
+        let idle = idle_functions(&node, &socket, a.functions)?;
+        if a.functions > 0 {
+            println!(
+                "  {} idle functions started in {:.1} s",
+                a.functions,
+                t.elapsed().as_secs_f64()
+            );
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        let (c0, w0) = (cpu_seconds(child.id())?, Instant::now());
+        std::thread::sleep(Duration::from_secs_f64(a.measure_s));
+        let cpu = (cpu_seconds(child.id())? - c0) / w0.elapsed().as_secs_f64();
+        let op = Client::connect(&socket)?;
+        let mut status = Vec::new();
+        let mut live = 0;
+        for _ in 0..50 {
+            let s = Instant::now();
+            match op.call(Request::Status)? {
+                Reply::Status { snapshot } => {
+                    live = snapshot["gpus"].as_array().map_or(0, |g| {
+                        g.iter()
+                            .map(|g| g["functions"].as_array().map_or(0, Vec::len))
+                            .sum::<usize>()
+                    });
+                }
+                other => anyhow::bail!("status answered {other:?}"),
+            }
+            status.push(s.elapsed().as_secs_f64() * 1e3);
+        }
+        if live < a.functions {
+            anyhow::bail!(
+                "status shows {live} functions, {} were started",
+                a.functions
+            );
+        }
+        let (sp50, sp99, _) = percentiles(status);
         // 1. Sequential: connect + register + receive the page fd, then close (release).
         let mut lat = Vec::new();
         for i in 0..a.rounds {
@@ -123,6 +225,12 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
         }
         let (p50, p99, max) = percentiles(lat);
         println!("  registration latency (connect + register + page fd), sequential: p50 {p50:.0} µs, p99 {p99:.0} µs, max {max:.0} µs");
+        println!(
+            "  functions={} arbiter_cpu={:.2}% of a core  status p50 {sp50:.2} ms p99 {sp99:.2} ms  registration p99 {:.2} ms",
+            a.functions,
+            cpu * 100.0,
+            p99 / 1e3
+        );
         // 2. Concurrent: N clients at once.
         std::thread::sleep(Duration::from_millis(200));
         let s = Instant::now();
@@ -176,6 +284,7 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
         }
         let (p50, p99, max) = percentiles(prop);
         println!("  grant change → visible in the function's page (incl. the operator's round trip): p50 {p50:.0} µs, p99 {p99:.0} µs, max {max:.0} µs");
+        drop(idle);
         Ok(())
     })();
     let _ = child.kill();

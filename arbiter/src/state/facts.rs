@@ -30,6 +30,18 @@ impl Clock for SystemClock {
 /// levels below it; the bound stops a cycle in a racing `/proc` from looping).
 pub const MAX_ANCESTRY_DEPTH: usize = 64;
 
+/// A handle on one process that reports its exit without reading `/proc` (a pidfd).
+pub trait Liveness: Send {
+    /// Whether the process exited.
+    fn exited(&self) -> bool;
+}
+
+impl Liveness for crate::proc::Pidfd {
+    fn exited(&self) -> bool {
+        crate::proc::Pidfd::exited(self)
+    }
+}
+
 /// What the arbiter needs to know about a process.
 pub trait ProcFacts: Send {
     /// Start time of `pid` (clock ticks since boot), None if it is gone or a zombie.
@@ -38,6 +50,12 @@ pub trait ProcFacts: Send {
     fn parent(&self, pid: u32) -> Option<u32>;
     /// Whether the smore shim is mapped into `pid` (None: cannot tell).
     fn shim_mapped(&self, pid: u32) -> Option<bool>;
+
+    /// A handle that reports the exit of the process `pid` that had `start`; None when the
+    /// platform has none (callers then re-check [`ProcFacts::is_same_process`]).
+    fn watch(&self, _pid: u32, _start: u64) -> Option<Box<dyn Liveness>> {
+        None
+    }
 
     /// Whether `pid` is alive and the process that had `start` (pid reuse check).
     fn is_same_process(&self, pid: u32, start: u64) -> bool {
@@ -77,6 +95,50 @@ impl ProcFacts for LiveProcs {
     fn shim_mapped(&self, pid: u32) -> Option<bool> {
         crate::proc::maps_library(pid, SHIM_LIBRARY)
     }
+    fn watch(&self, pid: u32, start: u64) -> Option<Box<dyn Liveness>> {
+        crate::proc::Pidfd::open(pid, start).map(|p| Box::new(p) as Box<dyn Liveness>)
+    }
+}
+
+/// One process, tracked across pid reuse: by a [`Liveness`] handle where the platform has one,
+/// else by re-reading its start time.
+pub struct Tracked {
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time (clock ticks since boot).
+    pub start: u64,
+    watch: Option<Box<dyn Liveness>>,
+}
+
+impl Tracked {
+    /// Starts tracking `pid` (which had `start`).
+    pub fn new(pid: u32, start: u64, facts: &dyn ProcFacts) -> Tracked {
+        Tracked {
+            pid,
+            start,
+            watch: facts.watch(pid, start),
+        }
+    }
+
+    /// Whether the process still lives (and is the same process).
+    pub fn alive(&self, facts: &dyn ProcFacts) -> bool {
+        match &self.watch {
+            Some(w) => !w.exited(),
+            None => facts.is_same_process(self.pid, self.start),
+        }
+    }
+}
+
+impl std::fmt::Debug for Tracked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Tracked({} @ {}, watched: {})",
+            self.pid,
+            self.start,
+            self.watch.is_some()
+        )
+    }
 }
 
 #[cfg(test)]
@@ -94,9 +156,12 @@ pub(crate) mod fake {
         pub shim: bool,
     }
 
-    /// A shared, mutable fake process table.
+    /// A shared, mutable fake process table; counts the `/proc`-like reads made through it.
     #[derive(Debug, Clone, Default)]
-    pub struct FakeProcs(pub Arc<Mutex<BTreeMap<u32, FakeProc>>>);
+    pub struct FakeProcs(
+        pub Arc<Mutex<BTreeMap<u32, FakeProc>>>,
+        pub Arc<std::sync::atomic::AtomicU64>,
+    );
 
     impl FakeProcs {
         pub fn spawn(&self, pid: u32, parent: u32, start: u64, shim: bool) {
@@ -112,17 +177,39 @@ pub(crate) mod fake {
         pub fn exit(&self, pid: u32) {
             self.0.lock().unwrap().remove(&pid);
         }
+        /// Reads made so far (start time, parent, maps).
+        pub fn reads(&self) -> u64 {
+            self.1.load(std::sync::atomic::Ordering::Relaxed)
+        }
+        fn read(&self) {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// A fake pidfd: exited once the table no longer holds that process.
+    struct FakeWatch(FakeProcs, u32, u64);
+
+    impl Liveness for FakeWatch {
+        fn exited(&self) -> bool {
+            self.0 .0.lock().unwrap().get(&self.1).map(|p| p.start) != Some(self.2)
+        }
     }
 
     impl ProcFacts for FakeProcs {
         fn start_time(&self, pid: u32) -> Option<u64> {
+            self.read();
             self.0.lock().unwrap().get(&pid).map(|p| p.start)
         }
         fn parent(&self, pid: u32) -> Option<u32> {
+            self.read();
             self.0.lock().unwrap().get(&pid).map(|p| p.parent)
         }
         fn shim_mapped(&self, pid: u32) -> Option<bool> {
+            self.read();
             self.0.lock().unwrap().get(&pid).map(|p| p.shim)
+        }
+        fn watch(&self, pid: u32, start: u64) -> Option<Box<dyn Liveness>> {
+            Some(Box::new(FakeWatch(self.clone(), pid, start)))
         }
     }
 

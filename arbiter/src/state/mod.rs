@@ -199,6 +199,8 @@ pub struct State {
     rounds: u64,
     clock: Box<dyn Clock>,
     procs: Box<dyn ProcFacts>,
+    /// Which GPU process is whose, remembered across rounds.
+    attributor: attribution::Attributor,
 }
 
 fn hint_action(a: smore_prewarm::policy::Action) -> HintAction {
@@ -276,6 +278,7 @@ impl State {
             rounds: 0,
             clock,
             procs,
+            attributor: attribution::Attributor::default(),
         };
         if let Prewarm::Failed(why) = &st.prewarm {
             let why = why.clone();
@@ -512,7 +515,10 @@ impl State {
         );
         inst.predicted_train = pt;
         inst.predicted_fn = pf;
+        inst.track(self.procs.as_ref());
         inst.write_page();
+        // A process NVML saw before this registration (taken for training) may be this one's.
+        self.attributor.forget_training();
         if let Prewarm::On(pm) = &mut self.prewarm {
             if !pm.status().iter().any(|f| f.function == ask.function) {
                 pm.register(&ask.function, cap);
@@ -587,6 +593,7 @@ impl State {
     /// Releases an instance (connection closed, process gone, or `Release`).
     pub fn release(&mut self, id: InstanceId, why: &str) {
         if let Some(inst) = self.instances.remove(&id) {
+            self.attributor.forget_instance(id);
             self.counters.releases += 1;
             self.dirty = true;
             self.reshare(inst.rec.gpu);
@@ -609,7 +616,7 @@ impl State {
         let alive = self
             .instances
             .get(&id)
-            .is_some_and(|i| self.procs.is_same_process(i.rec.pid, i.rec.start));
+            .is_some_and(|i| i.alive(self.procs.as_ref()));
         if alive {
             self.release(id, "connection closed");
         } else {
@@ -745,28 +752,31 @@ impl State {
 
     /// Folds one NVML sample per GPU into the state; returns the watchdog actions to carry out.
     pub fn reconcile(&mut self, samples: &[(u32, GpuSample)]) -> Vec<Enforcement> {
-        // Instances whose process is gone are released first (pid-reuse safe).
+        // Instances whose process is gone are released first (pid-reuse safe: a pidfd poll per
+        // instance, or a start-time read where pidfds are unavailable).
         let dead: Vec<InstanceId> = self
             .instances
             .values()
-            .filter(|i| !self.procs.is_same_process(i.rec.pid, i.rec.start))
+            .filter(|i| !i.alive(self.procs.as_ref()))
             .map(|i| i.rec.id)
             .collect();
         for id in dead {
             self.release(id, "process exited");
         }
+        // GPU processes that exited are forgotten; the others keep their attribution.
+        self.attributor.prune(self.procs.as_ref());
+        let roots: attribution::Roots = self
+            .instances
+            .values()
+            .map(|i| (i.rec.pid, i.rec.id))
+            .collect();
         let mut actions = Vec::new();
         let mut reshare = Vec::new();
         for (index, s) in samples {
             let Some(gi) = self.gpus.iter().position(|g| g.info.index == *index) else {
                 continue;
             };
-            let owners: Vec<(InstanceId, u32)> = self
-                .instances
-                .values()
-                .map(|i| (i.rec.id, i.rec.pid))
-                .collect();
-            let mut split = attribution::attribute(s, &owners, self.procs.as_ref());
+            let mut split = self.attributor.split(s, &roots, self.procs.as_ref());
             let has_functions = self.instances.values().any(|i| i.rec.gpu == *index);
             let g = &mut self.gpus[gi];
             let appeared = g.training.is_empty() != split.training.is_empty();
@@ -789,9 +799,9 @@ impl State {
                 if usage.pids.is_empty() {
                     continue;
                 }
-                let procs = self.procs.as_ref();
+                let (procs, attributor) = (self.procs.as_ref(), &mut self.attributor);
                 let shim = if self.cfg.check_shim {
-                    let r = watchdog::check_shim(&usage.pids, |p| procs.shim_mapped(p));
+                    let r = watchdog::check_shim(&usage.pids, |p| attributor.shim_mapped(p, procs));
                     inst.shim_loaded = Some(r.is_ok());
                     r
                 } else {
@@ -936,10 +946,9 @@ impl State {
             let msg = format!("function {} (pid {}) kept from the previous arbiter; waiting for it to re-register", p.function, p.pid);
             let (id, pid) = (p.id, p.pid);
             let now = self.clock.now();
-            self.instances.insert(
-                id,
-                Instance::new(p, None, "restored after arbiter restart".into(), now),
-            );
+            let mut inst = Instance::new(p, None, "restored after arbiter restart".into(), now);
+            inst.track(self.procs.as_ref());
+            self.instances.insert(id, inst);
             self.event(EventKind::Restored, Some(id), Some(pid), msg);
         }
     }

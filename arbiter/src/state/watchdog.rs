@@ -78,7 +78,10 @@ impl fmt::Display for Described<'_> {
 
 /// The shim check: every process of the function must have it mapped (a process whose maps
 /// cannot be read is given the benefit of the doubt).
-pub fn check_shim(pids: &[u32], mapped: impl Fn(u32) -> Option<bool>) -> Result<(), Violation> {
+pub fn check_shim(
+    pids: &[u32],
+    mut mapped: impl FnMut(u32) -> Option<bool>,
+) -> Result<(), Violation> {
     match pids.iter().find(|&&p| mapped(p) == Some(false)) {
         Some(&pid) => Err(Violation::NoShim { pid }),
         None => Ok(()),
