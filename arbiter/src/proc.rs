@@ -130,6 +130,54 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) as f64 / rustix::param::clock_ticks_per_second() as f64)
 }
 
+/// A file as the kernel identifies it: device (major, minor) and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// Device major number.
+    pub major: u32,
+    /// Device minor number.
+    pub minor: u32,
+    /// Inode number.
+    pub inode: u64,
+}
+
+impl FileId {
+    /// The id of the file at `path`.
+    pub fn of(path: &std::path::Path) -> Option<FileId> {
+        let st = rustix::fs::stat(path).ok()?;
+        Some(FileId {
+            major: rustix::fs::major(st.st_dev),
+            minor: rustix::fs::minor(st.st_dev),
+            inode: st.st_ino,
+        })
+    }
+}
+
+/// The file-backed mappings of a `/proc/<pid>/maps` text whose file name contains `needle`:
+/// (file id, path). Lines are `addr perms offset major:minor inode path`.
+pub fn mapped_files<'a>(
+    maps: &'a str,
+    needle: &'a str,
+) -> impl Iterator<Item = (FileId, &'a str)> + 'a {
+    maps.lines().filter_map(move |l| {
+        let mut f = l.split_ascii_whitespace();
+        let (_, _, _, dev, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let path = f.next()?;
+        if !path.rsplit('/').next()?.contains(needle) {
+            return None;
+        }
+        let (maj, min) = dev.split_once(':')?;
+        Some((
+            FileId {
+                major: u32::from_str_radix(maj, 16).ok()?,
+                minor: u32::from_str_radix(min, 16).ok()?,
+                inode: inode.parse().ok()?,
+            },
+            path,
+        ))
+    })
+}
+
 /// A pidfd on one process: tells whether *that* process exited, however its pid is reused.
 #[derive(Debug)]
 pub struct Pidfd(OwnedFd);
@@ -196,6 +244,29 @@ mod tests {
         assert_eq!(parse_stat(b"42 (x) S 7"), None, "truncated");
         assert_eq!(parse_stat(b""), None);
         assert!(cpu_seconds(std::process::id()).is_some_and(|s| s >= 0.0));
+    }
+
+    #[test]
+    fn mapped_files_are_identified_by_device_and_inode() {
+        let maps = "7f00-7f01 r-xp 00000000 fd:01 1234 /opt/smore/libsmore_shim.so\n\
+                    7f02-7f03 r--p 00000000 00:1f 99 /tmp/evil/libsmore_shim_fake.so\n\
+                    7f04-7f05 rw-p 00000000 00:00 0 [heap]\n";
+        let got: Vec<_> = mapped_files(maps, "libsmore_shim").collect();
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            got[0].0,
+            FileId {
+                major: 0xfd,
+                minor: 1,
+                inode: 1234
+            }
+        );
+        // This test's own executable, as its maps show it, is the file `FileId::of` names.
+        let me = std::env::current_exe().unwrap();
+        let name = me.file_name().unwrap().to_str().unwrap().to_string();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let id = FileId::of(&me).unwrap();
+        assert!(mapped_files(&maps, &name).any(|(f, _)| f == id));
     }
 
     #[test]

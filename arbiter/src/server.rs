@@ -451,7 +451,7 @@ fn handle(
         }
         Request::Release => match registered.take() {
             Some(id) => {
-                st.release(id, "released by the client");
+                st.release_by_client(id);
                 (Reply::Ok, None)
             }
             None => (error(ErrorCode::NotRegistered, "nothing to release"), None),

@@ -72,8 +72,16 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
     smore_arbiter::proc::cpu_seconds(pid).context("reading the arbiter's CPU time")
 }
 
-/// Starts `n` idle functions (`smore run … -- sim-function --serve`) and waits until each is
-/// ready. The children are killed when the returned guard drops.
+/// Idle functions that hold a simulated context: the simulated GPU admits at most 128
+/// processes per node (sim/), so functions beyond this many are registered but context-less
+/// (`smore run -- sleep`), which still costs the arbiter a connection, a grant and a watched
+/// process each.
+const MAX_CONTEXT_FUNCTIONS: usize = 100;
+
+/// Starts `n` idle functions and waits until each is ready: the first
+/// [`MAX_CONTEXT_FUNCTIONS`] are `smore run --memory 384MiB … -- sim-function --serve
+/// --model-memory-mib 32` (a context and 32 MiB), the rest `smore run … -- sleep`. The children
+/// are killed when the returned guards drop.
 fn idle_functions(
     node: &crate::demo::Node,
     socket: &std::path::Path,
@@ -84,18 +92,24 @@ fn idle_functions(
     let function = artifacts::require("sim-function")?;
     let mut started = Vec::with_capacity(n);
     for i in 0..n {
-        let mut child = node
-            .command(&smore)
-            .args(["run", "--memory", "64MiB", "--function"])
+        let mut cmd = node.command(&smore);
+        cmd.args(["run", "--memory", "384MiB", "--function"])
             .arg(format!("idle{i}"))
             .arg("--socket")
             .arg(socket)
-            .arg("--")
-            .arg(&function)
-            .args(["--serve", "--model-memory-mib", "32", "--load-ms", "0"])
+            .arg("--");
+        if i < MAX_CONTEXT_FUNCTIONS {
+            cmd.arg(&function)
+                .args(["--serve", "--model-memory-mib", "32", "--load-ms", "0"]);
+        } else {
+            cmd.args(["sleep", "100000"]);
+        }
+        let mut child = cmd
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
+            .stderr(std::fs::File::create(
+                node.dir.join(format!("idle{i}.log")),
+            )?)
             .spawn()
             .with_context(|| format!("starting idle function {i}"))?;
         let out = child.stdout.take().context("no stdout")?;
@@ -103,10 +117,14 @@ fn idle_functions(
     }
     let mut ready = Vec::with_capacity(n);
     for (i, (child, out)) in started.into_iter().enumerate() {
-        let mut line = String::new();
-        std::io::BufReader::new(out).read_line(&mut line)?;
-        if line.trim() != "ready" {
-            anyhow::bail!("idle function {i} did not start (said {line:?})");
+        if i < MAX_CONTEXT_FUNCTIONS {
+            let mut line = String::new();
+            std::io::BufReader::new(out).read_line(&mut line)?;
+            if line.trim() != "ready" {
+                let log = std::fs::read_to_string(node.dir.join(format!("idle{i}.log")))
+                    .unwrap_or_default();
+                anyhow::bail!("idle function {i} did not start (said {line:?}): {log}");
+            }
         }
         ready.push(child);
     }
@@ -154,7 +172,12 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
     use smore_protocol::wire::{Reply, Request};
     use std::time::{Duration, Instant};
     let t = tempfile::Builder::new().prefix("smore-bench-").tempdir()?;
-    let node = crate::demo::simulated_node(t.path())?;
+    let mut node = crate::demo::simulated_node(t.path())?;
+    // An 80 GiB GPU, or larger for many idle functions: each holds a simulated context
+    // (300 MiB) and 32 MiB under a 384 MiB cap.
+    let gib = 80u64.max((a.functions as u64 * 384).div_ceil(1024) * 100 / 90 + 1);
+    node.env
+        .push(("SMORE_SIM_MEMORY".to_string(), format!("{gib}GiB")));
     let socket = node.dir.join("arbiter.sock");
     let mut child = node
         .command(std::env::current_exe()?)
@@ -180,11 +203,29 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
         // 0. The arbiter's own cost with `functions` idle functions alive.
         let t = Instant::now();
         let idle = idle_functions(&node, &socket, a.functions)?;
+        let op = Client::connect(&socket)?;
+        let live = |op: &Client| -> Result<usize> {
+            match op.call(Request::Status)? {
+                Reply::Status { snapshot } => Ok(snapshot["gpus"].as_array().map_or(0, |g| {
+                    g.iter()
+                        .map(|g| g["functions"].as_array().map_or(0, Vec::len))
+                        .sum::<usize>()
+                })),
+                other => anyhow::bail!("status answered {other:?}"),
+            }
+        };
+        while live(&op)? < a.functions {
+            if t.elapsed() > Duration::from_secs(600) {
+                anyhow::bail!("the idle functions did not all register");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
         if a.functions > 0 {
             println!(
-                "  {} idle functions started in {:.1} s",
+                "  {} idle functions registered in {:.1} s ({} with a simulated context)",
                 a.functions,
-                t.elapsed().as_secs_f64()
+                t.elapsed().as_secs_f64(),
+                a.functions.min(MAX_CONTEXT_FUNCTIONS)
             );
         }
         std::thread::sleep(Duration::from_secs(2));

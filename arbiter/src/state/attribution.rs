@@ -36,6 +36,9 @@ pub struct Attribution {
     pub instances: BTreeMap<InstanceId, Usage>,
     /// Processes no instance owns, by pid.
     pub training: Vec<TrainingProc>,
+    /// Processes of functions that released their grant but still use the GPU: (pid, the
+    /// released instance).
+    pub released: Vec<(u32, InstanceId)>,
 }
 
 /// Whose a GPU process is.
@@ -43,6 +46,8 @@ pub struct Attribution {
 pub enum Owner {
     /// A function instance's (its registered process or a descendant).
     Instance(InstanceId),
+    /// A function that released its grant (`op=release`) and lives on: still watched.
+    Released(InstanceId),
     /// Nobody registered it: training.
     Training,
 }
@@ -56,8 +61,9 @@ struct Known {
     shim: Option<bool>,
 }
 
-/// The instances' registered processes this round: pid → instance.
-pub type Roots = HashMap<u32, InstanceId>;
+/// The functions' registered processes this round: pid → owner (an instance, or a function
+/// that released its grant).
+pub type Roots = HashMap<u32, Owner>;
 
 /// Attribution with memory (see the module docs).
 #[derive(Debug, Default)]
@@ -77,9 +83,11 @@ impl Attributor {
     }
 
     /// An instance registered: processes taken for training may be its (a process NVML saw
-    /// before it registered) and are resolved again.
+    /// before it registered), and a released function may have registered again: both are
+    /// resolved again.
     pub fn forget_training(&mut self) {
-        self.known.retain(|_, k| k.owner != Owner::Training);
+        self.known
+            .retain(|_, k| matches!(k.owner, Owner::Instance(_)));
     }
 
     /// GPU processes remembered.
@@ -102,16 +110,14 @@ impl Attributor {
         let mut owner = Owner::Training;
         let mut p = pid;
         for _ in 0..MAX_ANCESTRY_DEPTH {
-            if let Some(&id) = roots.get(&p) {
-                owner = Owner::Instance(id);
+            if let Some(&o) = roots.get(&p) {
+                owner = o;
                 break;
             }
             if p != pid {
-                if let Some(k) = self.known.get(&p) {
-                    if let Owner::Instance(_) = k.owner {
-                        owner = k.owner;
-                        break;
-                    }
+                if let Some(k) = self.known.get(&p).filter(|k| k.owner != Owner::Training) {
+                    owner = k.owner;
+                    break;
                 }
             }
             match facts.parent(p) {
@@ -160,6 +166,7 @@ impl Attributor {
                     e.sm += util.unwrap_or(0);
                     e.pids.push(pid);
                 }
+                Some(Owner::Released(id)) => out.released.push((pid, id)),
                 Some(Owner::Training) | None => out.training.push(TrainingProc {
                     pid,
                     used,
@@ -168,6 +175,7 @@ impl Attributor {
             }
         }
         out.training.sort_by_key(|t| t.pid);
+        out.released.sort_unstable();
         for u in out.instances.values_mut() {
             u.pids.sort_unstable();
         }
@@ -197,7 +205,7 @@ mod tests {
         procs.spawn(102, 101, 12, true); // the worker's child
         procs.spawn(200, 1, 13, false); // a trainer
         let s = sample(&[(101, 1 << 20, 5), (102, 2 << 20, 7), (200, 1 << 30, 60)]);
-        let roots = Roots::from([(100, 1)]);
+        let roots = Roots::from([(100, Owner::Instance(1))]);
         let mut at = Attributor::default();
         let a = at.split(&s, &roots, &procs);
         assert_eq!(
@@ -217,7 +225,7 @@ mod tests {
         let procs = FakeProcs::default();
         procs.spawn(100, 1, 10, true);
         procs.spawn(200, 1, 13, false);
-        let roots = Roots::from([(100, 7)]);
+        let roots = Roots::from([(100, Owner::Instance(7))]);
         let mut at = Attributor::default();
         let s = sample(&[(100, 1 << 20, 5), (200, 1 << 30, 60)]);
         at.split(&s, &roots, &procs);
@@ -241,7 +249,7 @@ mod tests {
         let procs = FakeProcs::default();
         procs.spawn(100, 1, 10, true);
         procs.spawn(101, 100, 11, true);
-        let roots = Roots::from([(100, 7)]);
+        let roots = Roots::from([(100, Owner::Instance(7))]);
         let mut at = Attributor::default();
         let a = at.split(&sample(&[(101, 1 << 20, 5)]), &roots, &procs);
         assert_eq!(a.instances[&7].pids, vec![101]);
@@ -259,7 +267,7 @@ mod tests {
     fn the_shim_check_reads_maps_once_per_process() {
         let procs = FakeProcs::default();
         procs.spawn(100, 1, 10, false);
-        let roots = Roots::from([(100, 7)]);
+        let roots = Roots::from([(100, Owner::Instance(7))]);
         let mut at = Attributor::default();
         at.split(&sample(&[(100, 1, 1)]), &roots, &procs);
         assert_eq!(at.shim_mapped(100, &procs), Some(false));

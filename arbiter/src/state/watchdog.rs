@@ -32,6 +32,12 @@ pub enum Violation {
         /// Its share, percent.
         share: u32,
     },
+    /// A function released its grant (`op=release`) and still uses the GPU: its memory is no
+    /// longer counted, so it would overcommit the node.
+    AfterRelease {
+        /// The process.
+        pid: u32,
+    },
     /// NVML shows more memory than the cap (+ slack).
     OverCap {
         /// NVML memory of its processes, bytes.
@@ -64,6 +70,10 @@ impl fmt::Display for Described<'_> {
             Violation::SmOveruse { used, share } => write!(
                 f,
                 "function {function} uses {used} % of GPU {gpu}'s SM time in NVML, over its share {share} % + {SM_SLACK_PCT} for {SM_OVERUSE_SAMPLES} samples"
+            ),
+            Violation::AfterRelease { pid } => write!(
+                f,
+                "process {pid} of function {function} uses GPU {gpu} after releasing its grant"
             ),
             Violation::OverCap { used, cap, slack } => write!(
                 f,
