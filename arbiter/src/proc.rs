@@ -1,34 +1,90 @@
 //! Facts about processes from `/proc`: liveness with pid-reuse protection (start time), the
-//! parent chain (a function's GPU work may run in a child of the registered process), and
-//! whether the shim is mapped into a process. Safe Rust only; every read tolerates the process
+//! parent, whether the shim is mapped into a process, and pidfd handles that report a process's
+//! exit without reading `/proc` at all. Safe Rust only; every read tolerates the process
 //! vanishing mid-read (it is then reported dead / without the shim).
+//!
+//! Cost: `stat` reads `/proc/<pid>/stat` into a stack buffer and parses the three fields it
+//! needs in place (no allocation per field); [`Pidfd::exited`] is one `poll(2)` with a zero
+//! timeout — what the arbiter does per known process per reconcile round.
 
-use std::fs;
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::fd::OwnedFd;
+use rustix::process::{pidfd_open, Pid, PidfdFlags};
+use std::io::Read;
+
+/// Largest `/proc/<pid>/stat` line read, bytes. Reasoning: 52 numeric fields of ≤ 20 digits
+/// plus a 16-byte comm (in parentheses) stay under 1.2 KiB; the fields parsed here come within
+/// the first ~250 bytes after the comm, so a longer line is still parsed correctly.
+const STAT_BUF: usize = 1536;
+
+/// The fields of `/proc/<pid>/stat` the arbiter uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// State letter (field 3).
+    pub state: u8,
+    /// Parent pid (field 4).
+    pub ppid: u32,
+    /// Start time in clock ticks since boot (field 22).
+    pub start: u64,
+}
+
+impl Stat {
+    /// A zombie or dead process.
+    pub fn is_dead(&self) -> bool {
+        matches!(self.state, b'Z' | b'X')
+    }
+}
+
+/// Parses a stat line. The command name (field 2) may contain spaces and parentheses, so
+/// fields are counted after the last `)`.
+pub fn parse_stat(line: &[u8]) -> Option<Stat> {
+    let close = line.iter().rposition(|&b| b == b')')?;
+    let mut fields = line[close + 1..]
+        .split(|b| b.is_ascii_whitespace())
+        .filter(|f| !f.is_empty());
+    let state = *fields.next()?.first()?;
+    let ppid = parse_u64(fields.next()?)? as u32;
+    // Fields 5..=21 skipped; field 22 is the 19th after the state.
+    let start = parse_u64(fields.nth(17)?)?;
+    Some(Stat { state, ppid, start })
+}
+
+fn parse_u64(b: &[u8]) -> Option<u64> {
+    if b.is_empty() {
+        return None;
+    }
+    b.iter().try_fold(0u64, |acc, &c| {
+        c.is_ascii_digit()
+            .then(|| acc.checked_mul(10)?.checked_add((c - b'0') as u64))
+            .flatten()
+    })
+}
+
+/// `/proc/<pid>/stat`, parsed; None when the process does not exist (or vanished mid-read).
+pub fn stat(pid: u32) -> Option<Stat> {
+    let mut f = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    let mut buf = [0u8; STAT_BUF];
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    parse_stat(&buf[..n])
+}
 
 /// Start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`), or `None`
 /// when the process does not exist or is a zombie.
 pub fn start_time(pid: u32) -> Option<u64> {
-    let (state, rest) = stat_fields(pid)?;
-    if state == 'Z' || state == 'X' {
-        return None;
-    }
-    // rest[0] is field 4 (ppid); start time is field 22 → rest[18].
-    rest.get(18)?.parse().ok()
+    stat(pid).filter(|s| !s.is_dead()).map(|s| s.start)
 }
 
 /// Parent pid of `pid`.
 pub fn parent(pid: u32) -> Option<u32> {
-    stat_fields(pid)?.1.first()?.parse().ok()
-}
-
-/// The state letter and the fields after it (from field 4 on) of `/proc/<pid>/stat`; the command
-/// name (field 2) may contain spaces and parentheses, so split after the last `)`.
-fn stat_fields(pid: u32) -> Option<(char, Vec<String>)> {
-    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &s[s.rfind(')')? + 1..];
-    let mut it = after.split_whitespace();
-    let state = it.next()?.chars().next()?;
-    Some((state, it.map(str::to_string).collect()))
+    stat(pid).map(|s| s.ppid)
 }
 
 /// Whether `pid` is alive and is the same process that had `start` (pid reuse check).
@@ -53,11 +109,100 @@ pub fn is_descendant_of(pid: u32, ancestor: u32) -> bool {
 
 /// Whether a library whose file name contains `needle` is mapped into `pid`.
 pub fn maps_library(pid: u32, needle: &str) -> Option<bool> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
     Some(
         maps.lines()
             .any(|l| l.rsplit('/').next().is_some_and(|f| f.contains(needle))),
     )
+}
+
+/// User + system CPU time `pid` has used, seconds (fields 14 and 15 of `/proc/<pid>/stat`):
+/// what `smore bench arbiter` reports per second of wall time.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let s = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = s.iter().rposition(|&b| b == b')')?;
+    let mut f = s[close + 1..]
+        .split(|b| b.is_ascii_whitespace())
+        .filter(|f| !f.is_empty());
+    // After the comm: field 3 is the first; utime is field 14 (index 11), stime field 15.
+    let utime = parse_u64(f.nth(11)?)?;
+    let stime = parse_u64(f.next()?)?;
+    Some((utime + stime) as f64 / rustix::param::clock_ticks_per_second() as f64)
+}
+
+/// A file as the kernel identifies it: device (major, minor) and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// Device major number.
+    pub major: u32,
+    /// Device minor number.
+    pub minor: u32,
+    /// Inode number.
+    pub inode: u64,
+}
+
+impl FileId {
+    /// The id of the file at `path`.
+    pub fn of(path: &std::path::Path) -> Option<FileId> {
+        let st = rustix::fs::stat(path).ok()?;
+        Some(FileId {
+            major: rustix::fs::major(st.st_dev),
+            minor: rustix::fs::minor(st.st_dev),
+            inode: st.st_ino,
+        })
+    }
+}
+
+/// The file-backed mappings of a `/proc/<pid>/maps` text whose file name contains `needle`:
+/// (file id, path). Lines are `addr perms offset major:minor inode path`.
+pub fn mapped_files<'a>(
+    maps: &'a str,
+    needle: &'a str,
+) -> impl Iterator<Item = (FileId, &'a str)> + 'a {
+    maps.lines().filter_map(move |l| {
+        let mut f = l.split_ascii_whitespace();
+        let (_, _, _, dev, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let path = f.next()?;
+        if !path.rsplit('/').next()?.contains(needle) {
+            return None;
+        }
+        let (maj, min) = dev.split_once(':')?;
+        Some((
+            FileId {
+                major: u32::from_str_radix(maj, 16).ok()?,
+                minor: u32::from_str_radix(min, 16).ok()?,
+                inode: inode.parse().ok()?,
+            },
+            path,
+        ))
+    })
+}
+
+/// A pidfd on one process: tells whether *that* process exited, however its pid is reused.
+#[derive(Debug)]
+pub struct Pidfd(OwnedFd);
+
+impl Pidfd {
+    /// Opens a pidfd on `pid` and checks it is the process that had `start` (the pid may have
+    /// been recycled before the open). None when pidfds are unavailable (Linux < 5.3, seccomp)
+    /// or the process is not that one: callers fall back to [`is_same_process`].
+    pub fn open(pid: u32, start: u64) -> Option<Pidfd> {
+        let fd = pidfd_open(Pid::from_raw(pid as i32)?, PidfdFlags::empty()).ok()?;
+        let p = Pidfd(fd);
+        // The pidfd names whatever process had `pid` at the open; the stat read after it names
+        // the same process if that one has not exited since (checked last).
+        (start_time(pid) == Some(start) && !p.exited()).then_some(p)
+    }
+
+    /// Whether the process exited (the pidfd is readable then). One `poll(2)`, no `/proc`.
+    pub fn exited(&self) -> bool {
+        let mut fds = [PollFd::new(&self.0, PollFlags::IN)];
+        match poll(&mut fds, Some(&Timespec::default())) {
+            Ok(n) => n > 0,
+            // A failed poll says nothing about the process: not exited.
+            Err(_) => false,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -83,5 +228,68 @@ mod tests {
         let pid = c.id();
         c.wait().unwrap();
         assert_eq!(start_time(pid), None);
+    }
+
+    #[test]
+    fn stat_lines_with_odd_command_names_parse() {
+        let line = b"42 (a) b (c)) S 7 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 1000 10 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n";
+        assert_eq!(
+            parse_stat(line),
+            Some(Stat {
+                state: b'S',
+                ppid: 7,
+                start: 123456
+            })
+        );
+        assert_eq!(parse_stat(b"42 (x) S 7"), None, "truncated");
+        assert_eq!(parse_stat(b""), None);
+        assert!(cpu_seconds(std::process::id()).is_some_and(|s| s >= 0.0));
+    }
+
+    #[test]
+    fn mapped_files_are_identified_by_device_and_inode() {
+        let maps = "7f00-7f01 r-xp 00000000 fd:01 1234 /opt/smore/libsmore_shim.so\n\
+                    7f02-7f03 r--p 00000000 00:1f 99 /tmp/evil/libsmore_shim_fake.so\n\
+                    7f04-7f05 rw-p 00000000 00:00 0 [heap]\n";
+        let got: Vec<_> = mapped_files(maps, "libsmore_shim").collect();
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            got[0].0,
+            FileId {
+                major: 0xfd,
+                minor: 1,
+                inode: 1234
+            }
+        );
+        // This test's own executable, as its maps show it, is the file `FileId::of` names.
+        let me = std::env::current_exe().unwrap();
+        let name = me.file_name().unwrap().to_str().unwrap().to_string();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let id = FileId::of(&me).unwrap();
+        assert!(mapped_files(&maps, &name).any(|(f, _)| f == id));
+    }
+
+    #[test]
+    fn a_pidfd_sees_its_process_exit() {
+        let mut c = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let pid = c.id();
+        let start = start_time(pid).unwrap();
+        assert!(
+            Pidfd::open(pid, start + 1).is_none(),
+            "another start: not that process"
+        );
+        let Some(fd) = Pidfd::open(pid, start) else {
+            // pidfds unavailable here (old kernel, seccomp): the fallback is tested elsewhere.
+            c.kill().unwrap();
+            c.wait().unwrap();
+            return;
+        };
+        assert!(!fd.exited());
+        c.kill().unwrap();
+        c.wait().unwrap();
+        assert!(fd.exited());
     }
 }

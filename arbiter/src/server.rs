@@ -82,6 +82,20 @@ fn bind(cfg: &Config) -> Result<UnixListener> {
     Ok(l)
 }
 
+/// Raises the open-file soft limit to the hard limit: the arbiter holds one connection per
+/// function plus a pidfd per function process (`state::attribution`), so 1 000 functions need
+/// ~3 000 descriptors, past the common soft default of 1 024.
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current < l.maximum {
+        l.current = l.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, l) {
+            tracing::warn!("cannot raise the open-file limit: {e}");
+        }
+    }
+}
+
 /// A running arbiter (the daemon's parts, startable in-process by tests).
 pub struct Daemon {
     /// The node state, shared with the connection, reconcile and metrics threads.
@@ -93,6 +107,7 @@ pub struct Daemon {
 impl Daemon {
     /// Opens NVML, discovers GPUs, restores persisted grants and binds the socket.
     pub fn start(cfg: Config) -> Result<Daemon> {
+        raise_fd_limit();
         let source = NvmlSource::open(&cfg.nvml_library)?;
         let gpus = source.discover()?;
         if let Some(want) = &cfg.gpu_indices {
@@ -448,7 +463,7 @@ fn handle(
         }
         Request::Release => match registered.take() {
             Some(id) => {
-                st.release(id, "released by the client");
+                st.release_by_client(id);
                 (Reply::Ok, None)
             }
             None => (error(ErrorCode::NotRegistered, "nothing to release"), None),

@@ -1,5 +1,6 @@
-//! `smore bench arbiter`: registration latency and throughput, and grant-change propagation
-//! time, against a real `smore arbiter` process on a simulated node.
+//! `smore bench arbiter`: the arbiter's own CPU use per second of wall time with `--functions N`
+//! idle functions alive, `status` latency, registration latency and throughput, and
+//! grant-change propagation time, against a real `smore arbiter` process on a simulated node.
 //!
 //! `smore bench shim`: runs the shim benchmark (`shim-bench`, built with the workspace) on a
 //! simulated node, or on the real driver with `--real-gpu`. It prints figures (ns added per
@@ -57,6 +58,87 @@ pub struct BenchArbiterArgs {
     /// Clients registering at once for the throughput figure.
     #[arg(long, default_value_t = 200)]
     pub concurrent: usize,
+    /// Idle functions kept alive under `smore run` while measuring (each holds a context and
+    /// 32 MiB on the simulated GPU and sleeps).
+    #[arg(long, default_value_t = 0)]
+    pub functions: usize,
+    /// Seconds over which the arbiter's CPU use is measured.
+    #[arg(long, default_value_t = 10.0)]
+    pub measure_s: f64,
+}
+
+/// User + system CPU time of `pid`, seconds.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    smore_arbiter::proc::cpu_seconds(pid).context("reading the arbiter's CPU time")
+}
+
+/// Idle functions that hold a simulated context: the simulated GPU admits at most 128
+/// processes per node (sim/), so functions beyond this many are registered but context-less
+/// (`smore run -- sleep`), which still costs the arbiter a connection, a grant and a watched
+/// process each.
+const MAX_CONTEXT_FUNCTIONS: usize = 100;
+
+/// Starts `n` idle functions and waits until each is ready: the first
+/// [`MAX_CONTEXT_FUNCTIONS`] are `smore run --memory 384MiB … -- sim-function --serve
+/// --model-memory-mib 32` (a context and 32 MiB), the rest `smore run … -- sleep`. The children
+/// are killed when the returned guards drop.
+fn idle_functions(
+    node: &crate::demo::Node,
+    socket: &std::path::Path,
+    n: usize,
+) -> Result<Vec<Idle>> {
+    use std::io::BufRead;
+    let smore = std::env::current_exe()?;
+    let function = artifacts::require("sim-function")?;
+    let mut started = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut cmd = node.command(&smore);
+        cmd.args(["run", "--memory", "384MiB", "--function"])
+            .arg(format!("idle{i}"))
+            .arg("--socket")
+            .arg(socket)
+            .arg("--");
+        if i < MAX_CONTEXT_FUNCTIONS {
+            cmd.arg(&function)
+                .args(["--serve", "--model-memory-mib", "32", "--load-ms", "0"]);
+        } else {
+            cmd.args(["sleep", "100000"]);
+        }
+        let mut child = cmd
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(
+                node.dir.join(format!("idle{i}.log")),
+            )?)
+            .spawn()
+            .with_context(|| format!("starting idle function {i}"))?;
+        let out = child.stdout.take().context("no stdout")?;
+        started.push((Idle(child), out));
+    }
+    let mut ready = Vec::with_capacity(n);
+    for (i, (child, out)) in started.into_iter().enumerate() {
+        if i < MAX_CONTEXT_FUNCTIONS {
+            let mut line = String::new();
+            std::io::BufReader::new(out).read_line(&mut line)?;
+            if line.trim() != "ready" {
+                let log = std::fs::read_to_string(node.dir.join(format!("idle{i}.log")))
+                    .unwrap_or_default();
+                anyhow::bail!("idle function {i} did not start (said {line:?}): {log}");
+            }
+        }
+        ready.push(child);
+    }
+    Ok(ready)
+}
+
+/// An idle function process (killed on drop; its stdin stays open until then).
+struct Idle(std::process::Child);
+
+impl Drop for Idle {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn percentiles(mut v: Vec<f64>) -> (f64, f64, f64) {
@@ -90,7 +172,12 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
     use smore_protocol::wire::{Reply, Request};
     use std::time::{Duration, Instant};
     let t = tempfile::Builder::new().prefix("smore-bench-").tempdir()?;
-    let node = crate::demo::simulated_node(t.path())?;
+    let mut node = crate::demo::simulated_node(t.path())?;
+    // An 80 GiB GPU, or larger for many idle functions: each holds a simulated context
+    // (300 MiB) and 32 MiB under a 384 MiB cap.
+    let gib = 80u64.max((a.functions as u64 * 384).div_ceil(1024) * 100 / 90 + 1);
+    node.env
+        .push(("SMORE_SIM_MEMORY".to_string(), format!("{gib}GiB")));
     let socket = node.dir.join("arbiter.sock");
     let mut child = node
         .command(std::env::current_exe()?)
@@ -113,6 +200,62 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
             "smore bench arbiter — simulated node, arbiter at {}",
             socket.display()
         );
+        // 0. The arbiter's own cost with `functions` idle functions alive.
+        let t = Instant::now();
+        let idle = idle_functions(&node, &socket, a.functions)?;
+        let op = Client::connect(&socket)?;
+        let live = |op: &Client| -> Result<usize> {
+            match op.call(Request::Status)? {
+                Reply::Status { snapshot } => Ok(snapshot["gpus"].as_array().map_or(0, |g| {
+                    g.iter()
+                        .map(|g| g["functions"].as_array().map_or(0, Vec::len))
+                        .sum::<usize>()
+                })),
+                other => anyhow::bail!("status answered {other:?}"),
+            }
+        };
+        while live(&op)? < a.functions {
+            if t.elapsed() > Duration::from_secs(600) {
+                anyhow::bail!("the idle functions did not all register");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        if a.functions > 0 {
+            println!(
+                "  {} idle functions registered in {:.1} s ({} with a simulated context)",
+                a.functions,
+                t.elapsed().as_secs_f64(),
+                a.functions.min(MAX_CONTEXT_FUNCTIONS)
+            );
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        let (c0, w0) = (cpu_seconds(child.id())?, Instant::now());
+        std::thread::sleep(Duration::from_secs_f64(a.measure_s));
+        let cpu = (cpu_seconds(child.id())? - c0) / w0.elapsed().as_secs_f64();
+        let op = Client::connect(&socket)?;
+        let mut status = Vec::new();
+        let mut live = 0;
+        for _ in 0..50 {
+            let s = Instant::now();
+            match op.call(Request::Status)? {
+                Reply::Status { snapshot } => {
+                    live = snapshot["gpus"].as_array().map_or(0, |g| {
+                        g.iter()
+                            .map(|g| g["functions"].as_array().map_or(0, Vec::len))
+                            .sum::<usize>()
+                    });
+                }
+                other => anyhow::bail!("status answered {other:?}"),
+            }
+            status.push(s.elapsed().as_secs_f64() * 1e3);
+        }
+        if live < a.functions {
+            anyhow::bail!(
+                "status shows {live} functions, {} were started",
+                a.functions
+            );
+        }
+        let (sp50, sp99, _) = percentiles(status);
         // 1. Sequential: connect + register + receive the page fd, then close (release).
         let mut lat = Vec::new();
         for i in 0..a.rounds {
@@ -123,6 +266,12 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
         }
         let (p50, p99, max) = percentiles(lat);
         println!("  registration latency (connect + register + page fd), sequential: p50 {p50:.0} µs, p99 {p99:.0} µs, max {max:.0} µs");
+        println!(
+            "  functions={} arbiter_cpu={:.2}% of a core  status p50 {sp50:.2} ms p99 {sp99:.2} ms  registration p99 {:.2} ms",
+            a.functions,
+            cpu * 100.0,
+            p99 / 1e3
+        );
         // 2. Concurrent: N clients at once.
         std::thread::sleep(Duration::from_millis(200));
         let s = Instant::now();
@@ -176,6 +325,7 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
         }
         let (p50, p99, max) = percentiles(prop);
         println!("  grant change → visible in the function's page (incl. the operator's round trip): p50 {p50:.0} µs, p99 {p99:.0} µs, max {max:.0} µs");
+        drop(idle);
         Ok(())
     })();
     let _ = child.kill();

@@ -796,15 +796,16 @@ impl Pool {
 }
 
 /// Polls the arbiter's status (the snapshot `smore status --json` prints) once per second until
-/// `stop`: (seconds since `origin`, function, instance id, SM share %).
+/// `stop`: each instance's grant, and the arbiter's estimate of the training slowdown.
 fn poll_shares(
     socket: PathBuf,
     origin: Instant,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<Vec<ShareSample>> {
+) -> std::thread::JoinHandle<(Vec<ShareSample>, Vec<(f64, f64)>)> {
     use smore_protocol::wire::{Reply, Request};
     std::thread::spawn(move || {
         let mut v = Vec::new();
+        let mut estimates = Vec::new();
         let mut client: Option<smore_protocol::conn::Client> = None;
         while !stop.load(Ordering::Relaxed) {
             let next = Instant::now() + Duration::from_secs(1);
@@ -815,17 +816,25 @@ fn poll_shares(
             match client.as_ref().map(|c| c.call(Request::Status)) {
                 Some(Ok(Reply::Status { snapshot })) => {
                     for g in snapshot["gpus"].as_array().into_iter().flatten() {
+                        if let Some(e) = g["harvest"]["slowdown_estimate"].as_f64() {
+                            estimates.push((t, e));
+                        }
                         for f in g["functions"].as_array().into_iter().flatten() {
                             if let (Some(name), Some(id), Some(share)) = (
                                 f["function"].as_str(),
                                 f["id"].as_u64(),
                                 f["share"].as_f64(),
                             ) {
+                                // Under harvest the raw share is 100 beside training; what
+                                // limits the function is its collision budget (ppm of wall
+                                // time), shown in percent of wall time.
+                                let budget = f["contention_ppm"].as_f64().unwrap_or(0.0);
                                 v.push(ShareSample {
                                     t_s: t,
                                     function: name.to_string(),
                                     instance: id,
-                                    share_pct: share,
+                                    share_pct: if budget > 0.0 { budget / 1e4 } else { share },
+                                    harvest: budget > 0.0,
                                 });
                             }
                         }
@@ -837,17 +846,20 @@ fn poll_shares(
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        v
+        (v, estimates)
     })
 }
 
-/// One instance's SM share at one poll.
+/// One instance's grant at one poll: its SM share, or under harvest its collision budget, both
+/// in percent (of GPU time, of wall time).
 #[derive(Debug, Clone)]
 struct ShareSample {
     t_s: f64,
     function: String,
     instance: u64,
     share_pct: f64,
+    /// `share_pct` is a collision budget (harvest), not a raw share.
+    harvest: bool,
 }
 
 /// Each function's solo service times (measured once per demo, alone on the GPU).
@@ -900,6 +912,9 @@ pub struct ScenarioSummary {
     pub trainer_iter_alone_ms: f64,
     pub trainer_iter_colocated_ms: f64,
     pub sfd: f64,
+    /// The arbiter's own estimate of the training slowdown (docs/harvest.md), averaged over its
+    /// polls during the replay — what an operator sees without the trainer's iteration times.
+    pub sfd_estimate: Option<f64>,
     /// Instance starts the arbiter refused (attempts).
     pub refused_instances: u64,
     /// Instance starts that failed for another reason (a defect of the run; see the logs).
@@ -923,11 +938,19 @@ struct Series {
 impl Series {
     /// `shares.csv` (the grants over time) and `trainer.csv` (iteration times over time).
     fn write_csv(&self, out: &Path) -> Result<()> {
-        let mut csv = String::from("t_s,function,instance,share_pct\n");
+        let mut csv = String::from("t_s,function,instance,share_pct,kind\n");
         for s in &self.shares {
             csv.push_str(&format!(
-                "{:.3},{},{},{}\n",
-                s.t_s, s.function, s.instance, s.share_pct
+                "{:.3},{},{},{},{}\n",
+                s.t_s,
+                s.function,
+                s.instance,
+                s.share_pct,
+                if s.harvest {
+                    "collision_budget"
+                } else {
+                    "sm_share"
+                }
             ));
         }
         std::fs::write(out.join("shares.csv"), csv)?;
@@ -1088,7 +1111,7 @@ fn run_scenario(
     let (nvml, colo_util) = sampler
         .join()
         .map_err(|_| anyhow::anyhow!("sampler panicked"))?;
-    let shares = poller
+    let (shares, estimates) = poller
         .join()
         .map_err(|_| anyhow::anyhow!("status poller panicked"))?;
     let _ = trainer.wait()?;
@@ -1137,6 +1160,15 @@ fn run_scenario(
         trainer_iter_alone_ms: iter_alone,
         trainer_iter_colocated_ms: iter_colo,
         sfd: iter_colo / iter_alone - 1.0,
+        sfd_estimate: {
+            // Polls from 10 s into the replay (the estimate's window then holds replay only).
+            let during: Vec<f64> = estimates
+                .iter()
+                .filter(|(t, _)| *t >= replay_start_s + 10.0 && *t <= replay_end_s)
+                .map(|(_, e)| *e)
+                .collect();
+            (!during.is_empty()).then(|| during.iter().sum::<f64>() / during.len() as f64)
+        },
         refused_instances: sh.starts_refused.load(Ordering::Relaxed),
         instance_start_failures: sh.start_failures.load(Ordering::Relaxed),
         requests,
@@ -1259,6 +1291,12 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, gpu: bool) {
         s.trainer_iter_colocated_ms,
         s.theta_train * 100.0
     );
+    if let Some(e) = s.sfd_estimate {
+        println!(
+            "  arbiter's SFD estimate    {:5.1} %   (from the functions' reported collision time; docs/harvest.md)",
+            e * 100.0
+        );
+    }
     println!(
         "  function P99 degr. (SLD)  {:5.1} %   (service time co-located vs solo)",
         r.sld * 100.0
@@ -1353,13 +1391,14 @@ fn print_table(v: &[ScenarioSummary], gpu: bool) {
     );
     println!();
     println!(
-        "  {:<8} {:>7} {:>8} {:>8} {:>7} {:>7} {:>8} {:>6} {:>8} {:>13} {:>11}",
+        "  {:<8} {:>7} {:>8} {:>8} {:>7} {:>7} {:>7} {:>8} {:>6} {:>8} {:>13} {:>11}",
         "scenario",
         "offered",
         "GUI excl",
         "GUI co",
         "gain",
         "SFD",
+        "SFD est",
         "SLD",
         "DSR",
         "DSR adm",
@@ -1369,13 +1408,15 @@ fn print_table(v: &[ScenarioSummary], gpu: bool) {
     for s in v {
         let r = &s.requests;
         println!(
-            "  {:<8} {:>6.1}% {:>7.1}% {:>7.1}% {:>+5.1}pp {:>6.1}% {:>7.0}% {:>5.1}% {:>7.1}% {:>6}/{:<6} {:>11}",
+            "  {:<8} {:>6.1}% {:>7.1}% {:>7.1}% {:>+5.1}pp {:>6.1}% {:>7} {:>7.0}% {:>5.1}% {:>7.1}% {:>6}/{:<6} {:>11}",
             s.scenario,
             s.offered_load_pct,
             s.gui_exclusive_pct,
             s.gui_colocated_pct,
             s.gui_gain_pp,
             s.sfd * 100.0,
+            s.sfd_estimate
+                .map_or("-".to_string(), |e| format!("{:.1}%", e * 100.0)),
             r.sld * 100.0,
             r.dsr * 100.0,
             r.dsr_admitted * 100.0,

@@ -352,7 +352,7 @@ fn trainer_panel(area: &Area, p: &PlotInput, x_end: f64) -> DrawResult {
 fn shares_panel(area: &Area, p: &PlotInput, x_end: f64) -> DrawResult {
     let mut c = ChartBuilder::on(area)
         .caption(
-            "SM shares the arbiter granted (stacked; each function's summed over its instances) and GPU utilization",
+            "grants: SM shares, or under harvest collision budgets in % of wall time (stacked, summed over instances) and GPU utilization",
             ("sans-serif", 17),
         )
         .margin(8)

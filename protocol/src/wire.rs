@@ -25,6 +25,10 @@ pub const MAX_FRAME: usize = 4 << 20;
 /// Largest request frame the arbiter accepts, in bytes (a request is a few hundred bytes; a
 /// latency report of 1 000 samples is ~10 KiB).
 pub const MAX_REQUEST_FRAME: usize = 64 << 10;
+/// Longest function name or model id the arbiter accepts, bytes. Reasoning: names are shown in
+/// `status`, events and metrics labels; 128 bytes is far above any real name and keeps a status
+/// snapshot of thousands of functions well under [`MAX_FRAME`].
+pub const MAX_NAME: usize = 128;
 /// Default socket path of the arbiter (`SMORE_ARBITER_SOCKET` and the config override it).
 pub const DEFAULT_SOCKET: &str = "/run/smore/arbiter.sock";
 /// Environment variable naming the arbiter socket.

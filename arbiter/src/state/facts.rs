@@ -30,6 +30,18 @@ impl Clock for SystemClock {
 /// levels below it; the bound stops a cycle in a racing `/proc` from looping).
 pub const MAX_ANCESTRY_DEPTH: usize = 64;
 
+/// A handle on one process that reports its exit without reading `/proc` (a pidfd).
+pub trait Liveness: Send {
+    /// Whether the process exited.
+    fn exited(&self) -> bool;
+}
+
+impl Liveness for crate::proc::Pidfd {
+    fn exited(&self) -> bool {
+        crate::proc::Pidfd::exited(self)
+    }
+}
+
 /// What the arbiter needs to know about a process.
 pub trait ProcFacts: Send {
     /// Start time of `pid` (clock ticks since boot), None if it is gone or a zombie.
@@ -38,6 +50,12 @@ pub trait ProcFacts: Send {
     fn parent(&self, pid: u32) -> Option<u32>;
     /// Whether the smore shim is mapped into `pid` (None: cannot tell).
     fn shim_mapped(&self, pid: u32) -> Option<bool>;
+
+    /// A handle that reports the exit of the process `pid` that had `start`; None when the
+    /// platform has none (callers then re-check [`ProcFacts::is_same_process`]).
+    fn watch(&self, _pid: u32, _start: u64) -> Option<Box<dyn Liveness>> {
+        None
+    }
 
     /// Whether `pid` is alive and the process that had `start` (pid reuse check).
     fn is_same_process(&self, pid: u32, start: u64) -> bool {
@@ -62,10 +80,73 @@ pub trait ProcFacts: Send {
 
 /// File-name fragment of the shim library (what `shim_mapped` looks for in `/proc/<pid>/maps`).
 pub const SHIM_LIBRARY: &str = "libsmore_shim";
+/// File name of the installed shim.
+pub const SHIM_FILE: &str = "libsmore_shim.so";
+
+/// Which mapped files are the real shim: the installed file (device + inode), or a file with
+/// the same bytes (a copy, e.g. `smore run --shim`). A file merely *named* like the shim is
+/// not. Verdicts are cached per file id, so each distinct file is read at most once.
+#[derive(Debug, Default)]
+pub struct ShimCheck {
+    /// The installed shim: its id and path (None: not found — then only the name is checked,
+    /// and the arbiter says so at start).
+    reference: Option<(crate::proc::FileId, std::path::PathBuf)>,
+    verdicts: std::sync::Mutex<std::collections::HashMap<crate::proc::FileId, bool>>,
+}
+
+impl ShimCheck {
+    /// The shim installed next to this executable (or in `$SMORE_LIB_DIR`).
+    pub fn installed() -> ShimCheck {
+        let reference = smore_protocol::install::find(SHIM_FILE)
+            .and_then(|p| Some((crate::proc::FileId::of(&p)?, p)));
+        if reference.is_none() {
+            tracing::warn!(
+                "{SHIM_FILE} not found next to the arbiter or in $SMORE_LIB_DIR: the watchdog can only check mapped file names"
+            );
+        }
+        ShimCheck::with_reference(reference)
+    }
+
+    /// A check against a given file (None: names only).
+    pub fn with_reference(
+        reference: Option<(crate::proc::FileId, std::path::PathBuf)>,
+    ) -> ShimCheck {
+        ShimCheck {
+            reference,
+            verdicts: Default::default(),
+        }
+    }
+
+    fn genuine(&self, id: crate::proc::FileId, path: &str) -> bool {
+        let Some((ref_id, ref_path)) = &self.reference else {
+            return true;
+        };
+        if id == *ref_id {
+            return true;
+        }
+        let mut v = self.verdicts.lock().unwrap_or_else(|e| e.into_inner());
+        *v.entry(id).or_insert_with(|| {
+            // Same id as mapped (not a file swapped in at the same path since) and same bytes.
+            crate::proc::FileId::of(std::path::Path::new(path)) == Some(id)
+                && matches!(
+                    (std::fs::read(path), std::fs::read(ref_path)),
+                    (Ok(a), Ok(b)) if a == b
+                )
+        })
+    }
+
+    /// Whether the genuine shim is mapped in this maps text.
+    pub fn in_maps(&self, maps: &str) -> bool {
+        crate::proc::mapped_files(maps, SHIM_LIBRARY).any(|(id, path)| self.genuine(id, path))
+    }
+}
 
 /// Facts from this machine's `/proc`.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct LiveProcs;
+#[derive(Debug, Default)]
+pub struct LiveProcs {
+    /// How the shim is recognized.
+    pub shim: ShimCheck,
+}
 
 impl ProcFacts for LiveProcs {
     fn start_time(&self, pid: u32) -> Option<u64> {
@@ -75,7 +156,52 @@ impl ProcFacts for LiveProcs {
         crate::proc::parent(pid)
     }
     fn shim_mapped(&self, pid: u32) -> Option<bool> {
-        crate::proc::maps_library(pid, SHIM_LIBRARY)
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        Some(self.shim.in_maps(&maps))
+    }
+    fn watch(&self, pid: u32, start: u64) -> Option<Box<dyn Liveness>> {
+        crate::proc::Pidfd::open(pid, start).map(|p| Box::new(p) as Box<dyn Liveness>)
+    }
+}
+
+/// One process, tracked across pid reuse: by a [`Liveness`] handle where the platform has one,
+/// else by re-reading its start time.
+pub struct Tracked {
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time (clock ticks since boot).
+    pub start: u64,
+    watch: Option<Box<dyn Liveness>>,
+}
+
+impl Tracked {
+    /// Starts tracking `pid` (which had `start`).
+    pub fn new(pid: u32, start: u64, facts: &dyn ProcFacts) -> Tracked {
+        Tracked {
+            pid,
+            start,
+            watch: facts.watch(pid, start),
+        }
+    }
+
+    /// Whether the process still lives (and is the same process).
+    pub fn alive(&self, facts: &dyn ProcFacts) -> bool {
+        match &self.watch {
+            Some(w) => !w.exited(),
+            None => facts.is_same_process(self.pid, self.start),
+        }
+    }
+}
+
+impl std::fmt::Debug for Tracked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Tracked({} @ {}, watched: {})",
+            self.pid,
+            self.start,
+            self.watch.is_some()
+        )
     }
 }
 
@@ -94,9 +220,12 @@ pub(crate) mod fake {
         pub shim: bool,
     }
 
-    /// A shared, mutable fake process table.
+    /// A shared, mutable fake process table; counts the `/proc`-like reads made through it.
     #[derive(Debug, Clone, Default)]
-    pub struct FakeProcs(pub Arc<Mutex<BTreeMap<u32, FakeProc>>>);
+    pub struct FakeProcs(
+        pub Arc<Mutex<BTreeMap<u32, FakeProc>>>,
+        pub Arc<std::sync::atomic::AtomicU64>,
+    );
 
     impl FakeProcs {
         pub fn spawn(&self, pid: u32, parent: u32, start: u64, shim: bool) {
@@ -112,17 +241,39 @@ pub(crate) mod fake {
         pub fn exit(&self, pid: u32) {
             self.0.lock().unwrap().remove(&pid);
         }
+        /// Reads made so far (start time, parent, maps).
+        pub fn reads(&self) -> u64 {
+            self.1.load(std::sync::atomic::Ordering::Relaxed)
+        }
+        fn read(&self) {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// A fake pidfd: exited once the table no longer holds that process.
+    struct FakeWatch(FakeProcs, u32, u64);
+
+    impl Liveness for FakeWatch {
+        fn exited(&self) -> bool {
+            self.0 .0.lock().unwrap().get(&self.1).map(|p| p.start) != Some(self.2)
+        }
     }
 
     impl ProcFacts for FakeProcs {
         fn start_time(&self, pid: u32) -> Option<u64> {
+            self.read();
             self.0.lock().unwrap().get(&pid).map(|p| p.start)
         }
         fn parent(&self, pid: u32) -> Option<u32> {
+            self.read();
             self.0.lock().unwrap().get(&pid).map(|p| p.parent)
         }
         fn shim_mapped(&self, pid: u32) -> Option<bool> {
+            self.read();
             self.0.lock().unwrap().get(&pid).map(|p| p.shim)
+        }
+        fn watch(&self, pid: u32, start: u64) -> Option<Box<dyn Liveness>> {
+            Some(Box::new(FakeWatch(self.clone(), pid, start)))
         }
     }
 
@@ -140,5 +291,43 @@ pub(crate) mod fake {
         fn now(&self) -> f64 {
             *self.0.lock().unwrap()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proc::FileId;
+
+    #[test]
+    fn only_the_installed_shim_or_a_byte_identical_copy_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("libsmore_shim.so");
+        std::fs::write(&real, b"the real shim").unwrap();
+        let copy = dir.path().join("copy-libsmore_shim.so");
+        std::fs::copy(&real, &copy).unwrap();
+        let fake = dir.path().join("libsmore_shim_fake.so");
+        std::fs::write(&fake, b"something else").unwrap();
+        let check = ShimCheck::with_reference(Some((FileId::of(&real).unwrap(), real.clone())));
+        let line = |p: &std::path::Path| {
+            let id = FileId::of(p).unwrap();
+            format!(
+                "7f00-7f01 r-xp 00000000 {:x}:{:x} {} {}\n",
+                id.major,
+                id.minor,
+                id.inode,
+                p.display()
+            )
+        };
+        assert!(check.in_maps(&line(&real)));
+        assert!(
+            check.in_maps(&line(&copy)),
+            "a byte-identical copy is the shim"
+        );
+        assert!(
+            !check.in_maps(&line(&fake)),
+            "a file named like the shim is not"
+        );
+        assert!(!check.in_maps("7f00-7f01 r-xp 00000000 00:00 0 [heap]\n"));
     }
 }

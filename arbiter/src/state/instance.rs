@@ -3,6 +3,7 @@
 //! Owns: writing the instance's grant into its page ([`Instance::write_page`]) and its latency
 //! window. Must never: write a device slot other than its own with anything but "no memory".
 
+use super::facts::{ProcFacts, Tracked};
 use super::persist::Record;
 use super::watchdog::SmOveruse;
 use crate::grantpage::PageHandle;
@@ -70,6 +71,9 @@ pub struct Instance {
     /// The SM over-use streak.
     #[serde(skip)]
     pub over_share: SmOveruse,
+    /// Its registered process, tracked across pid reuse (None: not trackable yet).
+    #[serde(skip)]
+    pub life: Option<Tracked>,
 }
 
 impl Instance {
@@ -100,6 +104,20 @@ impl Instance {
             latencies: VecDeque::new(),
             acted_on: false,
             over_share: SmOveruse::default(),
+            life: None,
+        }
+    }
+
+    /// Starts tracking the registered process (a pidfd where the platform has one).
+    pub fn track(&mut self, facts: &dyn ProcFacts) {
+        self.life = Some(Tracked::new(self.rec.pid, self.rec.start, facts));
+    }
+
+    /// Whether the registered process still lives (pid-reuse safe).
+    pub fn alive(&self, facts: &dyn ProcFacts) -> bool {
+        match &self.life {
+            Some(l) => l.alive(facts),
+            None => facts.is_same_process(self.rec.pid, self.rec.start),
         }
     }
 

@@ -36,7 +36,7 @@ pub use persist::{PersistFile, Persisted, Record, PERSIST_VERSION};
 use serde::Serialize;
 use smore_protocol::grant::MAX_DEVICES;
 use smore_protocol::size::format_size;
-use smore_protocol::wire::{Grant, Hint, HintAction, RefuseCode, Register};
+use smore_protocol::wire::{Grant, Hint, HintAction, RefuseCode, Register, MAX_NAME};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 pub use training::{TrainingEstimate, TrainingProc};
@@ -218,6 +218,20 @@ pub struct State {
     harvest_at: Option<f64>,
     clock: Box<dyn Clock>,
     procs: Box<dyn ProcFacts>,
+    /// Which GPU process is whose, remembered across rounds.
+    attributor: attribution::Attributor,
+    /// Functions that released their grant and live on, by pid: still watched (a release must
+    /// not turn a function into an unwatched "training" process).
+    released: std::collections::HashMap<u32, Released>,
+}
+
+/// A function that gave its grant back while its process lives on.
+struct Released {
+    life: facts::Tracked,
+    instance: InstanceId,
+    function: String,
+    gpu: u32,
+    acted_on: bool,
 }
 
 fn hint_action(a: smore_prewarm::policy::Action) -> HintAction {
@@ -231,13 +245,10 @@ fn hint_action(a: smore_prewarm::policy::Action) -> HintAction {
 impl State {
     /// A state over this machine's clock and `/proc`.
     pub fn new(cfg: Config, gpus: Vec<GpuInfo>, policy: Box<dyn Policy>) -> State {
-        State::with_facts(
-            cfg,
-            gpus,
-            policy,
-            Box::new(SystemClock),
-            Box::new(LiveProcs),
-        )
+        let procs = LiveProcs {
+            shim: facts::ShimCheck::installed(),
+        };
+        State::with_facts(cfg, gpus, policy, Box::new(SystemClock), Box::new(procs))
     }
 
     /// A state over injected facts (tests).
@@ -296,6 +307,8 @@ impl State {
             harvest_at: None,
             clock,
             procs,
+            attributor: attribution::Attributor::default(),
+            released: Default::default(),
         };
         if let Prewarm::Failed(why) = &st.prewarm {
             let why = why.clone();
@@ -480,6 +493,20 @@ impl State {
         if args.function.trim().is_empty() {
             return Err(refuse(RefuseCode::Invalid, "empty function name".into()));
         }
+        for (what, s) in [
+            ("function name", Some(&args.function)),
+            ("model id", args.model.as_ref()),
+        ] {
+            if let Some(s) = s.filter(|s| s.len() > MAX_NAME) {
+                return Err(refuse(
+                    RefuseCode::Invalid,
+                    format!(
+                        "{what} of {} bytes exceeds the {MAX_NAME}-byte limit; use a shorter one",
+                        s.len()
+                    ),
+                ));
+            }
+        }
         let ask = Ask {
             function: args.function.clone(),
             model: args.model.clone().unwrap_or_else(|| "unknown".into()),
@@ -552,7 +579,11 @@ impl State {
         );
         inst.predicted_train = pt;
         inst.predicted_fn = pf;
+        inst.track(self.procs.as_ref());
         inst.write_page();
+        // A process NVML saw before this registration (taken for training) may be this one's.
+        self.attributor.forget_training();
+        self.released.remove(&peer.pid);
         if let Prewarm::On(pm) = &mut self.prewarm {
             if !pm.status().iter().any(|f| f.function == ask.function) {
                 pm.register(&ask.function, cap);
@@ -627,6 +658,7 @@ impl State {
     /// Releases an instance (connection closed, process gone, or `Release`).
     pub fn release(&mut self, id: InstanceId, why: &str) {
         if let Some(inst) = self.instances.remove(&id) {
+            self.attributor.forget_instance(id);
             self.counters.releases += 1;
             self.dirty = true;
             self.reshare(inst.rec.gpu);
@@ -642,6 +674,25 @@ impl State {
         }
     }
 
+    /// The client gave its grant back (`op=release`). The memory is free for others at once,
+    /// but the process stays watched: if it (or a descendant) still uses a GPU, the watchdog
+    /// acts ([`Violation::AfterRelease`]).
+    pub fn release_by_client(&mut self, id: InstanceId) {
+        if let Some(i) = self.instances.get(&id) {
+            if i.alive(self.procs.as_ref()) {
+                let r = Released {
+                    life: facts::Tracked::new(i.rec.pid, i.rec.start, self.procs.as_ref()),
+                    instance: id,
+                    function: i.rec.function.clone(),
+                    gpu: i.rec.gpu,
+                    acted_on: false,
+                };
+                self.released.insert(i.rec.pid, r);
+            }
+        }
+        self.release(id, "released by the client");
+    }
+
     /// The connection of an attached instance closed: under the protocol that is a release
     /// (the shim keeps the connection for the life of the process); the event says whether the
     /// process lives on.
@@ -649,7 +700,7 @@ impl State {
         let alive = self
             .instances
             .get(&id)
-            .is_some_and(|i| self.procs.is_same_process(i.rec.pid, i.rec.start));
+            .is_some_and(|i| i.alive(self.procs.as_ref()));
         if alive {
             self.release(id, "connection closed");
         } else {
@@ -875,28 +926,60 @@ impl State {
     /// Folds one NVML sample per GPU into the state; returns the watchdog actions to carry out.
     pub fn reconcile(&mut self, samples: &[(u32, GpuSample)]) -> Vec<Enforcement> {
         let now = self.clock.now();
-        // Instances whose process is gone are released first (pid-reuse safe).
+        // Instances whose process is gone are released first (pid-reuse safe: a pidfd poll per
+        // instance, or a start-time read where pidfds are unavailable).
         let dead: Vec<InstanceId> = self
             .instances
             .values()
-            .filter(|i| !self.procs.is_same_process(i.rec.pid, i.rec.start))
+            .filter(|i| !i.alive(self.procs.as_ref()))
             .map(|i| i.rec.id)
             .collect();
         for id in dead {
             self.release(id, "process exited");
         }
+        // GPU processes that exited are forgotten; the others keep their attribution.
+        self.attributor.prune(self.procs.as_ref());
+        let procs = self.procs.as_ref();
+        self.released.retain(|_, r| r.life.alive(procs));
+        let roots: attribution::Roots = self
+            .released
+            .iter()
+            .map(|(&pid, r)| (pid, attribution::Owner::Released(r.instance)))
+            .chain(
+                self.instances
+                    .values()
+                    .map(|i| (i.rec.pid, attribution::Owner::Instance(i.rec.id))),
+            )
+            .collect();
         let mut actions = Vec::new();
         let mut reshare = Vec::new();
         for (index, s) in samples {
             let Some(gi) = self.gpus.iter().position(|g| g.info.index == *index) else {
                 continue;
             };
-            let owners: Vec<(InstanceId, u32)> = self
-                .instances
-                .values()
-                .map(|i| (i.rec.id, i.rec.pid))
-                .collect();
-            let mut split = attribution::attribute(s, &owners, self.procs.as_ref());
+            let mut split = self.attributor.split(s, &roots, self.procs.as_ref());
+            for &(pid, id) in &split.released {
+                let Some(r) = self.released.values_mut().find(|r| r.instance == id) else {
+                    continue;
+                };
+                if !r.acted_on {
+                    r.acted_on = true;
+                    let violation = Violation::AfterRelease { pid };
+                    let reason = watchdog::Described {
+                        violation: &violation,
+                        function: &r.function,
+                        gpu: r.gpu,
+                    }
+                    .to_string();
+                    actions.push(Enforcement {
+                        pid,
+                        action: self.cfg.watchdog_action,
+                        instance: id,
+                        violation,
+                        reason,
+                    });
+                }
+            }
             let has_functions = self.instances.values().any(|i| i.rec.gpu == *index);
             let g = &mut self.gpus[gi];
             let appeared = g.training.is_empty() != split.training.is_empty();
@@ -919,9 +1002,9 @@ impl State {
                 if usage.pids.is_empty() {
                     continue;
                 }
-                let procs = self.procs.as_ref();
+                let (procs, attributor) = (self.procs.as_ref(), &mut self.attributor);
                 let shim = if self.cfg.check_shim {
-                    let r = watchdog::check_shim(&usage.pids, |p| procs.shim_mapped(p));
+                    let r = watchdog::check_shim(&usage.pids, |p| attributor.shim_mapped(p, procs));
                     inst.shim_loaded = Some(r.is_ok());
                     r
                 } else {
@@ -1087,10 +1170,9 @@ impl State {
             let msg = format!("function {} (pid {}) kept from the previous arbiter; waiting for it to re-register", p.function, p.pid);
             let (id, pid) = (p.id, p.pid);
             let now = self.clock.now();
-            self.instances.insert(
-                id,
-                Instance::new(p, None, "restored after arbiter restart".into(), now),
-            );
+            let mut inst = Instance::new(p, None, "restored after arbiter restart".into(), now);
+            inst.track(self.procs.as_ref());
+            self.instances.insert(id, inst);
             self.event(EventKind::Restored, Some(id), Some(pid), msg);
         }
     }
@@ -1585,6 +1667,61 @@ mod injected_facts_tests {
         let ev = s.events.recent().back().unwrap();
         assert_eq!((ev.kind, ev.time), (EventKind::Admitted, 1005.0));
         assert_eq!(s.snapshot()["arbiter"]["now"], 1005.0);
+    }
+
+    #[test]
+    fn a_function_that_releases_its_grant_and_keeps_the_gpu_is_still_watched() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true);
+        procs.spawn(101, 100, 11, true);
+        let mut s = state(&procs, &clock);
+        let id = register(&mut s, 100);
+        let mut sample = GpuSample::default();
+        sample.procs.insert(101, 1 << 30);
+        assert!(s.reconcile(&[(0, sample.clone())]).is_empty());
+        s.release_by_client(id);
+        assert!(s.instances.is_empty(), "the grant is given back");
+        let acts = s.reconcile(&[(0, sample.clone())]);
+        assert_eq!(acts.len(), 1, "not taken for training");
+        assert_eq!(acts[0].violation, Violation::AfterRelease { pid: 101 });
+        assert!(s.gpus[0].training.is_empty());
+        assert!(
+            s.reconcile(&[(0, sample.clone())]).is_empty(),
+            "acted on once"
+        );
+        // Once the process exits it is forgotten; its pid recycled by a trainer is training.
+        procs.exit(100);
+        procs.exit(101);
+        s.reconcile(&[(0, GpuSample::default())]);
+        procs.spawn(101, 1, 50, false);
+        assert!(s.reconcile(&[(0, sample)]).is_empty());
+        assert_eq!(s.gpus[0].training.len(), 1);
+    }
+
+    #[test]
+    fn unbounded_names_are_refused_before_anything_is_kept() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true);
+        let mut s = state(&procs, &clock);
+        let long = "x".repeat(64 << 10);
+        for args in [
+            RegisterArgs {
+                function: long.clone(),
+                ..Default::default()
+            },
+            RegisterArgs {
+                function: "f".into(),
+                model: Some(long.clone()),
+                ..Default::default()
+            },
+        ] {
+            let e = s.register(Peer { pid: 100, uid: 0 }, args).unwrap_err();
+            assert_eq!(e.code, RefuseCode::Invalid);
+            assert!(e.reason.len() < 200, "the refusal does not echo the name");
+        }
+        assert!(s.instances.is_empty());
+        let snap = serde_json::to_vec(&s.snapshot()).unwrap();
+        assert!(snap.len() < 16 << 10);
     }
 
     #[test]

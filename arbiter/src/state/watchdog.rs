@@ -36,6 +36,12 @@ pub enum Violation {
         /// Its share, percent.
         share: u32,
     },
+    /// A function released its grant (`op=release`) and still uses the GPU: its memory is no
+    /// longer counted, so it would overcommit the node.
+    AfterRelease {
+        /// The process.
+        pid: u32,
+    },
     /// NVML shows more memory than the cap (+ slack).
     OverCap {
         /// NVML memory of its processes, bytes.
@@ -69,6 +75,10 @@ impl fmt::Display for Described<'_> {
                 f,
                 "function {function} uses {used} % of GPU {gpu}'s SM time in NVML, over its share {share} % + {SM_SLACK_PCT} for {SM_OVERUSE_SAMPLES} samples"
             ),
+            Violation::AfterRelease { pid } => write!(
+                f,
+                "process {pid} of function {function} uses GPU {gpu} after releasing its grant"
+            ),
             Violation::OverCap { used, cap, slack } => write!(
                 f,
                 "function {function} uses {} on GPU {gpu} in NVML, over its cap {} + slack {}",
@@ -82,7 +92,10 @@ impl fmt::Display for Described<'_> {
 
 /// The shim check: every process of the function must have it mapped (a process whose maps
 /// cannot be read is given the benefit of the doubt).
-pub fn check_shim(pids: &[u32], mapped: impl Fn(u32) -> Option<bool>) -> Result<(), Violation> {
+pub fn check_shim(
+    pids: &[u32],
+    mut mapped: impl FnMut(u32) -> Option<bool>,
+) -> Result<(), Violation> {
     match pids.iter().find(|&&p| mapped(p) == Some(false)) {
         Some(&pid) => Err(Violation::NoShim { pid }),
         None => Ok(()),
