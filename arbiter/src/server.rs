@@ -40,14 +40,55 @@ fn persist_path(cfg: &Config) -> PathBuf {
 }
 
 /// Writes the persisted state atomically (temp file + rename) if it changed; on failure the
-/// previous file stays and the state stays dirty (retried on the next change or round).
+/// previous file stays and the state is marked dirty again (retried on the next change or round).
 pub fn persist(state: &mut State) {
-    if !state.dirty {
-        return;
+    if let Some(snap) = take_snapshot(state) {
+        if let Err(e) = write_snapshot(&persist_path(&state.cfg), snap) {
+            tracing::warn!("{e}");
+            state.dirty = true;
+        }
     }
-    match persist::save(&persist_path(&state.cfg), &state.persisted()) {
-        Ok(()) => state.dirty = false,
-        Err(e) => tracing::warn!("{e}"),
+}
+
+/// The state to persist, if it changed, numbered so that an older snapshot never overwrites a
+/// newer one. Taken under the state lock (a clone of the records: microseconds); written by
+/// [`write_snapshot`] outside it, so a registration does not wait for another's file write.
+struct Snapshot(u64, PersistFile, Arc<Mutex<u64>>);
+
+fn take_snapshot(state: &mut State) -> Option<Snapshot> {
+    if !state.dirty {
+        return None;
+    }
+    state.dirty = false;
+    state.persist_generation += 1;
+    Some(Snapshot(
+        state.persist_generation,
+        state.persisted(),
+        state.persist_written.clone(),
+    ))
+}
+
+fn write_snapshot(path: &std::path::Path, snap: Snapshot) -> Result<(), persist::PersistError> {
+    let mut written = snap.2.lock().unwrap_or_else(|e| e.into_inner());
+    if snap.0 <= *written {
+        // A newer snapshot is already on disk.
+        return Ok(());
+    }
+    persist::save(path, &snap.1)?;
+    *written = snap.0;
+    Ok(())
+}
+
+/// Takes a snapshot under the lock, writes it after releasing the lock.
+fn persist_unlocked(state: &Shared, mut st: MutexGuard<'_, State>) {
+    let path = persist_path(&st.cfg);
+    let snap = take_snapshot(&mut st);
+    drop(st);
+    if let Some(snap) = snap {
+        if let Err(e) = write_snapshot(&path, snap) {
+            tracing::warn!("{e}");
+            lock(state).dirty = true;
+        }
     }
 }
 
@@ -306,7 +347,7 @@ fn reconcile_loop(state: Shared, mut source: Box<dyn GpuSource>) {
             let mut st = lock(&state);
             let a = st.reconcile(&samples);
             st.prewarm_tick();
-            persist(&mut st);
+            persist_unlocked(&state, st);
             a
         };
         for a in actions {
@@ -400,7 +441,8 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
                 &mut attached,
                 env.req,
             );
-            persist(&mut st);
+            // Persisted before the reply announces the change (written outside the lock).
+            persist_unlocked(&state, st);
             r
         };
         let sent = send_with_fd(&stream, &reply, fd_page.as_ref().map(|p| p.fd()));
@@ -411,7 +453,7 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
     if let Some(id) = registered {
         let mut st = lock(&state);
         st.disconnected(id);
-        persist(&mut st);
+        persist_unlocked(&state, st);
     }
 }
 

@@ -191,6 +191,11 @@ pub struct State {
     pub started_at: f64,
     /// Set when something persisted changed.
     pub dirty: bool,
+    /// Snapshots taken for persistence so far (orders concurrent writes).
+    pub persist_generation: u64,
+    /// The newest snapshot generation on disk (its own lock: files are written outside the
+    /// state lock, one at a time).
+    pub persist_written: Arc<std::sync::Mutex<u64>>,
     /// The latest pre-warm hints (refreshed every minute by `prewarm_tick`).
     pub hints: Vec<Hint>,
     prewarm: Prewarm,
@@ -281,6 +286,8 @@ impl State {
             policy,
             started_at,
             dirty: false,
+            persist_generation: 0,
+            persist_written: Default::default(),
             hints: Vec::new(),
             prewarm,
             prewarm_minute: None,
