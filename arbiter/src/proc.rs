@@ -60,9 +60,23 @@ fn parse_u64(b: &[u8]) -> Option<u64> {
     })
 }
 
-/// `/proc/<pid>/stat`, parsed; None when the process does not exist (or vanished mid-read).
+/// `/proc/<pid>/stat`, parsed; None when the process does not exist (or vanished mid-read)
+/// or cannot be read.
 pub fn stat(pid: u32) -> Option<Stat> {
-    let mut f = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    stat_checked(pid).ok().flatten()
+}
+
+/// `/proc/<pid>/stat`, telling "no such process" (`Ok(None)`) from "cannot tell" (`Err`: out
+/// of file descriptors, permissions): a failed read is never evidence that a process died.
+pub fn stat_checked(pid: u32) -> std::io::Result<Option<Stat>> {
+    let gone = |e: &std::io::Error| {
+        e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+    };
+    let mut f = match std::fs::File::open(format!("/proc/{pid}/stat")) {
+        Ok(f) => f,
+        Err(e) if gone(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
     let mut buf = [0u8; STAT_BUF];
     let mut n = 0;
     while n < buf.len() {
@@ -70,10 +84,11 @@ pub fn stat(pid: u32) -> Option<Stat> {
             Ok(0) => break,
             Ok(k) => n += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return None,
+            Err(e) if gone(&e) => return Ok(None),
+            Err(e) => return Err(e),
         }
     }
-    parse_stat(&buf[..n])
+    Ok(parse_stat(&buf[..n]))
 }
 
 /// Start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`), or `None`
@@ -228,6 +243,10 @@ mod tests {
         let pid = c.id();
         c.wait().unwrap();
         assert_eq!(start_time(pid), None);
+        assert!(
+            matches!(stat_checked(pid), Ok(None)),
+            "gone is a fact, not an error"
+        );
     }
 
     #[test]

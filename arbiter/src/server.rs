@@ -40,14 +40,55 @@ fn persist_path(cfg: &Config) -> PathBuf {
 }
 
 /// Writes the persisted state atomically (temp file + rename) if it changed; on failure the
-/// previous file stays and the state stays dirty (retried on the next change or round).
+/// previous file stays and the state is marked dirty again (retried on the next change or round).
 pub fn persist(state: &mut State) {
-    if !state.dirty {
-        return;
+    if let Some(snap) = take_snapshot(state) {
+        if let Err(e) = write_snapshot(&persist_path(&state.cfg), snap) {
+            tracing::warn!("{e}");
+            state.dirty = true;
+        }
     }
-    match persist::save(&persist_path(&state.cfg), &state.persisted()) {
-        Ok(()) => state.dirty = false,
-        Err(e) => tracing::warn!("{e}"),
+}
+
+/// The state to persist, if it changed, numbered so that an older snapshot never overwrites a
+/// newer one. Taken under the state lock (a clone of the records: microseconds); written by
+/// [`write_snapshot`] outside it, so a registration does not wait for another's file write.
+struct Snapshot(u64, PersistFile, Arc<Mutex<u64>>);
+
+fn take_snapshot(state: &mut State) -> Option<Snapshot> {
+    if !state.dirty {
+        return None;
+    }
+    state.dirty = false;
+    state.persist_generation += 1;
+    Some(Snapshot(
+        state.persist_generation,
+        state.persisted(),
+        state.persist_written.clone(),
+    ))
+}
+
+fn write_snapshot(path: &std::path::Path, snap: Snapshot) -> Result<(), persist::PersistError> {
+    let mut written = snap.2.lock().unwrap_or_else(|e| e.into_inner());
+    if snap.0 <= *written {
+        // A newer snapshot is already on disk.
+        return Ok(());
+    }
+    persist::save(path, &snap.1)?;
+    *written = snap.0;
+    Ok(())
+}
+
+/// Takes a snapshot under the lock, writes it after releasing the lock.
+fn persist_unlocked(state: &Shared, mut st: MutexGuard<'_, State>) {
+    let path = persist_path(&st.cfg);
+    let snap = take_snapshot(&mut st);
+    drop(st);
+    if let Some(snap) = snap {
+        if let Err(e) = write_snapshot(&path, snap) {
+            tracing::warn!("{e}");
+            lock(state).dirty = true;
+        }
     }
 }
 
@@ -174,22 +215,120 @@ impl Daemon {
         if let Some(addr) = &cfg.metrics_addr {
             metrics::serve(addr, state.clone())?;
         }
+        let conns = ConnCount::new(MAX_CONNECTIONS_PER_UID);
+        let mut backoff = Backoff::default();
         for conn in listener.incoming() {
             match conn {
                 Ok(stream) => {
+                    backoff.reset();
+                    let Some(slot) = conns.claim(&stream) else {
+                        continue;
+                    };
                     let state = state.clone();
                     let r = std::thread::Builder::new()
                         .name("smore-conn".into())
                         .stack_size(256 << 10)
-                        .spawn(move || serve_conn(state, stream));
+                        .spawn(move || {
+                            serve_conn(state, stream);
+                            drop(slot);
+                        });
                     if let Err(e) = r {
-                        tracing::error!("cannot start a connection thread: {e}");
+                        backoff.failed(&format!("cannot start a connection thread: {e}"));
                     }
                 }
-                Err(e) => tracing::warn!("accept failed: {e}"),
+                Err(e) => backoff.failed(&format!("accept failed: {e}")),
             }
         }
         Ok(())
+    }
+}
+
+/// Open connections a single uid may hold. Reasoning: a function holds one connection (two
+/// when its runtime attaches), so 4 096 covers 2 000 functions of one user — beyond the
+/// 1 000 the arbiter is benchmarked at — while one user cannot exhaust the arbiter's
+/// descriptors and threads for everyone else.
+pub const MAX_CONNECTIONS_PER_UID: usize = 4096;
+
+/// Open connections per uid, up to a cap (a claim is returned when its connection closes).
+#[derive(Clone)]
+struct ConnCount(Arc<Mutex<std::collections::HashMap<u32, usize>>>, usize);
+
+/// One claimed connection slot; released on drop.
+struct ConnSlot(ConnCount, u32);
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut m = self.0 .0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(&self.1) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+impl ConnCount {
+    fn new(cap: usize) -> ConnCount {
+        ConnCount(Default::default(), cap)
+    }
+
+    /// A slot for the peer's uid, or None (the connection is answered and closed) past the cap.
+    fn claim(&self, stream: &UnixStream) -> Option<ConnSlot> {
+        let uid = peer_cred(stream).map(|c| c.uid).ok()?;
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(uid).or_default();
+        let cap = self.1;
+        if *n >= cap {
+            drop(m);
+            let _ = send_with_fd(
+                stream,
+                &error(
+                    ErrorCode::Forbidden,
+                    format!("uid {uid} already holds {cap} connections to the arbiter; close some"),
+                ),
+                None,
+            );
+            return None;
+        }
+        *n += 1;
+        Some(ConnSlot(self.clone(), uid))
+    }
+}
+
+/// Back-off of the accept loop when accepting fails (out of descriptors: `EMFILE`): sleeps
+/// 10 ms doubling to 1 s instead of spinning, and logs at most once per 5 s with a count.
+#[derive(Default)]
+struct Backoff {
+    delay: Duration,
+    last_log: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(10);
+    const MAX: Duration = Duration::from_secs(1);
+    const LOG_EVERY: Duration = Duration::from_secs(5);
+
+    fn reset(&mut self) {
+        self.delay = Duration::ZERO;
+    }
+
+    fn failed(&mut self, what: &str) {
+        let now = std::time::Instant::now();
+        if self
+            .last_log
+            .is_none_or(|t| now.duration_since(t) >= Self::LOG_EVERY)
+        {
+            tracing::warn!(
+                "{what} ({} similar failures suppressed); backing off {:?}",
+                self.suppressed,
+                self.delay.max(Self::FIRST)
+            );
+            self.last_log = Some(now);
+            self.suppressed = 0;
+        } else {
+            self.suppressed += 1;
+        }
+        self.delay = (self.delay * 2).clamp(Self::FIRST, Self::MAX);
+        std::thread::sleep(self.delay);
     }
 }
 
@@ -208,7 +347,7 @@ fn reconcile_loop(state: Shared, mut source: Box<dyn GpuSource>) {
             let mut st = lock(&state);
             let a = st.reconcile(&samples);
             st.prewarm_tick();
-            persist(&mut st);
+            persist_unlocked(&state, st);
             a
         };
         for a in actions {
@@ -302,7 +441,8 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
                 &mut attached,
                 env.req,
             );
-            persist(&mut st);
+            // Persisted before the reply announces the change (written outside the lock).
+            persist_unlocked(&state, st);
             r
         };
         let sent = send_with_fd(&stream, &reply, fd_page.as_ref().map(|p| p.fd()));
@@ -313,7 +453,7 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
     if let Some(id) = registered {
         let mut st = lock(&state);
         st.disconnected(id);
-        persist(&mut st);
+        persist_unlocked(&state, st);
     }
 }
 
@@ -468,5 +608,53 @@ fn handle(
             }
             None => (error(ErrorCode::NotRegistered, "nothing to release"), None),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_past_the_per_uid_cap_are_answered_and_refused() {
+        let count = ConnCount::new(8);
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            let (a, b) = UnixStream::pair().unwrap();
+            held.push((count.claim(&a).expect("under the cap"), a, b));
+        }
+        let (a, b) = UnixStream::pair().unwrap();
+        assert!(count.claim(&a).is_none());
+        let (reply, _): (Reply, _) =
+            smore_protocol::conn::recv_with_fd(&b, smore_protocol::wire::MAX_FRAME).unwrap();
+        assert!(matches!(
+            reply,
+            Reply::Error {
+                code: ErrorCode::Forbidden,
+                ..
+            }
+        ));
+        // A closed connection gives its slot back.
+        held.pop();
+        let (c, _d) = UnixStream::pair().unwrap();
+        assert!(count.claim(&c).is_some());
+    }
+
+    #[test]
+    fn a_failing_accept_backs_off_instead_of_spinning() {
+        let mut b = Backoff::default();
+        let t = std::time::Instant::now();
+        for _ in 0..5 {
+            b.failed("accept failed: too many open files");
+        }
+        // 10 + 20 + 40 + 80 + 160 ms.
+        assert!(
+            t.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(b.suppressed, 4, "logged once, the rest counted");
+        b.reset();
+        assert_eq!(b.delay, Duration::ZERO);
     }
 }

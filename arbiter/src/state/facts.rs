@@ -57,7 +57,9 @@ pub trait ProcFacts: Send {
         None
     }
 
-    /// Whether `pid` is alive and the process that had `start` (pid reuse check).
+    /// Whether `pid` is alive and the process that had `start` (pid reuse check). Only a
+    /// positive fact (no such process, another start time, a zombie) says no: a read that
+    /// fails for another reason (no file descriptor left) is "alive".
     fn is_same_process(&self, pid: u32, start: u64) -> bool {
         self.start_time(pid) == Some(start)
     }
@@ -161,6 +163,16 @@ impl ProcFacts for LiveProcs {
     }
     fn watch(&self, pid: u32, start: u64) -> Option<Box<dyn Liveness>> {
         crate::proc::Pidfd::open(pid, start).map(|p| Box::new(p) as Box<dyn Liveness>)
+    }
+    fn is_same_process(&self, pid: u32, start: u64) -> bool {
+        match crate::proc::stat_checked(pid) {
+            Ok(Some(s)) => !s.is_dead() && s.start == start,
+            Ok(None) => false,
+            Err(e) => {
+                tracing::debug!("cannot read /proc/{pid}/stat ({e}): taken as alive");
+                true
+            }
+        }
     }
 }
 

@@ -208,6 +208,11 @@ pub struct State {
     pub started_at: f64,
     /// Set when something persisted changed.
     pub dirty: bool,
+    /// Snapshots taken for persistence so far (orders concurrent writes).
+    pub persist_generation: u64,
+    /// The newest snapshot generation on disk (its own lock: files are written outside the
+    /// state lock, one at a time).
+    pub persist_written: Arc<std::sync::Mutex<u64>>,
     /// The latest pre-warm hints (refreshed every minute by `prewarm_tick`).
     pub hints: Vec<Hint>,
     prewarm: Prewarm,
@@ -300,6 +305,8 @@ impl State {
             policy,
             started_at,
             dirty: false,
+            persist_generation: 0,
+            persist_written: Default::default(),
             hints: Vec::new(),
             prewarm,
             prewarm_minute: None,
@@ -545,6 +552,17 @@ impl State {
                 return Err(refuse(code, reason));
             }
         };
+        // The start time tells this process from a later one with its pid; without it the
+        // instance could later be taken for dead.
+        let Some(start) = self.procs.start_time(peer.pid) else {
+            return Err(refuse(
+                RefuseCode::Invalid,
+                format!(
+                    "cannot read /proc/{}/stat of the registering process; try again",
+                    peer.pid
+                ),
+            ));
+        };
         let page = Arc::new(PageHandle::new("smore-grant").map_err(|e| {
             refuse(
                 RefuseCode::Invalid,
@@ -562,7 +580,7 @@ impl State {
             Record {
                 id,
                 pid: peer.pid,
-                start: self.procs.start_time(peer.pid).unwrap_or(0),
+                start,
                 uid: peer.uid,
                 function: ask.function.clone(),
                 model: ask.model.clone(),
@@ -941,16 +959,19 @@ impl State {
         self.attributor.prune(self.procs.as_ref());
         let procs = self.procs.as_ref();
         self.released.retain(|_, r| r.life.alive(procs));
-        let roots: attribution::Roots = self
-            .released
-            .iter()
-            .map(|(&pid, r)| (pid, attribution::Owner::Released(r.instance)))
-            .chain(
-                self.instances
-                    .values()
-                    .map(|i| (i.rec.pid, attribution::Owner::Instance(i.rec.id))),
-            )
-            .collect();
+        // Several instances may share a process (a runtime registering more than once): its
+        // GPU use goes to the oldest, as it always has.
+        let mut roots = attribution::Roots::new();
+        for i in self.instances.values() {
+            roots
+                .entry(i.rec.pid)
+                .or_insert(attribution::Owner::Instance(i.rec.id));
+        }
+        for (&pid, r) in &self.released {
+            roots
+                .entry(pid)
+                .or_insert(attribution::Owner::Released(r.instance));
+        }
         let mut actions = Vec::new();
         let mut reshare = Vec::new();
         for (index, s) in samples {

@@ -100,7 +100,7 @@ pub enum PersistError {
 /// Writes `file` to `path` atomically: serialize, write `path.tmp`, rename. A serialization
 /// failure leaves the old file untouched.
 pub fn save(path: &Path, file: &PersistFile) -> Result<(), PersistError> {
-    let body = serde_json::to_vec_pretty(file).map_err(PersistError::Serialize)?;
+    let body = serde_json::to_vec(file).map_err(PersistError::Serialize)?;
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, body)
         .and_then(|_| std::fs::rename(&tmp, path))
