@@ -5,9 +5,9 @@
 //! `--gpu`, a real one), and report what a user judges smore by — utilization, training slowdown,
 //! function latency against SLOs, deadline satisfaction — or what an operator pays for it.
 //!
-//! Layout: [`demo`] (orchestration, printed report), [`plot`] (the PNG), [`scenario`] (what each scenario runs:
-//! trainer shape, functions, trace), [`report`] (the figures' definitions), [`bench`] (figures
-//! printed by benchmarks).
+//! Layout: [`demo`] (orchestration, printed report), [`plot`] (the PNG), [`scenario`] (what
+//! each scenario runs: trainer shape, functions, trace), [`report`] (the figures' definitions),
+//! [`bench`] (figures printed by benchmarks).
 //!
 //! Must never: be linked into the daemon (it spawns processes and draws plots), or report a
 //! figure from the simulated GPU without saying so.
