@@ -16,6 +16,7 @@
 //!
 //! Must never: present its figures as measurements (every output line says SIMULATED), let a
 //! policy read the ground truth, or depend on anything but the seed (no clocks, no threads).
+#![forbid(unsafe_code)]
 
 use anyhow::{bail, Context, Result};
 use rand::rngs::StdRng;
