@@ -20,6 +20,7 @@ use std::path::PathBuf;
 pub enum PredictorCommand {
     /// Write a SYNTHETIC co-location dataset (documented interference model, seeded).
     Synth {
+        /// Output file.
         #[arg(long)]
         out: PathBuf,
         /// Catalog TOML (default: the builtin one).
@@ -28,6 +29,7 @@ pub enum PredictorCommand {
         /// GPU type whose profiles are used.
         #[arg(long, default_value = "rtx3090")]
         gpu: String,
+        /// Seed of the generator: the same seed writes the same dataset.
         #[arg(long, default_value_t = 42)]
         seed: u64,
         /// σ of the multiplicative log-normal noise.
@@ -39,17 +41,22 @@ pub enum PredictorCommand {
     },
     /// Train the pair-wise random forests on a dataset and save the model (JSON).
     Train {
+        /// Co-location dataset (CSV).
         #[arg(long)]
         data: PathBuf,
+        /// Where to write the trained model (JSON).
         #[arg(long)]
         out: PathBuf,
+        /// Catalog TOML (default: the builtin one).
         #[arg(long)]
         catalog: Option<PathBuf>,
         /// Sampling ratio α: train on this fraction, report scores on the rest (1 = all rows).
         #[arg(long, default_value_t = 1.0)]
         alpha: f64,
+        /// Seed of the forests' bootstrap and of the sampling.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Trees per random forest.
         #[arg(long, default_value_t = 100)]
         trees: usize,
         /// Fit the raw degradation instead of log1p(degradation).
@@ -58,14 +65,19 @@ pub enum PredictorCommand {
     },
     /// RMSLE/MAE per α for random forest vs linear (SMORE Table V style).
     Eval {
+        /// Co-location dataset (CSV).
         #[arg(long)]
         data: PathBuf,
+        /// Catalog TOML (default: the builtin one).
         #[arg(long)]
         catalog: Option<PathBuf>,
+        /// Sampling ratios α to evaluate (comma-separated): train on that fraction, score on the rest.
         #[arg(long, value_delimiter = ',', default_value = "0.1,0.2,0.5,0.8")]
         alphas: Vec<f64>,
+        /// Seed of the forests' bootstrap and of the sampling.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Trees per random forest.
         #[arg(long, default_value_t = 100)]
         trees: usize,
         /// Print JSON lines instead of a table.
@@ -74,12 +86,16 @@ pub enum PredictorCommand {
     },
     /// Precompute the lookup table of every catalog pair on a GPU type.
     Table {
+        /// Trained model from `train`.
         #[arg(long)]
         model: PathBuf,
+        /// Where to write the table (JSON).
         #[arg(long)]
         out: PathBuf,
+        /// Catalog TOML (default: the builtin one).
         #[arg(long)]
         catalog: Option<PathBuf>,
+        /// GPU type whose profiles are used.
         #[arg(long, default_value = "rtx3090")]
         gpu: String,
     },
@@ -91,8 +107,10 @@ pub enum PredictorCommand {
         /// Or a model from `train` (the table is built in memory).
         #[arg(long)]
         model: Option<PathBuf>,
+        /// Catalog TOML (default: the builtin one).
         #[arg(long)]
         catalog: Option<PathBuf>,
+        /// GPU type whose profiles are used.
         #[arg(long, default_value = "rtx3090")]
         gpu: String,
         /// Multi-way weights file (default: all weights 1).
