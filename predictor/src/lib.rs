@@ -10,19 +10,14 @@
 //! do I/O inside [`sched`].
 #![forbid(unsafe_code)]
 
-// Documentation debt (workspace `missing_docs`): the public items of the modules marked
-// `#[allow(missing_docs)]` below are not all documented yet; remove each allow once its module
-// is (removing an allow and running `cargo clippy -p smore-predictor` lists what is left).
 pub mod bench;
 pub mod catalog;
 pub mod cli;
 pub mod dataset;
 pub mod features;
 pub mod multiway;
-#[allow(missing_docs)]
 pub mod pairwise;
 pub mod predictor;
-#[allow(missing_docs)]
 pub mod sched;
 pub mod synth;
 pub mod table;
