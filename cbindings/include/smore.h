@@ -14,6 +14,9 @@
  * Status of every call.
  */
 typedef enum SmoreStatus {
+  /**
+   * The call succeeded.
+   */
   SMORE_STATUS_OK = 0,
   /**
    * A null pointer, bad UTF-8 or an out-of-range value was passed.
@@ -49,8 +52,17 @@ typedef enum SmoreStatus {
  * Prewarm action for a function.
  */
 typedef enum SmoreAction {
+  /**
+   * Keep the model resident.
+   */
   SMORE_ACTION_KEEP = 0,
+  /**
+   * Load the model now: requests are expected.
+   */
   SMORE_ACTION_LOAD = 1,
+  /**
+   * The model may be unloaded.
+   */
   SMORE_ACTION_UNLOAD = 2,
 } SmoreAction;
 
@@ -63,6 +75,9 @@ typedef struct SmoreClient SmoreClient;
  * What `smore_register` was granted.
  */
 typedef struct SmoreGrant {
+  /**
+   * Id the arbiter gave this instance of the function.
+   */
   uint64_t instance;
   /**
    * NVML index of the GPU.
@@ -104,6 +119,9 @@ typedef struct SmoreHint {
    * NUL-terminated function name (truncated to 63 bytes).
    */
   char function[64];
+  /**
+   * What to do with the function's model.
+   */
   enum SmoreAction action;
   /**
    * Requests per minute the policy expects this minute; negative when it makes no forecast.

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SmoreStatus {
+    /// The call succeeded.
     Ok = 0,
     /// A null pointer, bad UTF-8 or an out-of-range value was passed.
     InvalidArgument = 1,
@@ -52,8 +53,11 @@ pub enum SmoreStatus {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SmoreAction {
+    /// Keep the model resident.
     Keep = 0,
+    /// Load the model now: requests are expected.
     Load = 1,
+    /// The model may be unloaded.
     Unload = 2,
 }
 
@@ -61,6 +65,7 @@ pub enum SmoreAction {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct SmoreGrant {
+    /// Id the arbiter gave this instance of the function.
     pub instance: u64,
     /// NVML index of the GPU.
     pub gpu_index: u32,
@@ -88,6 +93,7 @@ pub struct SmoreAdmission {
 pub struct SmoreHint {
     /// NUL-terminated function name (truncated to 63 bytes).
     pub function: [c_char; 64],
+    /// What to do with the function's model.
     pub action: SmoreAction,
     /// Requests per minute the policy expects this minute; negative when it makes no forecast.
     pub forecast_rpm: f64,

@@ -1,4 +1,5 @@
 //! The `smore` command: the node daemon, the operator CLI and the tools.
+#![forbid(unsafe_code)]
 use clap::{CommandFactory, Parser, Subcommand};
 mod cmd;
 use cmd::{run, status};

@@ -10,6 +10,7 @@
 use anyhow::{Context, Result};
 use smore_protocol::install as artifacts;
 
+/// Options of `smore bench shim`.
 #[derive(clap::Args, Debug)]
 pub struct BenchShimArgs {
     /// Fewer, shorter rounds.
@@ -23,6 +24,7 @@ pub struct BenchShimArgs {
     pub what: String,
 }
 
+/// `smore bench shim`: runs the installed `shim-bench` program and prints its figures.
 pub fn shim(a: BenchShimArgs) -> Result<()> {
     let bench = artifacts::require("shim-bench")?;
     let mut cmd = std::process::Command::new(&bench);
@@ -50,6 +52,7 @@ pub fn shim(a: BenchShimArgs) -> Result<()> {
     Ok(())
 }
 
+/// Options of `smore bench arbiter`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArbiterArgs {
     /// Sequential registrations (and share changes) to time.
@@ -167,6 +170,8 @@ fn register(
     }
 }
 
+/// `smore bench arbiter`: starts an arbiter on a simulated node and times registrations and share
+/// changes against it.
 pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
     use smore_protocol::conn::Client;
     use smore_protocol::wire::{Reply, Request};

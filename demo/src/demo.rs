@@ -57,6 +57,7 @@ const RESTART_BACKOFF: Duration = Duration::from_secs(1);
 /// `RefuseCode::exit_code`: 75 no memory … 79 invalid).
 const REFUSED_EXIT_CODES: std::ops::RangeInclusive<i32> = 75..=79;
 
+/// Options of `smore demo`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
     /// Scenario: default (trainer ~60 % busy), harvest (trainer ~23 % busy, heavy bursty
@@ -888,29 +889,47 @@ fn measure_solo(node: &Node, fs: &[FunctionSpec]) -> Result<Solo> {
 /// Every figure of one scenario (`summary.json`; the pre-scenario keys are kept).
 #[derive(Debug, Clone, Serialize)]
 pub struct ScenarioSummary {
+    /// The scenario's name.
     pub scenario: &'static str,
+    /// The scenario's one-line description.
     pub about: &'static str,
     /// True when every figure comes from the simulated GPU.
     pub simulated: bool,
+    /// Seconds of trace replayed in the co-located run.
     pub seconds: usize,
+    /// Name of the prewarm policy.
     pub prewarm: String,
+    /// The arbiter's placement policy (fit or smore).
     pub policy: String,
+    /// Training slowdown bound θ_train given to the arbiter (fraction).
     pub theta_train: f64,
+    /// Seed of the synthetic trace.
     pub seed: u64,
+    /// Trainer kernel duration, µs.
     pub trainer_kernel_us: f64,
+    /// Trainer kernels per iteration.
     pub trainer_kernels: u32,
+    /// Trainer host time per iteration, ms.
     pub trainer_host_ms: f64,
+    /// Scale of every function's request rate.
     pub load: f64,
+    /// Warm instances the platform may run per function.
     pub instances_per_function: usize,
+    /// Requests arriving together in each group of a second's arrivals.
     pub burst: usize,
     /// GPU time the replayed trace asks for, % of the GPU (idle-GPU service times).
     pub offered_load_pct: f64,
+    /// Mean NVML utilization with the trainer alone, %.
     pub gui_exclusive_pct: f64,
+    /// Mean NVML utilization during the co-located replay, %.
     pub gui_colocated_pct: f64,
     /// gui_colocated_pct − gui_exclusive_pct, percentage points.
     pub gui_gain_pp: f64,
+    /// Mean trainer iteration time alone, ms.
     pub trainer_iter_alone_ms: f64,
+    /// Mean time of the trainer iterations that ran wholly during the replay, ms.
     pub trainer_iter_colocated_ms: f64,
+    /// Training slowdown: colocated / alone iteration time − 1.
     pub sfd: f64,
     /// The arbiter's own estimate of the training slowdown (docs/harvest.md), averaged over its
     /// polls during the replay — what an operator sees without the trainer's iteration times.
@@ -919,6 +938,7 @@ pub struct ScenarioSummary {
     pub refused_instances: u64,
     /// Instance starts that failed for another reason (a defect of the run; see the logs).
     pub instance_start_failures: u64,
+    /// The per-request figures (flattened into the same JSON object).
     #[serde(flatten)]
     pub requests: RequestFigures,
 }
@@ -1204,6 +1224,7 @@ fn run_scenario(
     Ok((summary, nvml))
 }
 
+/// `smore demo`: runs the chosen scenario(s) and prints and writes their reports.
 pub fn run(a: DemoArgs) -> Result<()> {
     let prewarm_spec =
         PolicySpec::parse(&a.prewarm).with_context(|| format!("--prewarm {:?}", a.prewarm))?;

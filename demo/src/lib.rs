@@ -11,6 +11,7 @@
 //!
 //! Must never: be linked into the daemon (it spawns processes and draws plots), or report a
 //! figure from the simulated GPU without saying so.
+#![forbid(unsafe_code)]
 
 pub mod bench;
 pub mod demo;

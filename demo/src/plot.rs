@@ -20,15 +20,20 @@ use std::path::Path;
 /// What happened to one request, as drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mark {
+    /// Served within its SLO.
     Met,
+    /// Served after its SLO.
     Missed,
+    /// Not served (any refusal cause).
     Refused,
 }
 
 /// One function's row.
 #[derive(Debug, Clone)]
 pub struct FunctionRow {
+    /// The function's name (row label).
     pub name: String,
+    /// Its latency SLO, ms (drawn as a line).
     pub slo_ms: f64,
     /// (arrival, seconds; end-to-end latency, ms; outcome). A refused request's latency is not
     /// drawn (it sits on the bottom band).
@@ -44,13 +49,17 @@ pub struct PlotInput {
     pub title: String,
     /// Second title line (the headline figures).
     pub subtitle: String,
+    /// One row per function, in scenario order.
     pub functions: Vec<FunctionRow>,
     /// The trainer's iterations: (end, seconds; iteration, ms).
     pub iterations: Vec<(f64, f64)>,
+    /// The trainer's iteration time alone on the GPU, ms.
     pub iter_alone_ms: f64,
+    /// Bound on training slowdown θ_train (fraction); the plot draws iter_alone × (1 + θ).
     pub theta_train: f64,
     /// NVML utilization: (seconds, %).
     pub util: Vec<(f64, f64)>,
+    /// NVML utilization with the trainer alone, % (drawn as a reference line).
     pub util_exclusive_pct: f64,
     /// When the functions' trace replay started and ended, seconds.
     pub replay: (f64, f64),

@@ -28,6 +28,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Every cause, in the order reports list them.
     pub const ALL: [Refusal; 4] = [
         Refusal::Instance,
         Refusal::Deferred,
@@ -35,6 +36,7 @@ impl Refusal {
         Refusal::Failed,
     ];
 
+    /// Name of the cause in reports and `summary.json`.
     pub fn label(self) -> &'static str {
         match self {
             Refusal::Instance => "instance",
@@ -66,6 +68,7 @@ pub struct Record {
 }
 
 impl Record {
+    /// Whether the request was served (not refused for any cause).
     pub fn served(&self) -> bool {
         self.refused.is_none()
     }
@@ -74,9 +77,13 @@ impl Record {
 /// Requests refused, by cause.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct Refusals {
+    /// Requests refused for [`Refusal::Instance`].
     pub instance: u64,
+    /// Requests refused for [`Refusal::Deferred`].
     pub deferred: u64,
+    /// Requests refused for [`Refusal::Deadline`].
     pub deadline: u64,
+    /// Requests refused for [`Refusal::Failed`].
     pub failed: u64,
 }
 
@@ -90,6 +97,7 @@ impl Refusals {
         }
     }
 
+    /// Requests refused for any cause.
     pub fn total(&self) -> u64 {
         self.instance + self.deferred + self.deadline + self.failed
     }
@@ -98,18 +106,25 @@ impl Refusals {
 /// One function's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct FunctionFigures {
+    /// The function's name in the scenario.
     pub function: String,
+    /// Requests submitted to it.
     pub requests: usize,
     /// Requests served (admitted by the platform and the arbiter); the pre-scenario key.
     pub admitted: usize,
+    /// Requests refused, all causes.
     pub refused: u64,
+    /// Requests refused, by cause.
     pub refused_by: Refusals,
+    /// Requests that found no warm instance.
     pub cold_starts: usize,
+    /// P99 service time of the function alone on the GPU, ms.
     pub solo_p99_ms: f64,
     /// P99 service time of served requests co-located.
     pub colocated_p99_ms: f64,
     /// P99 end-to-end latency of served requests (queueing and cold starts included).
     pub latency_p99_ms: f64,
+    /// The function's latency SLO, ms.
     pub slo_ms: f64,
     /// colocated_p99 / solo_p99 − 1.
     pub sld: f64,
@@ -122,15 +137,25 @@ pub struct FunctionFigures {
 /// Per-request figures of one scenario.
 #[derive(Debug, Clone, Serialize)]
 pub struct RequestFigures {
+    /// Requests submitted, all functions.
     pub requests: usize,
+    /// Requests served, all functions.
     pub served: usize,
+    /// Requests refused, all causes and functions.
     pub refused: u64,
+    /// Requests refused, by cause.
     pub refused_by: Refusals,
+    /// Requests that found no warm instance.
     pub cold_starts: usize,
+    /// Cold starts / all requests.
     pub cold_start_rate: f64,
+    /// Mean over functions (with a finite value) of their [`FunctionFigures::sld`].
     pub sld: f64,
+    /// Served within SLO / all requests.
     pub dsr: f64,
+    /// Served within SLO / served.
     pub dsr_admitted: f64,
+    /// The same figures per function, in scenario order.
     pub functions: Vec<FunctionFigures>,
 }
 
@@ -142,6 +167,7 @@ fn p99(v: &mut [f64]) -> f64 {
     v[((v.len() - 1) as f64 * 0.99).round() as usize]
 }
 
+/// Arithmetic mean; NaN for an empty iterator.
 pub fn mean(it: impl Iterator<Item = f64>) -> f64 {
     let (s, n) = it.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
     if n == 0 {

@@ -43,8 +43,11 @@ impl ScenarioChoice {
 /// the host (data loading), the idle time smore harvests.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TrainerShape {
+    /// Duration of each training kernel on an idle simulated GPU, µs.
     pub kernel_us: f64,
+    /// Kernels per iteration.
     pub kernels: u32,
+    /// Host time per iteration with the GPU idle, ms.
     pub host_ms: f64,
 }
 
@@ -60,9 +63,11 @@ impl TrainerShape {
 /// One scenario.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Scenario {
+    /// Name given to `smore demo --scenario`.
     pub name: &'static str,
     /// One line for the report and docs/demo.md.
     pub about: &'static str,
+    /// The co-located training job's iteration.
     pub trainer: TrainerShape,
     /// Scale of every function's mean request rate ([`FunctionSpec::rate`]).
     pub load: f64,
@@ -120,16 +125,23 @@ pub const BUSY: Scenario = Scenario {
 /// One demo function: its kernels, model, trace class and mean request rate.
 #[derive(Debug, Clone)]
 pub struct FunctionSpec {
+    /// The function's name (also its prewarm and arbiter key).
     pub name: &'static str,
+    /// Duration of each of its kernels on an idle simulated GPU, µs.
     pub kernel_us: f64,
+    /// Kernels per request.
     pub kernels: u32,
+    /// Model memory its instance allocates, MiB.
     pub model_mib: u64,
+    /// Time to load the model into a cold instance, ms.
     pub load_ms: f64,
+    /// Shape of its synthetic request trace.
     pub class: TraceClass,
     /// Mean requests per second over the replay (before the scenario's `load`).
     pub rate: f64,
     /// With `--gpu`: the PyTorch model (profiling/smore_profiling/models.py) and batch.
     pub torch_model: &'static str,
+    /// With `--gpu`: the batch size of each request.
     pub torch_batch: u32,
 }
 
@@ -140,6 +152,7 @@ impl FunctionSpec {
     }
 }
 
+/// The demo's functions, in scenario order.
 pub fn functions() -> Vec<FunctionSpec> {
     // Kernel times and memory are of the order of the SMORE workloads' inference on an A100-class
     // GPU (ResNet-50 ~1–2 ms, BERT-base ~2–4 ms, MobileNet < 1 ms at small batch); they set the

@@ -16,6 +16,7 @@
 //!
 //! Must never: present its figures as measurements (every output line says SIMULATED), let a
 //! policy read the ground truth, or depend on anything but the seed (no clocks, no threads).
+#![forbid(unsafe_code)]
 
 use anyhow::{bail, Context, Result};
 use rand::rngs::StdRng;
@@ -143,6 +144,7 @@ pub struct EvalArgs {
     /// Trees per forest of the predictor.
     #[arg(long, default_value_t = 100)]
     pub trees: usize,
+    /// Seed of the first run (trace, mix and noise); the figures depend on nothing else.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Print JSON lines instead of the table.
@@ -210,6 +212,7 @@ pub enum PolicyName {
 }
 
 impl PolicyName {
+    /// Every policy, in the order the table prints them.
     pub const ALL: [PolicyName; 5] = [
         PolicyName::Exclusive,
         PolicyName::Random,
@@ -217,6 +220,7 @@ impl PolicyName {
         PolicyName::ElasticFlow,
         PolicyName::Smore,
     ];
+    /// Name of the policy in the table and in JSON output.
     pub fn label(self) -> &'static str {
         match self {
             PolicyName::Exclusive => "exclusive",
@@ -231,6 +235,7 @@ impl PolicyName {
 /// One row of the table (fractions, not percent).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct PolicyResult {
+    /// The policy's [`PolicyName::label`].
     pub policy: &'static str,
     /// Deadline satisfaction rate: requests done within their SLO / all requests.
     pub dsr: f64,
@@ -241,8 +246,12 @@ pub struct PolicyResult {
     pub sfd: f64,
     /// Serverless latency degradation: mean over served requests of service time / solo − 1.
     pub sld: f64,
+    /// Requests in the trace.
     pub requests: usize,
+    /// Requests whose service completed (within their deadline or not).
     pub served: usize,
+    /// Requests that never started: dropped once they could no longer meet their deadline, or
+    /// still queued when the trace ended.
     pub dropped: usize,
 }
 

@@ -41,6 +41,7 @@ pub struct GpuType {
     /// Substrings of the NVML device name that identify this type (case-insensitive).
     #[serde(rename = "match")]
     pub matches: Vec<String>,
+    /// Device memory, bytes.
     pub memory_bytes: u64,
     /// Peak dense fp32 throughput, TFLOP/s (vendor datasheet).
     pub fp32_tflops: f64,
@@ -52,8 +53,11 @@ pub struct GpuType {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
+    /// GPU type ([`GpuType::name`]) the profile is for.
     pub gpu: String,
+    /// Training or inference.
     pub role: Role,
+    /// Batch size.
     pub batch: u32,
     /// Training: mean iteration time; inference: P99 latency of one request. Milliseconds.
     pub latency_ms: f64,
@@ -61,6 +65,7 @@ pub struct Profile {
     pub sm_util: f64,
     /// Solo memory need including the CUDA context, bytes.
     pub memory_bytes: u64,
+    /// Whether the figures were measured or estimated.
     pub source: Provenance,
 }
 
@@ -68,11 +73,14 @@ pub struct Profile {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelEntry {
+    /// Model name, the key datasets and tables use.
     pub name: String,
+    /// Free-text description (architecture, source).
     #[serde(default)]
     pub description: String,
     /// Forward FLOPs per sample (1 multiply-add = 2 FLOPs).
     pub flops_per_sample: f64,
+    /// Trainable parameters (count).
     pub params: f64,
     /// Sum of output elements of every leaf layer in one forward pass, per sample.
     pub activation_elems_per_sample: f64,
@@ -80,13 +88,21 @@ pub struct ModelEntry {
     pub peak_activation_elems_per_sample: f64,
     /// Activation-function layers applied in one forward pass (ReLU, ReLU6, GELU, Sigmoid, Tanh, Softmax).
     pub activation_fns: u32,
+    /// Convolution layers.
     pub num_conv: u32,
+    /// Linear (fully connected) layers.
     pub num_linear: u32,
+    /// Normalisation layers (batch, layer, group norm).
     pub num_norm: u32,
+    /// ReLU layers.
     pub num_relu: u32,
+    /// Embedding layers.
     pub num_embedding: u32,
+    /// Pooling layers.
     pub num_pool: u32,
+    /// Dropout layers.
     pub num_dropout: u32,
+    /// Solo profiles of the model, one per (GPU type, role, batch).
     #[serde(default, rename = "profile")]
     pub profiles: Vec<Profile>,
 }
@@ -144,8 +160,11 @@ struct RawCatalog {
 /// A validated catalog.
 #[derive(Debug, Clone)]
 pub struct Catalog {
+    /// Free-text note of the catalog file (where its numbers come from).
     pub note: String,
+    /// GPU types the profiles refer to.
     pub gpus: Vec<GpuType>,
+    /// Models and their profiles.
     pub models: Vec<ModelEntry>,
     index: HashMap<String, usize>,
 }

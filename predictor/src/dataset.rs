@@ -26,26 +26,36 @@ pub enum Source {
 /// side, mean iteration time for the training side.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
+    /// Model of the training job.
     pub train_model: String,
+    /// Batch size of the training job.
     pub train_batch: u32,
+    /// Model of the inference function.
     pub fn_model: String,
+    /// Batch size of the inference function's requests.
     pub fn_batch: u32,
     /// Concurrent requests of the function (1 = pair-wise).
     pub concurrency: u32,
+    /// Training-side degradation δ (fraction; mean iteration time).
     pub deg_train: f64,
+    /// Function-side degradation δ (fraction; P99 latency).
     pub deg_fn: f64,
     /// GPU type name (catalog `[[gpu]] name`) or NVML device name.
     pub device: String,
+    /// Driver version the run used, as reported by the driver.
     pub driver: String,
     /// ISO date (YYYY-MM-DD) of the run.
     pub date: String,
+    /// Whether the row was measured or synthesised.
     pub source: Source,
 }
 
 impl Row {
+    /// The training side's configuration.
     pub fn train_key(&self) -> ModelKey {
         ModelKey::new(self.train_model.clone(), self.train_batch)
     }
+    /// The function side's configuration.
     pub fn fn_key(&self) -> ModelKey {
         ModelKey::new(self.fn_model.clone(), self.fn_batch)
     }
@@ -57,6 +67,7 @@ pub const CSV_HEADER: &str = "train_model,train_batch,fn_model,fn_batch,concurre
 /// A validated dataset.
 #[derive(Debug, Clone, Default)]
 pub struct Dataset {
+    /// The rows, in file order.
     pub rows: Vec<Row>,
 }
 
@@ -68,6 +79,7 @@ impl Dataset {
         Dataset::from_reader(f, &path.display().to_string())
     }
 
+    /// Reads CSV from `r`; `origin` names the source in error messages.
     pub fn from_reader<R: std::io::Read>(r: R, origin: &str) -> Result<Dataset> {
         let mut rd = csv::Reader::from_reader(r);
         let header: Vec<String> = rd

@@ -87,11 +87,14 @@ impl Features {
 /// A model at a batch size: the unit the dataset, the table and the scheduler talk about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ModelKey {
+    /// Model name as the catalog spells it.
     pub model: String,
+    /// Batch size: samples per training iteration or per inference request.
     pub batch: u32,
 }
 
 impl ModelKey {
+    /// The configuration `model` at batch size `batch`.
     pub fn new(model: impl Into<String>, batch: u32) -> Self {
         ModelKey {
             model: model.into(),

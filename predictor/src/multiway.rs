@@ -21,7 +21,9 @@ pub const WEIGHTS_FORMAT_VERSION: u32 = 1;
 pub struct SgdConfig {
     /// Learning rate η.
     pub eta: f64,
+    /// Lowest value a weight may take.
     pub w_min: f64,
+    /// Highest value a weight may take.
     pub w_max: f64,
     /// |real − pred| is clipped to this before the step (degradation units).
     pub max_error: f64,
@@ -48,7 +50,12 @@ impl Default for SgdConfig {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Update {
     /// Weights moved; `error` is real − pred before the step.
-    Applied { pred: f64, error: f64 },
+    Applied {
+        /// The prediction with the weights before the step (degradation, fraction).
+        pred: f64,
+        /// real − pred before clipping (degradation, fraction).
+        error: f64,
+    },
     /// Observation or inputs unusable; nothing changed.
     Rejected,
 }
@@ -56,7 +63,9 @@ pub enum Update {
 /// γ/α/β weights over model names (dense n×n matrices).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MultiWay {
+    /// Layout version of the saved file ([`WEIGHTS_FORMAT_VERSION`] when written by this build).
     pub format_version: u32,
+    /// Model names; the matrices below are indexed by position in this list.
     pub models: Vec<String>,
     /// γ[train·n + fn]
     pub gamma: Vec<f64>,
@@ -64,8 +73,11 @@ pub struct MultiWay {
     pub alpha: Vec<f64>,
     /// β[fn·n + other fn]
     pub beta: Vec<f64>,
+    /// SGD settings and weight bounds.
     pub sgd: SgdConfig,
+    /// Observations applied so far.
     pub updates: u64,
+    /// Observations rejected so far (non-finite, absurd or unusable).
     pub rejected: u64,
 }
 
@@ -89,16 +101,20 @@ impl MultiWay {
         self.models.len()
     }
 
+    /// Index of model `name` in `models`, `None` when unknown.
     pub fn model_idx(&self, name: &str) -> Option<usize> {
         self.models.iter().position(|m| m == name)
     }
 
+    /// γ(t, f): weight of function model `f`'s pair-wise degradation of training model `t` (eq. 3).
     pub fn gamma(&self, t: usize, f: usize) -> f64 {
         self.gamma[t * self.n() + f]
     }
+    /// α(f, t): weight of training model `t`'s pair-wise degradation of function model `f` (eq. 4).
     pub fn alpha(&self, f: usize, t: usize) -> f64 {
         self.alpha[f * self.n() + t]
     }
+    /// β(f, m): weight of function model `m`'s pair-wise degradation of function model `f` (eq. 4).
     pub fn beta(&self, f: usize, m: usize) -> f64 {
         self.beta[f * self.n() + m]
     }
@@ -197,6 +213,7 @@ impl MultiWay {
         Update::Applied { pred, error: err }
     }
 
+    /// Writes the weights as JSON to `path` (through a temporary file, then a rename).
     pub fn save(&self, path: &Path) -> Result<()> {
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, serde_json::to_string_pretty(self)?)

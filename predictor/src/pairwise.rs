@@ -26,11 +26,15 @@ type Forest = RandomForestRegressor<f64, f64, DenseMatrix<f64>, Vec<f64>>;
 /// Random-forest hyper-parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ForestParams {
+    /// Trees per forest.
     pub n_trees: usize,
+    /// Depth limit of each tree (None = grow until the leaf size limit).
     pub max_depth: Option<u16>,
+    /// Fewest training rows a leaf may hold.
     pub min_samples_leaf: usize,
     /// Features tried per split (None = smartcore's default).
     pub m: Option<usize>,
+    /// Seed of the forests' bootstrap samples and feature choices.
     pub seed: u64,
     /// Fit ln(1+δ) and predict expm1 of the forest output (see docs/predictor.md for the measured effect).
     pub log_target: bool,
@@ -53,19 +57,28 @@ impl Default for ForestParams {
 /// What a model was trained on (printed by `query`/`eval`, kept in the file).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelMeta {
+    /// Pair-wise rows it was trained on.
     pub rows: usize,
+    /// Sampling ratio α the caller trained with (fraction of the dataset).
     pub alpha: f64,
+    /// Seed of the train/test split.
     pub split_seed: u64,
+    /// Provenance of the rows (`synthetic` must stay visible).
     pub sources: Vec<Source>,
+    /// Distinct devices the rows were collected on.
     pub devices: Vec<String>,
+    /// Date of training (YYYY-MM-DD, UTC).
     pub created: String,
+    /// Hyper-parameters of both forests.
     pub params: ForestParams,
 }
 
 /// The trained pair-wise model.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct PairModel {
+    /// Layout version of the saved file ([`MODEL_FORMAT_VERSION`] when written by this build).
     pub format_version: u32,
+    /// What the model was trained on.
     pub meta: ModelMeta,
     train_side: Forest,
     fn_side: Forest,
@@ -206,6 +219,7 @@ impl PairModel {
         PairModel::from_json(&text, &path.display().to_string())
     }
 
+    /// Parses a model from JSON text; `origin` names the source in error messages.
     pub fn from_json(text: &str, origin: &str) -> Result<PairModel> {
         let v: serde_json::Value =
             serde_json::from_str(text).with_context(|| format!("{origin}: not JSON"))?;
@@ -230,6 +244,7 @@ pub struct LinearBaseline {
 }
 
 impl LinearBaseline {
+    /// Fits the baseline on pair vectors `x` and degradations `y` (on ln(1+δ) when `log_target`).
     pub fn fit(x: &[Vec<f64>], y: &[f64], log_target: bool) -> Result<LinearBaseline> {
         let d = x.first().map(|r| r.len()).unwrap_or(0);
         let n = x.len() as f64;
@@ -263,6 +278,7 @@ impl LinearBaseline {
         })
     }
 
+    /// Predicted degradations δ (fraction, ≥ 0) of pair vectors `x`.
     pub fn predict(&self, x: &[Vec<f64>]) -> Result<Vec<f64>> {
         let z = standardize(x, &self.mean, &self.scale);
         let p = self
@@ -290,18 +306,26 @@ fn standardize(x: &[Vec<f64>], mean: &[f64], scale: &[f64]) -> Vec<Vec<f64>> {
 /// RMSLE and MAE of one side.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Scores {
+    /// Root mean squared logarithmic error.
     pub rmsle: f64,
+    /// Mean absolute error (degradation, fraction).
     pub mae: f64,
 }
 
 /// Held-out scores of one model variant at one α.
 #[derive(Debug, Clone, Serialize)]
 pub struct EvalResult {
+    /// The variant's [`Variant::name`].
     pub variant: String,
+    /// Sampling ratio α: fraction of the pair-wise rows trained on.
     pub alpha: f64,
+    /// Rows trained on.
     pub n_train: usize,
+    /// Held-out rows scored.
     pub n_test: usize,
+    /// Scores of the training-side prediction δ_train.
     pub train_side: Scores,
+    /// Scores of the function-side prediction δ_fn.
     pub fn_side: Scores,
 }
 
@@ -318,12 +342,16 @@ impl EvalResult {
 /// Model variants compared by [`evaluate`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Variant {
+    /// Random forests fitted on ln(1+δ).
     ForestLog,
+    /// Random forests fitted on δ.
     ForestRaw,
+    /// The [`LinearBaseline`] fitted on δ.
     Linear,
 }
 
 impl Variant {
+    /// Label of the variant in tables and JSON output.
     pub fn name(self) -> &'static str {
         match self {
             Variant::ForestLog => "random-forest (log1p target)",

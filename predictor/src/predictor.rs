@@ -16,7 +16,9 @@ type FnTerms = (Option<(usize, f64)>, Vec<(usize, f64)>);
 /// Pair table + multi-way weights.
 #[derive(Debug, Clone)]
 pub struct Predictor {
+    /// Precomputed pair-wise degradations of every profiled configuration.
     pub table: PairTable,
+    /// Multi-way weights that combine pair-wise degradations when several functions share a GPU.
     pub weights: MultiWay,
 }
 

@@ -45,6 +45,7 @@ pub struct SchedConfig {
     pub first_fit_queue: usize,
     /// Requeue back-off: retry after min(base·2^(attempts−1), max) rounds.
     pub backoff_base: u64,
+    /// Longest requeue back-off, rounds.
     pub backoff_max: u64,
     /// Drop an item after this many failed attempts (None = keep retrying).
     pub max_attempts: Option<u32>,
@@ -166,9 +167,13 @@ pub struct SchedConfigError {
 /// A function already on a GPU.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resident {
+    /// The instance's id.
     pub id: u64,
+    /// Its model configuration.
     pub key: ModelKey,
+    /// Its latency SLO, ms.
     pub slo_ms: f64,
+    /// Its latency alone on the GPU, ms.
     pub solo_latency_ms: f64,
     /// Solo SM utilization (fraction) — used by share sizing.
     pub sm_util: f64,
@@ -177,12 +182,15 @@ pub struct Resident {
 /// One GPU as the scheduler sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuSnapshot {
+    /// NVML index of the GPU.
     pub index: u32,
+    /// Device memory, bytes.
     pub capacity: u64,
     /// Bytes in use or reserved (training + granted caps).
     pub used: u64,
     /// The protected training job's configuration, if one runs here.
     pub training: Option<ModelKey>,
+    /// Functions already placed on it.
     pub functions: Vec<Resident>,
     /// Online correction factor on D̂_train for this GPU ([`Correction::factor`]; 1 = none).
     pub train_correction: f64,
@@ -191,11 +199,17 @@ pub struct GpuSnapshot {
 /// A function instance (or request) waiting for placement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingItem {
+    /// The caller's id for the item (instance or request).
     pub id: u64,
+    /// Its model configuration.
     pub key: ModelKey,
+    /// Its latency SLO, ms.
     pub slo_ms: f64,
+    /// Its latency alone on the GPU, ms.
     pub solo_latency_ms: f64,
+    /// Solo SM utilization (fraction) — used by share sizing.
     pub sm_util: f64,
+    /// Memory it needs, bytes.
     pub memory: u64,
     /// E[ΔU]: expected GPU-utilization gain if admitted (fraction).
     pub expected_util_gain: f64,
@@ -214,27 +228,38 @@ impl PendingItem {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]
 pub enum Verdict {
+    /// Every bound holds: the GPU may take the item.
     Acceptable,
     /// used + need > σ·capacity.
     Memory {
+        /// Bytes in use or reserved on the GPU.
         used: u64,
+        /// Bytes the item needs.
         need: u64,
+        /// σ·capacity, bytes.
         limit: u64,
     },
     /// D̂_train > θ_train.
     ThetaTrain {
+        /// Predicted training slowdown D̂_train (fraction).
         predicted: f64,
+        /// The bound θ_train (fraction).
         theta: f64,
     },
     /// lat_solo·(1 + D̂_fn) > SLO.
     Slo {
+        /// Predicted latency of the item, ms.
         predicted_ms: f64,
+        /// The item's SLO, ms.
         slo_ms: f64,
     },
     /// A resident function would miss its SLO.
     ResidentSlo {
+        /// The resident's id.
         id: u64,
+        /// Its predicted latency with the item added, ms.
         predicted_ms: f64,
+        /// Its SLO, ms.
         slo_ms: f64,
     },
     /// The model has no prediction for this configuration.
@@ -244,11 +269,16 @@ pub enum Verdict {
 /// One evaluated candidate.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CandidateEval {
+    /// NVML index of the candidate GPU.
     pub gpu: u32,
+    /// Whether it was acceptable, and if not, which bound failed.
     #[serde(flatten)]
     pub verdict: Verdict,
+    /// Predicted training slowdown D̂_train (fraction), when predicted.
     pub d_train: Option<f64>,
+    /// Predicted function degradation D̂_fn (fraction), when predicted.
     pub d_fn: Option<f64>,
+    /// Placement score λ·D̂_train + (1−λ)·D̂_fn, when both were predicted.
     pub score: Option<f64>,
 }
 
@@ -281,17 +311,26 @@ pub enum Rule {
 /// What was decided and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Explanation {
+    /// Id of the item decided on.
     pub item: u64,
+    /// Placement mode of the round.
     pub mode: Mode,
+    /// The rule that decided.
     pub rule: Rule,
+    /// The GPU chosen; None when refused.
     pub gpu: Option<u32>,
+    /// Predicted training slowdown D̂_train (fraction) on the chosen GPU.
     pub predicted_train: Option<f64>,
+    /// Predicted function degradation D̂_fn (fraction) on the chosen GPU.
     pub predicted_fn: Option<f64>,
+    /// Predicted latency of the item on the chosen GPU, ms.
     pub predicted_latency_ms: Option<f64>,
+    /// Every sampled candidate and its verdict.
     pub candidates: Vec<CandidateEval>,
 }
 
 impl Explanation {
+    /// Whether the item was placed on a GPU.
     pub fn admitted(&self) -> bool {
         self.gpu.is_some()
     }
@@ -1035,8 +1074,11 @@ pub struct ShareInput {
     pub correction: f64,
     /// D̂_fn of this function at full share.
     pub d_fn: f64,
+    /// Solo SM utilization of this function (fraction).
     pub sm_util: f64,
+    /// Its latency alone on the GPU, ms.
     pub solo_latency_ms: f64,
+    /// Its latency SLO, ms.
     pub slo_ms: f64,
 }
 
@@ -1055,7 +1097,9 @@ pub enum ShareBound {
 pub struct ShareDecision {
     /// Largest grid share (percent) meeting both bounds; None if none does.
     pub share: Option<u32>,
+    /// Predicted D̂_train (fraction) at `share`, or at the smallest grid share when none fits.
     pub predicted_train: f64,
+    /// Predicted latency, ms, at the same share.
     pub predicted_latency_ms: f64,
     /// Which bound failed when `share` is None.
     pub limited_by: Option<ShareBound>,
@@ -1183,10 +1227,13 @@ pub fn size_new_function(
 /// of the unmodified trainer against its solo profile): an EWMA of observed/predicted, bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Correction {
+    /// Current factor applied to D̂_train (1 = no correction).
     pub factor: f64,
     /// EWMA weight of a new observation.
     pub weight: f64,
+    /// Lowest factor allowed.
     pub min: f64,
+    /// Highest factor allowed.
     pub max: f64,
 }
 

@@ -30,6 +30,7 @@ use rand::{Rng, SeedableRng};
 pub struct SynthParams {
     /// GPU type (catalog `[[gpu]] name`) whose profiles are used.
     pub gpu: String,
+    /// Seed of the generator: the same seed gives the same rows.
     pub seed: u64,
     /// σ of the multiplicative log-normal noise.
     pub noise: f64,

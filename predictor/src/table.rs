@@ -27,16 +27,25 @@ pub struct FnId(pub u32);
 /// m's inference features in the serverful slot: an extrapolation, see docs/predictor.md).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PairTable {
+    /// Layout version of the saved file ([`TABLE_FORMAT_VERSION`] when written by this build).
     pub format_version: u32,
+    /// GPU type (catalog `[[gpu]] name`) the table was built for.
     pub gpu: String,
+    /// Training configurations; [`TrainId`] indexes this list.
     pub trains: Vec<ModelKey>,
+    /// Function (inference) configurations; [`FnId`] indexes this list.
     pub fns: Vec<ModelKey>,
+    /// Predicted training slowdown D̂_train (fraction) at `t·F + f`.
     pub d_train: Vec<f32>,
+    /// Predicted function latency degradation D̂_fn (fraction) at `t·F + f`.
     pub d_fn: Vec<f32>,
+    /// Predicted degradation (fraction) of function `j` next to function `m` at `j·F + m`.
     pub d_fn_fn: Vec<f32>,
     /// Model names; `train_model[t]` / `fn_model[f]` index into it (multi-way weights use it).
     pub models: Vec<String>,
+    /// Index into `models` of each training configuration's model.
     pub train_model: Vec<u32>,
+    /// Index into `models` of each function configuration's model.
     pub fn_model: Vec<u32>,
     #[serde(skip)]
     train_index: HashMap<ModelKey, u32>,
@@ -114,9 +123,11 @@ impl PairTable {
         Ok(())
     }
 
+    /// Id of a training configuration, `None` when the table was not built with it.
     pub fn train_id(&self, k: &ModelKey) -> Option<TrainId> {
         self.train_index.get(k).map(|&i| TrainId(i))
     }
+    /// Id of a function configuration, `None` when the table was not built with it.
     pub fn fn_id(&self, k: &ModelKey) -> Option<FnId> {
         self.fn_index.get(k).map(|&i| FnId(i))
     }
@@ -124,6 +135,7 @@ impl PairTable {
     pub fn train_model_idx(&self, t: TrainId) -> usize {
         self.train_model[t.0 as usize] as usize
     }
+    /// Model index (into `models`) of a function configuration.
     pub fn fn_model_idx(&self, f: FnId) -> usize {
         self.fn_model[f.0 as usize] as usize
     }
@@ -141,11 +153,14 @@ impl PairTable {
         self.d_fn_fn[j.0 as usize * self.fns.len() + m.0 as usize] as f64
     }
 
+    /// Writes the table as JSON to `path`.
     pub fn save(&self, path: &Path) -> Result<()> {
         std::fs::write(path, serde_json::to_string(self)?)
             .with_context(|| format!("cannot write table {}", path.display()))
     }
 
+    /// Reads a table written by [`PairTable::save`]; refuses another format version or
+    /// inconsistent dimensions.
     pub fn load(path: &Path) -> Result<PairTable> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read table {}", path.display()))?;

@@ -34,9 +34,8 @@
 //! lock, allocate or make a syscall on the unthrottled launch path; recurse through `dlsym`; write
 //! to stdout.
 
-#![deny(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs)]
-#![warn(clippy::undocumented_unsafe_blocks)]
+// Lints (`unsafe_op_in_unsafe_fn`, `clippy::undocumented_unsafe_blocks`, `missing_docs`) come
+// from `[workspace.lints]` in the root Cargo.toml.
 
 pub mod client;
 pub mod config;

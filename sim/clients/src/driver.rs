@@ -16,15 +16,31 @@ use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::sys::{CUdeviceptr, CUlaunchConfig};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 
+/// A driver return code (`CUresult`; 0 is `CUDA_SUCCESS`).
 pub type CuResult = u32;
+/// An opaque driver handle or device/host pointer, passed through to the driver untouched.
 pub type Ptr = *mut c_void;
 
 /// How the entry points were obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resolve {
-    Direct { per_thread: bool },
-    Dlsym { per_thread: bool },
-    ProcAddress { cuda_version: i32, per_thread: bool },
+    /// Symbols the binary linked against `libcuda.so.1` (only `sim-probe-linked`).
+    Direct {
+        /// Use the per-thread default stream exports (`_ptsz` / `_ptds`).
+        per_thread: bool,
+    },
+    /// `dlsym` on the `dlopen`ed driver library.
+    Dlsym {
+        /// Use the per-thread default stream exports (`_ptsz` / `_ptds`).
+        per_thread: bool,
+    },
+    /// `cuGetProcAddress`, as the CUDA runtime does.
+    ProcAddress {
+        /// The `cudaVersion` argument (e.g. 12080 for 12.8); selects the versioned export.
+        cuda_version: i32,
+        /// Ask for the per-thread default stream variants (`CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`).
+        per_thread: bool,
+    },
 }
 
 impl Resolve {
@@ -47,7 +63,11 @@ macro_rules! driver_api {
         /// Driver entry points used by the client programs.
         #[allow(non_snake_case)]
         pub struct Driver {
-            $( pub $field: unsafe extern "C" fn($($arg),*) -> CuResult, )*
+            $(
+                #[doc = concat!("The driver's `", $base, "` entry point.")]
+                pub $field: unsafe extern "C" fn($($arg),*) -> CuResult,
+            )*
+            /// How the entry points above were obtained.
             pub resolve: Resolve,
             /// For each field: the base name and the export it was resolved from (diagnostics).
             pub names: Vec<(&'static str, String)>,
@@ -153,6 +173,7 @@ driver_api! {
 /// Entry points of a binary that links the driver directly: (base, address, export name).
 #[derive(Default)]
 pub struct DirectTable {
+    /// One row per entry point: base name, address of the linked symbol, its export name.
     pub entries: Vec<(&'static str, Ptr, &'static str)>,
 }
 
@@ -274,7 +295,9 @@ impl Driver {
 /// A failed driver call.
 #[derive(Debug)]
 pub struct CudaError {
+    /// The `CUresult` the call returned.
     pub code: u32,
+    /// Which call failed (its driver name).
     pub what: String,
 }
 
@@ -288,9 +311,13 @@ impl std::error::Error for CudaError {}
 
 /// An initialised device: driver table, primary context made current, module of timed kernels.
 pub struct Session {
+    /// The resolved driver entry points.
     pub drv: Driver,
+    /// The device's primary context, current on the thread that opened the session.
     pub ctx: Ptr,
+    /// The driver's device handle (`CUdevice`).
     pub device: c_int,
+    /// The loaded module of timed kernels (see [`module_image`]).
     pub module: Ptr,
 }
 
@@ -333,6 +360,7 @@ impl Session {
         }
     }
 
+    /// Looks up kernel `name` in the session's module (`cuModuleGetFunction`).
     pub fn function(&self, name: &str) -> Result<Ptr> {
         let c = CString::new(name)?;
         let mut f = std::ptr::null_mut();
@@ -365,6 +393,7 @@ impl Session {
         self.drv.check(rc, "cuLaunchKernel")
     }
 
+    /// Waits until everything queued on `stream` (null: the default stream) has run.
     // Handles are opaque driver objects, passed through for the driver to validate.
     #[allow(clippy::not_unsafe_ptr_arg_deref)]
     pub fn sync(&self, stream: Ptr) -> Result<()> {
@@ -405,6 +434,7 @@ impl Session {
         Ok(ms as f64)
     }
 
+    /// Creates a non-blocking stream (`CU_STREAM_NON_BLOCKING`).
     pub fn new_stream(&self) -> Result<Ptr> {
         let mut s = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
@@ -442,6 +472,8 @@ pub struct ResolveArgs {
 }
 
 impl ResolveArgs {
+    /// Resolves the driver as these options say; `direct` fills the table of a binary that links
+    /// the driver (required for `--resolve direct`).
     pub fn load(&self, direct: Option<&dyn Fn(bool) -> DirectTable>) -> Result<Driver> {
         let r = Resolve::parse(&self.resolve, self.cuda_version, self.per_thread)?;
         Driver::load(r, direct)

@@ -25,9 +25,11 @@ use std::ffi::{c_int, c_void};
 use std::io::Write;
 use std::time::Instant;
 
+/// Command line of `sim-probe` / `sim-probe-linked`: how to reach the driver, then the script.
 #[derive(Parser, Debug)]
 #[command(about = "Scriptable CUDA driver client for smore's tests (see the module docs for ops)")]
 pub struct Args {
+    /// How to reach the driver and which device to use.
     #[command(flatten)]
     pub resolve: crate::driver::ResolveArgs,
     /// Operations, in order.

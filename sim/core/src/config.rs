@@ -110,12 +110,19 @@ fn parse_permille(v: &str) -> Option<u32> {
 /// Everything that describes a simulated node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimConfig {
+    /// Number of simulated devices on the node (`SMORE_SIM_DEVICES`).
     pub devices: u32,
+    /// Memory of each device, bytes (`SMORE_SIM_MEMORY`).
     pub memory: u64,
+    /// Streaming multiprocessors per device (`SMORE_SIM_SMS`).
     pub sms: u32,
+    /// Device memory a context takes when it is created, bytes (`SMORE_SIM_CONTEXT_MEMORY`).
     pub context_memory: u64,
+    /// Time-slicing quantum between contexts, ns (`SMORE_SIM_TIMESLICE_US` × 1000).
     pub timeslice_ns: u64,
+    /// Duration of a kernel from an unknown module image, ns (`SMORE_SIM_DEFAULT_KERNEL_US` × 1000).
     pub default_kernel_ns: u64,
+    /// Device name reported by the driver and NVML (`SMORE_SIM_NAME`).
     pub name: String,
     /// Time slicing (default) or MPS.
     pub mode: SchedMode,

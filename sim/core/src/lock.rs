@@ -16,12 +16,21 @@ impl SharedMutex {
     /// `this` must point into the mapped state, and no other process may use the mutex yet
     /// (the creator holds the file lock and has not published the magic number).
     pub unsafe fn init(this: *const SharedMutex) {
-        let mut attr: libc::pthread_mutexattr_t = std::mem::zeroed();
-        libc::pthread_mutexattr_init(&mut attr);
-        libc::pthread_mutexattr_setpshared(&mut attr, libc::PTHREAD_PROCESS_SHARED);
-        libc::pthread_mutexattr_setrobust(&mut attr, libc::PTHREAD_MUTEX_ROBUST);
-        libc::pthread_mutex_init((*this).inner.get(), &attr);
-        libc::pthread_mutexattr_destroy(&mut attr);
+        // SAFETY: `pthread_mutexattr_t` is a plain C struct for which all-zero bytes are a valid
+        // (uninitialised) value; `pthread_mutexattr_init` below initialises it before any use.
+        let mut attr: libc::pthread_mutexattr_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `attr` is a live local; init/setpshared/setrobust/destroy are called in the
+        // order POSIX requires, and `attr` is not used after `pthread_mutexattr_destroy`.
+        unsafe {
+            libc::pthread_mutexattr_init(&mut attr);
+            libc::pthread_mutexattr_setpshared(&mut attr, libc::PTHREAD_PROCESS_SHARED);
+            libc::pthread_mutexattr_setrobust(&mut attr, libc::PTHREAD_MUTEX_ROBUST);
+        }
+        // SAFETY: the caller guarantees `this` points into the mapped state and that no other
+        // process uses the mutex yet, so initialising it in place races with nobody.
+        unsafe { libc::pthread_mutex_init((*this).inner.get(), &attr) };
+        // SAFETY: `attr` was initialised above and is not used again.
+        unsafe { libc::pthread_mutexattr_destroy(&mut attr) };
     }
 
     /// Locks; returns a guard that unlocks on drop.

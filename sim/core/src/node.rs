@@ -17,9 +17,11 @@ pub enum SimError {
     BadState(String),
     /// The process table is full.
     TooManyProcesses,
+    /// The device ordinal is not below the node's device count.
     InvalidDevice,
     /// A fixed-size table (streams, events, queued ops) is full.
     OutOfResources,
+    /// A stream, event or process handle that this process does not own or that does not exist.
     InvalidHandle,
 }
 
@@ -38,17 +40,24 @@ impl fmt::Display for SimError {
 /// Allocation refused: the device does not have `requested` bytes free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemError {
+    /// Size of the refused allocation, bytes.
     pub requested: u64,
+    /// Free memory of the device when it was refused, bytes.
     pub free: u64,
 }
 
 /// Static description of a device.
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {
+    /// Device ordinal on the node (0-based).
     pub index: u32,
+    /// Marketing name, as `cuDeviceGetName` and NVML report it.
     pub name: String,
+    /// Random version-4 UUID fixed when the node was created; see [`DeviceInfo::uuid_string`].
     pub uuid: [u8; 16],
+    /// Device memory, bytes.
     pub total_mem: u64,
+    /// Number of streaming multiprocessors.
     pub sm_count: u32,
 }
 
@@ -70,13 +79,16 @@ impl DeviceInfo {
 /// One process's footprint on a device (NVML's running-process list).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcUsage {
+    /// Process id of the process holding the memory.
     pub pid: u32,
+    /// Device memory it holds (context plus allocations), bytes.
     pub used_mem: u64,
 }
 
 /// Per-process SM utilization over a window (NVML's process utilization samples).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct UtilSample {
+    /// Process id the sample is about.
     pub pid: u32,
     /// End of the window, µs since the Unix epoch, as the real NVML reports it (clients such as
     /// HAMi-core ask for samples newer than "now − 1 s" in wall-clock µs).
@@ -183,22 +195,27 @@ impl Node {
         })
     }
 
+    /// Process id of the process this handle was opened in.
     pub fn pid(&self) -> u32 {
         self.pid
     }
 
+    /// Number of simulated devices on the node (fixed when it was created).
     pub fn device_count(&self) -> u32 {
         self.state.header.device_count
     }
 
+    /// Driver version the fake reports, CUDA-encoded (12080 is 12.8).
     pub fn driver_version(&self) -> u32 {
         self.state.header.driver_version
     }
 
+    /// Device memory a context takes when it is created, bytes.
     pub fn context_bytes(&self) -> u64 {
         self.state.header.context_bytes
     }
 
+    /// Duration of a kernel from an unknown module image, ns.
     pub fn default_kernel_ns(&self) -> u64 {
         self.state.header.default_kernel_ns
     }
@@ -227,6 +244,7 @@ impl Node {
         }
     }
 
+    /// Static description of device `d` (name, UUID, memory, SMs).
     pub fn device_info(&self, d: u32) -> Result<DeviceInfo, SimError> {
         let dev = self.dev(d)?;
         let end = dev
@@ -606,7 +624,11 @@ fn map_state(path: &str, cfg: &SimConfig) -> Result<&'static NodeState, SimError
 /// `state` points to a zero-filled mapping of `size_of::<NodeState>()` bytes that no other process
 /// uses yet.
 unsafe fn init_state(state: *mut NodeState, cfg: &SimConfig) {
-    let h = &mut (*state).header;
+    // SAFETY: the caller guarantees `state` points to a mapping of a whole `NodeState` that no
+    // other process uses yet, so this is the only reference to it; zero bytes are a valid
+    // `NodeState` (plain integers, atomics and byte arrays).
+    let state = unsafe { &mut *state };
+    let h = &mut state.header;
     h.version = LAYOUT_VERSION;
     h.device_count = cfg.devices.clamp(1, MAX_DEVICES as u32);
     h.timeslice_ns = cfg.timeslice_ns;
@@ -617,9 +639,9 @@ unsafe fn init_state(state: *mut NodeState, cfg: &SimConfig) {
     h.mode = cfg.mode.code();
     h.mps_beta_permille = cfg.mps_beta_permille;
     h.realtime_offset_ns = realtime_ns().saturating_sub(crate::now_ns());
-    let seed = crate::now_ns() ^ (libc::getpid() as u64) << 32;
+    let seed = crate::now_ns() ^ (u64::from(std::process::id())) << 32;
     for d in 0..MAX_DEVICES {
-        let dev = &mut (*state).devices[d];
+        let dev = &mut state.devices[d];
         dev.total_mem = cfg.memory;
         dev.sm_count = cfg.sms;
         let name = cfg.name.as_bytes();
@@ -634,9 +656,11 @@ unsafe fn init_state(state: *mut NodeState, cfg: &SimConfig) {
             *b = (x >> 56) as u8;
         }
         dev.uuid[6] = (dev.uuid[6] & 0x0f) | 0x40; // version 4
-        SharedMutex::init(&dev.lock);
+                                                   // SAFETY: `dev.lock` lies in the mapped state, and no other process uses it before the
+                                                   // magic number below is published.
+        unsafe { SharedMutex::init(&dev.lock) };
     }
-    (*state).header.magic.store(MAGIC, Release);
+    state.header.magic.store(MAGIC, Release);
 }
 
 /// Claims a slot for another live process `pid` (unit tests drive two contexts from one process).

@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire};
 pub enum EventStatus {
     /// Never recorded: CUDA treats it as complete.
     NeverRecorded,
+    /// Recorded, and the stream has not reached it yet.
     Pending,
     /// Completed at this CLOCK_MONOTONIC instant (ns).
     Done(u64),
@@ -676,6 +677,7 @@ impl Node {
         })
     }
 
+    /// Frees event slot `ev` on device `d`; a marker of it still queued completes nothing.
     pub fn event_destroy(&self, d: u32, ev: u32) -> Result<(), SimError> {
         let p = self.local_slot()?;
         self.dev(d)?;
@@ -715,6 +717,7 @@ impl Node {
         self.enqueue(d, local, OP_MARKER, ev, gen, 0)
     }
 
+    /// Where event `ev` on device `d` stands, as `cuEventQuery` sees it.
     pub fn event_status(&self, d: u32, ev: u32) -> Result<EventStatus, SimError> {
         self.dev(d)?;
         self.with_device(d, crate::now_ns(), |s, _| {

@@ -17,10 +17,24 @@ type Res = Result<(), R>;
 macro_rules! api {
     ($( $(#[$m:meta])* fn $name:ident($($a:ident : $t:ty),* $(,)?) $body:block )*) => {
         $(
+            #[doc = concat!("The simulated driver's `", stringify!($name), "`, with the CUDA driver API's contract.")]
+            ///
             $(#[$m])*
+            ///
+            /// # Safety
+            /// As for the CUDA driver's function of the same name: every pointer argument is null
+            /// or valid for the access the driver API documents for it.
+            // Bodies without a raw-pointer access leave the blanket block below unused.
+            #[allow(unused_unsafe)]
             #[no_mangle]
             pub unsafe extern "C" fn $name($($a: $t),*) -> R {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Res { $body }));
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Res {
+                    // SAFETY: the caller keeps the driver API's contract for this entry point
+                    // (see `# Safety` above): pointer arguments are null or valid for the access
+                    // the API documents, and handles are ones this driver handed out
+                    // (`state::obj` also checks their magic number).
+                    unsafe { $body }
+                }));
                 match r {
                     Ok(Ok(())) => E::CUDA_SUCCESS,
                     Ok(Err(e)) => e,

@@ -288,8 +288,12 @@ pub unsafe fn obj<'a, T>(p: *const T, magic: u64) -> Option<&'a T> {
         return None;
     }
     // Every handle type starts with its magic number.
-    let m = (*(p as *const AtomicU64)).load(Acquire);
-    (m == magic).then(|| &*p)
+    // SAFETY: `p` is non-null, 8-byte aligned and (caller's contract) a handle this driver handed
+    // out, whose first field is an `AtomicU64` magic number.
+    let m = unsafe { &*(p as *const AtomicU64) }.load(Acquire);
+    // SAFETY: the magic matches, so `p` is a `T` this driver allocated; handle objects are leaked
+    // boxes that are never freed (destroy only clears the magic), so it lives for `'a`.
+    (m == magic).then(|| unsafe { &*p })
 }
 
 /// A fresh device virtual address range (never reused in this process).

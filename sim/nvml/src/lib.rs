@@ -117,10 +117,22 @@ fn write_str(dst: *mut c_char, len: c_uint, s: &str) -> Result<(), nvmlReturn_t>
 macro_rules! api {
     ($( fn $name:ident($($a:ident : $t:ty),* $(,)?) $body:block )*) => {
         $(
+            #[doc = concat!("The simulated node's `", stringify!($name), "`, with NVML's contract.")]
+            ///
+            /// # Safety
+            /// As for NVML's function of the same name: every pointer argument is null or valid
+            /// for the access NVML documents for it.
+            // Bodies without a raw-pointer access leave the blanket block below unused.
+            #[allow(unused_unsafe)]
             #[no_mangle]
             pub unsafe extern "C" fn $name($($a: $t),*) -> nvmlReturn_t {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-                    || -> Result<(), nvmlReturn_t> { $body },
+                    || -> Result<(), nvmlReturn_t> {
+                        // SAFETY: the caller keeps NVML's contract for this entry point (see
+                        // `# Safety` above): pointer arguments are null or valid for the access
+                        // NVML documents, and device handles are ones this library handed out.
+                        unsafe { $body }
+                    },
                 ));
                 match r {
                     Ok(Ok(())) => NVML_SUCCESS,
@@ -132,6 +144,7 @@ macro_rules! api {
     };
 }
 
+/// NVML's `nvmlMemory_t` (v1 memory info), bytes.
 #[repr(C)]
 pub struct nvmlMemory_t {
     total: c_ulonglong,
@@ -139,6 +152,7 @@ pub struct nvmlMemory_t {
     used: c_ulonglong,
 }
 
+/// NVML's `nvmlMemory_v2_t` (memory info with reserved memory), bytes.
 #[repr(C)]
 pub struct nvmlMemory_v2_t {
     version: c_uint,
@@ -148,13 +162,15 @@ pub struct nvmlMemory_v2_t {
     used: c_ulonglong,
 }
 
+/// NVML's `nvmlProcessInfo_v1_t`: one process on a device and its memory, bytes.
 #[repr(C)]
 pub struct nvmlProcessInfo_v1_t {
     pid: c_uint,
     used_gpu_memory: c_ulonglong,
 }
 
-/// v2 and v3 share this layout.
+/// NVML's `nvmlProcessInfo_t`: one process on a device and its memory, bytes; v2 and v3 share
+/// this layout.
 #[repr(C)]
 pub struct nvmlProcessInfo_t {
     pid: c_uint,
@@ -163,6 +179,7 @@ pub struct nvmlProcessInfo_t {
     compute_instance_id: c_uint,
 }
 
+/// NVML's `nvmlProcessUtilizationSample_t`: one process's utilization over a window, percent.
 #[repr(C)]
 pub struct nvmlProcessUtilizationSample_t {
     pid: c_uint,
@@ -173,6 +190,7 @@ pub struct nvmlProcessUtilizationSample_t {
     dec_util: c_uint,
 }
 
+/// NVML's `nvmlUtilization_t`: device utilization, percent.
 #[repr(C)]
 pub struct nvmlUtilization_t {
     gpu: c_uint,
@@ -199,13 +217,18 @@ unsafe fn processes<T>(
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
     let procs = n.running_processes(i).map_err(|_| NVML_ERROR_UNKNOWN)?;
-    let cap = *count as usize;
-    *count = procs.len() as c_uint;
+    // SAFETY: `count` is non-null (checked above) and valid for reads and writes per the caller's
+    // contract (NVML's: in = capacity of `infos`, out = entries needed).
+    let cap = unsafe { *count } as usize;
+    // SAFETY: as above.
+    unsafe { *count = procs.len() as c_uint };
     if procs.len() > cap || (infos.is_null() && !procs.is_empty()) {
         return Err(NVML_ERROR_INSUFFICIENT_SIZE);
     }
     for (k, p) in procs.iter().enumerate() {
-        infos.add(k).write(make(p.pid, p.used_mem));
+        // SAFETY: `infos` is non-null here (checked above unless `procs` is empty, in which case
+        // the loop does not run) and has room for `cap` ≥ `procs.len()` entries per the caller.
+        unsafe { infos.add(k).write(make(p.pid, p.used_mem)) };
     }
     Ok(())
 }
@@ -356,6 +379,7 @@ api! {
     }
 }
 
+/// NVML's `nvmlErrorString`: a static, NUL-terminated description of `code`.
 #[no_mangle]
 pub extern "C" fn nvmlErrorString(code: nvmlReturn_t) -> *const c_char {
     let s: &'static CStr = match code {

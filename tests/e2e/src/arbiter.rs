@@ -16,8 +16,11 @@ pub struct Arbiter {
     child: Option<Child>,
     smore: PathBuf,
     env: Vec<(String, String)>,
+    /// The arbiter's config file.
     pub cfg: PathBuf,
+    /// The arbiter's Unix socket.
     pub socket: PathBuf,
+    /// The arbiter's state directory.
     pub state_dir: PathBuf,
     dir: PathBuf,
     starts: u32,
@@ -129,6 +132,7 @@ impl Arbiter {
             .join("\n--- restart ---\n")
     }
 
+    /// A new connection to the arbiter; panics when it cannot connect.
     pub fn client(&self) -> Client {
         Client::connect(&self.socket).expect("connecting to the arbiter")
     }

@@ -74,6 +74,7 @@ pub struct SimGpuBuilder {
 }
 
 impl SimGpuBuilder {
+    /// Number of simulated devices.
     pub fn devices(mut self, n: u32) -> Self {
         self.cfg.devices = n;
         self
@@ -88,6 +89,7 @@ impl SimGpuBuilder {
         self.cfg.context_memory = smore_protocol::size::parse_size(size).expect("size");
         self
     }
+    /// Time-slicing quantum between contexts, µs.
     pub fn timeslice_us(mut self, us: u64) -> Self {
         self.cfg.timeslice_ns = us * 1000;
         self
@@ -102,6 +104,7 @@ impl SimGpuBuilder {
         self.cfg.mps_beta_permille = beta;
         self
     }
+    /// Creates the node: a temporary directory with the fake driver libraries and the state file.
     pub fn build(self) -> Result<SimGpu> {
         let dir = tempfile::Builder::new().prefix("smore-sim-").tempdir()?;
         let lib = dir.path().join("lib");
@@ -133,6 +136,7 @@ impl SimGpuBuilder {
 }
 
 impl SimGpu {
+    /// A builder starting from the simulator's default configuration (`SimConfig::default`).
     pub fn builder() -> SimGpuBuilder {
         SimGpuBuilder::default()
     }
@@ -153,10 +157,12 @@ impl SimGpu {
         self.dir.path().join("lib")
     }
 
+    /// The node's shared state file (`SMORE_SIM_STATE`).
     pub fn state_path(&self) -> PathBuf {
         self.dir.path().join("node.state")
     }
 
+    /// The node's temporary directory (removed when the `SimGpu` is dropped).
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
