@@ -802,7 +802,7 @@ fn poll_shares(
     socket: PathBuf,
     origin: Instant,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<(Vec<ShareSample>, Vec<(f64, f64)>)> {
+) -> std::thread::JoinHandle<Polled> {
     use smore_protocol::wire::{Reply, Request};
     std::thread::spawn(move || {
         let mut v = Vec::new();
@@ -850,6 +850,10 @@ fn poll_shares(
         (v, estimates)
     })
 }
+
+/// What the status poller collected: each instance's grant at each poll, and (seconds, the
+/// arbiter's training-slowdown estimate).
+type Polled = (Vec<ShareSample>, Vec<(f64, f64)>);
 
 /// One instance's grant at one poll: its SM share, or under harvest its collision budget, both
 /// in percent (of GPU time, of wall time).
