@@ -49,6 +49,12 @@ const NS_PER_S: f64 = 1e9;
 /// Milliseconds → seconds.
 const MS_PER_S: f64 = 1e3;
 
+/// The OpenMetrics unit of a 0–1 fraction: `ratio` (`Unit::Ratios` would name families
+/// `…_ratios`, against the Prometheus convention and the names dashboards already use).
+fn ratio() -> Unit {
+    Unit::Other("ratio".into())
+}
+
 type F64Gauge = Gauge<f64, AtomicU64>;
 type F64Counter = Counter<f64, AtomicU64>;
 
@@ -137,6 +143,7 @@ struct FunctionRow {
 
 /// Renders the exposition text of a status snapshot (plus the process's latency histograms).
 pub fn render(snap: &Value) -> String {
+    // Help texts carry no final period: the encoder appends one.
     let mut reg = Registry::default();
     let gauge = |reg: &mut Registry, name: &str, help: &str, unit: Option<Unit>| {
         let f = Family::<GpuLabels, F64Gauge>::default();
@@ -150,7 +157,7 @@ pub fn render(snap: &Value) -> String {
     let build = Family::<BuildLabels, Gauge>::default();
     reg.register(
         "smore_build_info",
-        "The arbiter's version (value 1).",
+        "The arbiter's version (value 1)",
         build.clone(),
     );
     let version = snap["arbiter"]["version"]
@@ -163,37 +170,37 @@ pub fn render(snap: &Value) -> String {
     let total = gauge(
         &mut reg,
         "smore_gpu_memory_total",
-        "GPU memory capacity.",
+        "GPU memory capacity",
         Some(Unit::Bytes),
     );
     let used = gauge(
         &mut reg,
         "smore_gpu_memory_used",
-        "GPU memory in use (NVML).",
+        "GPU memory in use (NVML)",
         Some(Unit::Bytes),
     );
     let training_mem = gauge(
         &mut reg,
         "smore_gpu_training_memory",
-        "Memory of training (unregistered) processes (NVML).",
+        "Memory of training (unregistered) processes (NVML)",
         Some(Unit::Bytes),
     );
     let granted = gauge(
         &mut reg,
         "smore_gpu_granted_memory",
-        "Sum of function memory caps.",
+        "Sum of function memory caps",
         Some(Unit::Bytes),
     );
     let util = gauge(
         &mut reg,
         "smore_gpu_utilization",
-        "GPU utilization (NVML), 0-1.",
-        Some(Unit::Ratios),
+        "GPU utilization (NVML), 0-1",
+        Some(ratio()),
     );
     let training = gauge(
         &mut reg,
         "smore_gpu_training_processes",
-        "Training processes on the GPU.",
+        "Training processes on the GPU",
         None,
     );
     // Harvest (docs/harvest.md): what the promise is about — each GPU's estimated training
@@ -202,20 +209,20 @@ pub fn render(snap: &Value) -> String {
     let slowdown = gauge(
         &mut reg,
         "smore_gpu_training_slowdown_estimate",
-        "Training slowdown the functions' reported collision time implies over the last 10 s (c/(1-c)).",
-        Some(Unit::Ratios),
+        "Training slowdown the functions' reported collision time implies over the last 10 s (c/(1-c))",
+        Some(ratio()),
     );
     let bound = gauge(
         &mut reg,
         "smore_gpu_training_slowdown_bound",
-        "theta_train: the training slowdown the GPU is held to.",
-        Some(Unit::Ratios),
+        "theta_train: the training slowdown the GPU is held to",
+        Some(ratio()),
     );
     let budget = gauge(
         &mut reg,
         "smore_gpu_collision_budget",
-        "The functions' total collision budget, fraction of wall time (theta/(1+theta) x calibration).",
-        Some(Unit::Ratios),
+        "The functions' total collision budget, fraction of wall time (theta/(1+theta) x calibration)",
+        Some(ratio()),
     );
 
     let mut rows: BTreeMap<(String, String), FunctionRow> = BTreeMap::new();
@@ -272,62 +279,62 @@ pub fn render(snap: &Value) -> String {
     let instances = fgauge(
         &mut reg,
         "smore_function_instances",
-        "Live instances of the function on the GPU.",
+        "Live instances of the function on the GPU",
         None,
     );
     let cap = fgauge(
         &mut reg,
         "smore_function_memory_cap",
-        "Memory caps of the function's instances.",
+        "Memory caps of the function's instances",
         Some(Unit::Bytes),
     );
     let fused = fgauge(
         &mut reg,
         "smore_function_memory_used",
-        "Memory NVML attributes to the function's instances.",
+        "Memory NVML attributes to the function's instances",
         Some(Unit::Bytes),
     );
     let share = fgauge(
         &mut reg,
         "smore_function_sm_share",
-        "SM time share granted to the function's instances, 0-1.",
-        Some(Unit::Ratios),
+        "SM time share granted to the function's instances, 0-1",
+        Some(ratio()),
     );
     let sm_used = fgauge(
         &mut reg,
         "smore_function_sm_used",
-        "SM utilization NVML attributes to the function's instances, 0-1.",
-        Some(Unit::Ratios),
+        "SM utilization NVML attributes to the function's instances, 0-1",
+        Some(ratio()),
     );
     let cbudget = fgauge(
         &mut reg,
         "smore_function_collision_budget",
-        "The function's part of its GPU's collision budget, fraction of wall time.",
-        Some(Unit::Ratios),
+        "The function's part of its GPU's collision budget, fraction of wall time",
+        Some(ratio()),
     );
     let cused = fgauge(
         &mut reg,
         "smore_function_collision_used",
-        "Collision time the function's shims reported over the last interval, fraction of wall time.",
-        Some(Unit::Ratios),
+        "Collision time the function's shims reported over the last interval, fraction of wall time",
+        Some(ratio()),
     );
     let throttled = Family::<FunctionLabels, F64Counter>::default();
     reg.register_with_unit(
         "smore_function_throttled",
-        "Time the shim held launches back.",
+        "Time the shim held launches back",
         Unit::Seconds,
         throttled.clone(),
     );
     let refusals = Family::<FunctionLabels, Counter>::default();
     reg.register(
         "smore_function_refusals",
-        "Allocations the shim refused over the cap.",
+        "Allocations the shim refused over the cap",
         refusals.clone(),
     );
     let requests = Family::<FunctionLabels, Counter>::default();
     reg.register(
         "smore_function_requests",
-        "Requests reported by the runtime.",
+        "Requests reported by the runtime",
         requests.clone(),
     );
     for ((gpu, function), r) in rows {
@@ -347,24 +354,24 @@ pub fn render(snap: &Value) -> String {
     }
     reg.register_with_unit(
         "smore_function_request_duration",
-        "Request latency the runtime reported, per function, since the arbiter started.",
+        "Request latency the runtime reported, per function, since the arbiter started",
         Unit::Seconds,
         LATENCY.clone(),
     );
 
     let c = &snap["counters"];
     for (k, help) in [
-        ("registrations", "Registrations granted."),
-        ("refusals", "Registrations refused."),
-        ("releases", "Grants released."),
-        ("watchdog_actions", "Watchdog actions taken."),
+        ("registrations", "Registrations granted"),
+        ("refusals", "Registrations refused"),
+        ("releases", "Grants released"),
+        ("watchdog_actions", "Watchdog actions taken"),
         (
             "admitted_requests",
-            "Requests admitted (request-level admission).",
+            "Requests admitted (request-level admission)",
         ),
         (
             "deferred_requests",
-            "Requests deferred (request-level admission).",
+            "Requests deferred (request-level admission)",
         ),
     ] {
         let counter = Counter::<u64>::default();

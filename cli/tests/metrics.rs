@@ -192,7 +192,7 @@ fn metrics_parse_under_hostile_function_names_and_follow_the_conventions() {
         // Latencies 5 ms and 30 ms (+ one invalid, skipped), 2 requests counted.
         let r = c
             .call(Request::Report {
-                latencies_ms: vec![5.0, 30.0, f64::NAN],
+                latencies_ms: vec![5.0, 30.0, -1.0],
                 used_bytes: None,
                 throttled_ns: Some(1_500_000_000 * (i as u64 + 1)),
                 refusals: Some(i as u64),
