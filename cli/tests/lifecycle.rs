@@ -146,7 +146,7 @@ fn a_second_arbiter_on_the_same_state_dir_is_refused() {
         &mut second,
         "second arbiter refused",
         Duration::from_secs(20),
-        || String::new(),
+        String::new,
     );
     let mut err = String::new();
     std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut err).unwrap();
