@@ -22,6 +22,7 @@ pub mod config;
 pub mod gpus;
 pub mod grantpage;
 pub mod harvest;
+pub mod lifecycle;
 pub mod metrics;
 pub mod policy;
 pub mod proc;

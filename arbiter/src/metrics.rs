@@ -1,199 +1,392 @@
-//! Prometheus text metrics over HTTP (`GET /metrics`), per GPU and per function, rendered from
-//! the same snapshot `smore status` shows so the two never disagree.
+//! Prometheus metrics over HTTP (`GET /metrics`), per GPU and per function, rendered from the same
+//! snapshot `smore status` shows so the two never disagree.
+//!
+//! Owns: the exposition (encoded by the official `prometheus-client` crate, OpenMetrics text), the
+//! metric names and units, and the per-function request-latency histogram fed from the runtime's
+//! reports ([`observe_latencies`]).
+//!
+//! Must never: hand-write exposition text (a function named `C:\temp"x` or one holding a newline
+//! must not make the node's whole scrape unparsable — the encoder escapes label values), label a
+//! series by an instance id (a new series per restart of a function: unbounded cardinality), or use
+//! the label name `instance` (Prometheus renames it to `exported_instance`).
+//!
+//! Conventions (`promtool check metrics`): base units (seconds, bytes, ratios 0–1), counters end in
+//! `_total` (the encoder appends it), latency is a histogram, and `smore_build_info` is a gauge of
+//! value 1 carrying the version. Series per function are summed over the function's live instances
+//! on a GPU; the counters among them restart from the survivors' sum when an instance goes away,
+//! which Prometheus' `rate()` treats as a counter reset.
 
 use crate::server::Shared;
 use anyhow::{Context, Result};
+use prometheus_client::encoding::{text::encode, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
 use serde_json::Value;
-use std::fmt::Write;
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::LazyLock;
 
-/// Renders the exposition text of a status snapshot.
+/// The content type of the exposition (OpenMetrics 1.0 text, what `prometheus-client` encodes;
+/// Prometheus negotiates it and parses counters' `_total` samples against their family).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Request-latency histogram buckets, seconds: 1 ms … ~16 s doubling (15 buckets), covering
+/// the SLOs of docs/harvest.md's inference functions (tens to hundreds of ms) with room for
+/// cold starts.
+const LATENCY_BUCKETS_START_S: f64 = 0.001;
+const LATENCY_BUCKETS_FACTOR: f64 = 2.0;
+const LATENCY_BUCKETS: u16 = 15;
+
+/// Parts per million → ratio.
+const PPM: f64 = 1e6;
+/// Percent → ratio.
+const PERCENT: f64 = 100.0;
+/// Nanoseconds → seconds.
+const NS_PER_S: f64 = 1e9;
+/// Milliseconds → seconds.
+const MS_PER_S: f64 = 1e3;
+
+/// The OpenMetrics unit of a 0–1 fraction: `ratio` (`Unit::Ratios` would name families
+/// `…_ratios`, against the Prometheus convention and the names dashboards already use).
+fn ratio() -> Unit {
+    Unit::Other("ratio".into())
+}
+
+type F64Gauge = Gauge<f64, AtomicU64>;
+type F64Counter = Counter<f64, AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    gpu: String,
+    uuid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FunctionLabels {
+    gpu: String,
+    function: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LatencyLabels {
+    function: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        LATENCY_BUCKETS_START_S,
+        LATENCY_BUCKETS_FACTOR,
+        LATENCY_BUCKETS,
+    ))
+}
+
+type LatencyFamily = Family<LatencyLabels, Histogram, fn() -> Histogram>;
+
+/// Every request latency the runtimes reported, per function, since the arbiter started. A
+/// histogram is cumulative by definition, so it cannot be rebuilt from the snapshot's window of
+/// recent latencies; it lives for the process (one per arbiter process — the metrics endpoint is
+/// one per process too).
+static LATENCY: LazyLock<LatencyFamily> =
+    LazyLock::new(|| Family::new_with_constructor(latency_histogram as fn() -> Histogram));
+
+/// Records request latencies (ms, as the runtime reports them) of `function` into its
+/// `smore_function_request_duration_seconds` histogram; non-finite or negative ones are skipped,
+/// like the state does.
+pub fn observe_latencies(function: &str, latencies_ms: &[f64]) {
+    let valid = latencies_ms.iter().filter(|l| l.is_finite() && **l >= 0.0);
+    let mut valid = valid.peekable();
+    if valid.peek().is_none() {
+        return;
+    }
+    let h = LATENCY.get_or_create(&LatencyLabels {
+        function: function.to_owned(),
+    });
+    for l in valid {
+        h.observe(l / MS_PER_S);
+    }
+}
+
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(0.0)
+}
+
+fn gpu_label(v: &Value) -> String {
+    match v {
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        _ => String::new(),
+    }
+}
+
+/// Per-(GPU, function) sums over live instances.
+#[derive(Default)]
+struct FunctionRow {
+    instances: f64,
+    cap: f64,
+    used: f64,
+    share: f64,
+    sm_used: f64,
+    budget_ppm: f64,
+    used_ppm: f64,
+    throttled_ns: f64,
+    refusals: u64,
+    requests: u64,
+}
+
+/// Renders the exposition text of a status snapshot (plus the process's latency histograms).
 pub fn render(snap: &Value) -> String {
-    let mut o = String::new();
-    let mut family = |name: &str, help: &str, kind: &str, rows: Vec<(String, f64)>| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, v) in rows {
-            let _ = writeln!(o, "{name}{{{labels}}} {v}");
+    // Help texts carry no final period: the encoder appends one.
+    let mut reg = Registry::default();
+    let gauge = |reg: &mut Registry, name: &str, help: &str, unit: Option<Unit>| {
+        let f = Family::<GpuLabels, F64Gauge>::default();
+        match unit {
+            Some(u) => reg.register_with_unit(name, help, u, f.clone()),
+            None => reg.register(name, help, f.clone()),
         }
+        f
     };
+
+    let build = Family::<BuildLabels, Gauge>::default();
+    reg.register(
+        "smore_build_info",
+        "The arbiter's version (value 1)",
+        build.clone(),
+    );
+    let version = snap["arbiter"]["version"]
+        .as_str()
+        .unwrap_or(env!("CARGO_PKG_VERSION"))
+        .to_owned();
+    build.get_or_create(&BuildLabels { version }).set(1);
+
     let gpus = snap["gpus"].as_array().cloned().unwrap_or_default();
-    let g = |f: &dyn Fn(&Value) -> f64| -> Vec<(String, f64)> {
-        gpus.iter()
-            .map(|x| {
-                (
-                    format!(
-                        "gpu=\"{}\",uuid=\"{}\"",
-                        x["index"],
-                        x["uuid"].as_str().unwrap_or("")
-                    ),
-                    f(x),
-                )
-            })
-            .collect()
-    };
-    family(
-        "smore_gpu_memory_total_bytes",
-        "GPU memory capacity.",
-        "gauge",
-        g(&|x| x["total"].as_f64().unwrap_or(0.0)),
+    let total = gauge(
+        &mut reg,
+        "smore_gpu_memory_total",
+        "GPU memory capacity",
+        Some(Unit::Bytes),
     );
-    family(
-        "smore_gpu_memory_used_bytes",
-        "GPU memory in use (NVML).",
-        "gauge",
-        g(&|x| x["used"].as_f64().unwrap_or(0.0)),
+    let used = gauge(
+        &mut reg,
+        "smore_gpu_memory_used",
+        "GPU memory in use (NVML)",
+        Some(Unit::Bytes),
     );
-    family(
-        "smore_gpu_training_memory_bytes",
-        "Memory of training (unregistered) processes (NVML).",
-        "gauge",
-        g(&|x| x["training_used"].as_f64().unwrap_or(0.0)),
+    let training_mem = gauge(
+        &mut reg,
+        "smore_gpu_training_memory",
+        "Memory of training (unregistered) processes (NVML)",
+        Some(Unit::Bytes),
     );
-    family(
-        "smore_gpu_granted_memory_bytes",
-        "Sum of function memory caps.",
-        "gauge",
-        g(&|x| x["granted"].as_f64().unwrap_or(0.0)),
+    let granted = gauge(
+        &mut reg,
+        "smore_gpu_granted_memory",
+        "Sum of function memory caps",
+        Some(Unit::Bytes),
     );
-    family(
-        "smore_gpu_utilization_percent",
-        "GPU utilization (NVML).",
-        "gauge",
-        g(&|x| x["util"].as_f64().unwrap_or(0.0)),
+    let util = gauge(
+        &mut reg,
+        "smore_gpu_utilization",
+        "GPU utilization (NVML), 0-1",
+        Some(ratio()),
     );
-    family(
+    let training = gauge(
+        &mut reg,
         "smore_gpu_training_processes",
-        "Training processes on the GPU.",
-        "gauge",
-        g(&|x| x["training"].as_array().map_or(0.0, |a| a.len() as f64)),
+        "Training processes on the GPU",
+        None,
     );
     // Harvest (docs/harvest.md): what the promise is about — each GPU's estimated training
     // slowdown beside the bound it is held to, and the functions' collision budget. An absent
     // estimate (no training job, or under 1 s of reports) is not exported rather than shown as 0.
-    let h = |key: &'static str, scale: f64| -> Vec<(String, f64)> {
-        g(&|x| x["harvest"][key].as_f64().map_or(f64::NAN, |v| v * scale))
-            .into_iter()
-            .filter(|(_, v)| v.is_finite())
-            .collect()
+    let slowdown = gauge(
+        &mut reg,
+        "smore_gpu_training_slowdown_estimate",
+        "Training slowdown the functions' reported collision time implies over the last 10 s (c/(1-c))",
+        Some(ratio()),
+    );
+    let bound = gauge(
+        &mut reg,
+        "smore_gpu_training_slowdown_bound",
+        "theta_train: the training slowdown the GPU is held to",
+        Some(ratio()),
+    );
+    let budget = gauge(
+        &mut reg,
+        "smore_gpu_collision_budget",
+        "The functions' total collision budget, fraction of wall time (theta/(1+theta) x calibration)",
+        Some(ratio()),
+    );
+
+    let mut rows: BTreeMap<(String, String), FunctionRow> = BTreeMap::new();
+    for g in &gpus {
+        let l = GpuLabels {
+            gpu: gpu_label(&g["index"]),
+            uuid: g["uuid"].as_str().unwrap_or("").to_owned(),
+        };
+        total.get_or_create(&l).set(num(&g["total"]));
+        used.get_or_create(&l).set(num(&g["used"]));
+        training_mem.get_or_create(&l).set(num(&g["training_used"]));
+        granted.get_or_create(&l).set(num(&g["granted"]));
+        util.get_or_create(&l).set(num(&g["util"]) / PERCENT);
+        training
+            .get_or_create(&l)
+            .set(g["training"].as_array().map_or(0.0, |a| a.len() as f64));
+        let h = &g["harvest"];
+        for (fam, v) in [
+            (&slowdown, h["slowdown_estimate"].as_f64()),
+            (&bound, h["theta"].as_f64()),
+            (&budget, h["budget_ppm"].as_f64().map(|p| p / PPM)),
+        ] {
+            if let Some(v) = v.filter(|v| v.is_finite()) {
+                fam.get_or_create(&l).set(v);
+            }
+        }
+        for f in g["functions"].as_array().into_iter().flatten() {
+            let key = (
+                gpu_label(&f["gpu"]),
+                f["function"].as_str().unwrap_or("").to_owned(),
+            );
+            let r = rows.entry(key).or_default();
+            r.instances += 1.0;
+            r.cap += num(&f["cap"]);
+            r.used += num(&f["nvml_used"]);
+            r.share += num(&f["share"]);
+            r.sm_used += num(&f["sm_used"]);
+            r.budget_ppm += num(&f["contention_ppm"]);
+            r.used_ppm += num(&f["contention_used_ppm"]);
+            r.throttled_ns += num(&f["throttled_ns"]);
+            r.refusals += f["refusals"].as_u64().unwrap_or(0);
+            r.requests += f["requests"].as_u64().unwrap_or(0);
+        }
+    }
+
+    let fgauge = |reg: &mut Registry, name: &str, help: &str, unit: Option<Unit>| {
+        let f = Family::<FunctionLabels, F64Gauge>::default();
+        match unit {
+            Some(u) => reg.register_with_unit(name, help, u, f.clone()),
+            None => reg.register(name, help, f.clone()),
+        }
+        f
     };
-    family(
-        "smore_gpu_training_slowdown_estimate_ratio",
-        "Training slowdown the functions' reported collision time implies over the last 10 s (c/(1-c)).",
-        "gauge",
-        h("slowdown_estimate", 1.0),
+    let instances = fgauge(
+        &mut reg,
+        "smore_function_instances",
+        "Live instances of the function on the GPU",
+        None,
     );
-    family(
-        "smore_gpu_training_slowdown_bound_ratio",
-        "theta_train: the training slowdown the GPU is held to.",
-        "gauge",
-        h("theta", 1.0),
+    let cap = fgauge(
+        &mut reg,
+        "smore_function_memory_cap",
+        "Memory caps of the function's instances",
+        Some(Unit::Bytes),
     );
-    family(
-        "smore_gpu_collision_budget_ratio",
-        "The functions' total collision budget, fraction of wall time (theta/(1+theta) x calibration).",
-        "gauge",
-        h("budget_ppm", 1e-6),
+    let fused = fgauge(
+        &mut reg,
+        "smore_function_memory_used",
+        "Memory NVML attributes to the function's instances",
+        Some(Unit::Bytes),
     );
-    let fns: Vec<Value> = gpus
-        .iter()
-        .flat_map(|x| x["functions"].as_array().cloned().unwrap_or_default())
-        .collect();
-    let f = |get: &dyn Fn(&Value) -> f64| -> Vec<(String, f64)> {
-        fns.iter()
-            .map(|x| {
-                (
-                    format!(
-                        "gpu=\"{}\",instance=\"{}\",function=\"{}\"",
-                        x["gpu"],
-                        x["id"],
-                        x["function"].as_str().unwrap_or("").replace('"', "'")
-                    ),
-                    get(x),
-                )
-            })
-            .collect()
-    };
-    family(
-        "smore_function_memory_cap_bytes",
-        "Memory cap of a function instance.",
-        "gauge",
-        f(&|x| x["cap"].as_f64().unwrap_or(0.0)),
+    let share = fgauge(
+        &mut reg,
+        "smore_function_sm_share",
+        "SM time share granted to the function's instances, 0-1",
+        Some(ratio()),
     );
-    family(
-        "smore_function_memory_used_bytes",
-        "Memory NVML attributes to the instance.",
-        "gauge",
-        f(&|x| x["nvml_used"].as_f64().unwrap_or(0.0)),
+    let sm_used = fgauge(
+        &mut reg,
+        "smore_function_sm_used",
+        "SM utilization NVML attributes to the function's instances, 0-1",
+        Some(ratio()),
     );
-    family(
-        "smore_function_sm_share_percent",
-        "SM time share granted.",
-        "gauge",
-        f(&|x| x["share"].as_f64().unwrap_or(0.0)),
+    let cbudget = fgauge(
+        &mut reg,
+        "smore_function_collision_budget",
+        "The function's part of its GPU's collision budget, fraction of wall time",
+        Some(ratio()),
     );
-    family(
-        "smore_function_sm_used_percent",
-        "SM utilization NVML attributes to the instance.",
-        "gauge",
-        f(&|x| x["sm_used"].as_f64().unwrap_or(0.0)),
+    let cused = fgauge(
+        &mut reg,
+        "smore_function_collision_used",
+        "Collision time the function's shims reported over the last interval, fraction of wall time",
+        Some(ratio()),
     );
-    family(
-        "smore_function_collision_budget_ratio",
-        "The instance's part of its GPU's collision budget, fraction of wall time.",
-        "gauge",
-        f(&|x| x["contention_ppm"].as_f64().unwrap_or(0.0) * 1e-6),
+    let throttled = Family::<FunctionLabels, F64Counter>::default();
+    reg.register_with_unit(
+        "smore_function_throttled",
+        "Time the shim held launches back",
+        Unit::Seconds,
+        throttled.clone(),
     );
-    family(
-        "smore_function_collision_used_ratio",
-        "Collision time the instance's shims reported over the last interval, fraction of wall time.",
-        "gauge",
-        f(&|x| x["contention_used_ppm"].as_f64().unwrap_or(0.0) * 1e-6),
+    let refusals = Family::<FunctionLabels, Counter>::default();
+    reg.register(
+        "smore_function_refusals",
+        "Allocations the shim refused over the cap",
+        refusals.clone(),
     );
-    family(
-        "smore_function_throttled_seconds_total",
-        "Time the shim held launches back.",
-        "counter",
-        f(&|x| x["throttled_ns"].as_f64().unwrap_or(0.0) / 1e9),
+    let requests = Family::<FunctionLabels, Counter>::default();
+    reg.register(
+        "smore_function_requests",
+        "Requests reported by the runtime",
+        requests.clone(),
     );
-    family(
-        "smore_function_refusals_total",
-        "Allocations the shim refused over the cap.",
-        "counter",
-        f(&|x| x["refusals"].as_f64().unwrap_or(0.0)),
+    for ((gpu, function), r) in rows {
+        let l = FunctionLabels { gpu, function };
+        instances.get_or_create(&l).set(r.instances);
+        cap.get_or_create(&l).set(r.cap);
+        fused.get_or_create(&l).set(r.used);
+        share.get_or_create(&l).set(r.share / PERCENT);
+        sm_used.get_or_create(&l).set(r.sm_used / PERCENT);
+        cbudget.get_or_create(&l).set(r.budget_ppm / PPM);
+        cused.get_or_create(&l).set(r.used_ppm / PPM);
+        throttled
+            .get_or_create(&l)
+            .inc_by(r.throttled_ns / NS_PER_S);
+        refusals.get_or_create(&l).inc_by(r.refusals);
+        requests.get_or_create(&l).inc_by(r.requests);
+    }
+    reg.register_with_unit(
+        "smore_function_request_duration",
+        "Request latency the runtime reported, per function, since the arbiter started",
+        Unit::Seconds,
+        LATENCY.clone(),
     );
-    family(
-        "smore_function_requests_total",
-        "Requests reported by the runtime.",
-        "counter",
-        f(&|x| x["requests"].as_f64().unwrap_or(0.0)),
-    );
-    family(
-        "smore_function_latency_p99_ms",
-        "P99 request latency over the last 1024 requests.",
-        "gauge",
-        f(&|x| x["p99_ms"].as_f64().unwrap_or(0.0)),
-    );
+
     let c = &snap["counters"];
     for (k, help) in [
-        ("registrations", "Registrations granted."),
-        ("refusals", "Registrations refused."),
-        ("releases", "Grants released."),
-        ("watchdog_actions", "Watchdog actions taken."),
+        ("registrations", "Registrations granted"),
+        ("refusals", "Registrations refused"),
+        ("releases", "Grants released"),
+        ("watchdog_actions", "Watchdog actions taken"),
         (
             "admitted_requests",
-            "Requests admitted (request-level admission).",
+            "Requests admitted (request-level admission)",
         ),
         (
             "deferred_requests",
-            "Requests deferred (request-level admission).",
+            "Requests deferred (request-level admission)",
         ),
     ] {
-        let _ = writeln!(
-            o,
-            "# HELP smore_{k}_total {help}\n# TYPE smore_{k}_total counter\nsmore_{k}_total {}",
-            c[k].as_f64().unwrap_or(0.0)
-        );
+        let counter = Counter::<u64>::default();
+        counter.inc_by(c[k].as_u64().unwrap_or(0));
+        reg.register(format!("smore_{k}"), help, counter);
     }
-    o
+
+    let mut out = String::new();
+    // Writing into a String cannot fail; an error here would be an encoder bug, and an empty
+    // scrape (reported as such by Prometheus) is then the honest answer.
+    if let Err(e) = encode(&mut out, &reg) {
+        tracing::error!("encoding /metrics failed: {e}");
+        out.clear();
+    }
+    out
 }
 
 /// Serves `/metrics` on `addr` from a background thread.
@@ -202,16 +395,15 @@ pub fn serve(addr: &str, state: Shared) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))
         .with_context(|| format!("binding the metrics address {addr}"))?;
     tracing::info!("metrics on http://{addr}/metrics");
+    let header = tiny_http::Header::from_bytes("Content-Type", CONTENT_TYPE)
+        .map_err(|()| anyhow::anyhow!("invalid metrics content type {CONTENT_TYPE:?}"))?;
     std::thread::Builder::new()
         .name("smore-metrics".into())
         .spawn(move || {
             for req in server.incoming_requests() {
                 let resp = if req.url() == "/metrics" {
                     let snap = state.lock().unwrap_or_else(|e| e.into_inner()).snapshot();
-                    let header =
-                        tiny_http::Header::from_bytes("Content-Type", "text/plain; version=0.0.4")
-                            .expect("static header");
-                    tiny_http::Response::from_string(render(&snap)).with_header(header)
+                    tiny_http::Response::from_string(render(&snap)).with_header(header.clone())
                 } else {
                     tiny_http::Response::from_string("smore arbiter: metrics are at /metrics\n")
                         .with_status_code(404)

@@ -11,6 +11,7 @@
 
 use crate::config::{Config, PolicyKind, WatchdogAction};
 use crate::gpus::{GpuSource, NvmlSource};
+use crate::lifecycle::{self, StateDirLock};
 use crate::metrics;
 use crate::policy::{FitPolicy, Policy};
 use crate::state::persist::{self, PersistFile};
@@ -22,7 +23,7 @@ use smore_protocol::wire::{
 };
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -104,11 +105,36 @@ pub fn make_policy(cfg: &Config) -> Result<Box<dyn Policy>> {
     }
 }
 
+/// Checks that the socket's directory exists, or that only that last directory is missing (the
+/// arbiter creates it, like `/run/smore` under `/run`; systemd's `RuntimeDirectory=smore` creates
+/// it already). A deeper missing path is a typo in the config, not something to create.
+pub fn socket_parent_ok(socket: &Path) -> Result<()> {
+    let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    if dir.is_dir() {
+        return Ok(());
+    }
+    match dir.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(up) if !up.is_dir() => bail!(
+            "the socket's directory {} does not exist and neither does {}: create it (or fix `socket` in the config); the arbiter creates only the socket's own directory",
+            dir.display(),
+            up.display()
+        ),
+        _ if dir.exists() => bail!("{} is not a directory", dir.display()),
+        _ => Ok(()),
+    }
+}
+
 /// Binds the socket: refuses if another arbiter answers on it, removes a stale one.
 fn bind(cfg: &Config) -> Result<UnixListener> {
     let path = &cfg.socket;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    socket_parent_ok(path)?;
+    if let Some(dir) = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty() && !d.is_dir())
+    {
+        std::fs::create_dir(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
@@ -143,6 +169,8 @@ pub struct Daemon {
     pub state: Shared,
     listener: UnixListener,
     source: Box<dyn GpuSource>,
+    /// Held for the daemon's life: one arbiter per state directory.
+    _lock: StateDirLock,
 }
 
 impl Daemon {
@@ -166,6 +194,9 @@ impl Daemon {
         }
         std::fs::create_dir_all(&cfg.state_dir)
             .with_context(|| format!("creating state_dir {}", cfg.state_dir.display()))?;
+        // Before reading or writing anything in it: a second arbiter on the same state would
+        // hand out the same memory twice.
+        let lock = StateDirLock::acquire(&cfg.state_dir)?;
         let persisted = load_persisted(&cfg)?;
         let policy = make_policy(&cfg)?;
         let mut state = State::new(cfg.clone(), gpus, policy);
@@ -195,15 +226,24 @@ impl Daemon {
             state: Arc::new(Mutex::new(state)),
             listener,
             source: Box::new(source),
+            _lock: lock,
         })
     }
 
-    /// Serves forever.
+    /// Serves until SIGTERM/SIGINT (see [`lifecycle`]); `base` is the configuration as read from
+    /// the file, before command-line overrides (SIGHUP compares the re-read file against it).
+    pub fn run_service(self, base: Config) -> Result<()> {
+        lifecycle::spawn_signal_thread(self.state.clone(), base)?;
+        self.run()
+    }
+
+    /// Serves forever (no signal handling: for in-process use; the CLI uses [`Daemon::run_service`]).
     pub fn run(self) -> Result<()> {
         let Daemon {
             state,
             listener,
             source,
+            _lock,
         } = self;
         let cfg = lock(&state).cfg.clone();
         {
@@ -217,6 +257,7 @@ impl Daemon {
         }
         let conns = ConnCount::new(MAX_CONNECTIONS_PER_UID);
         let mut backoff = Backoff::default();
+        lifecycle::notify_ready();
         for conn in listener.incoming() {
             match conn {
                 Ok(stream) => {
@@ -533,6 +574,9 @@ fn handle(
             contention_ns,
         } => match need(registered) {
             Ok(id) => {
+                if let Some(i) = st.instances.get(&id) {
+                    metrics::observe_latencies(&i.rec.function, &latencies_ms);
+                }
                 st.report(id, &latencies_ms, used_bytes, throttled_ns, refusals);
                 if let (Some(gpu_ns), Some(contention_ns)) = (gpu_ns, contention_ns) {
                     st.report_usage(

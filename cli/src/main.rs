@@ -46,6 +46,9 @@ enum Cmd {
         /// Override the config's state directory.
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Validate the configuration (and the policy's model/catalog) and exit, like `nginx -t`.
+        #[arg(long)]
+        check: bool,
     },
     /// Ask the arbiter for admission, then run COMMAND under the shim with its grant.
     Run(run::RunArgs),
@@ -115,19 +118,26 @@ fn arbiter(
     log_format: LogFormat,
     socket: Option<PathBuf>,
     state_dir: Option<PathBuf>,
+    check: bool,
 ) -> anyhow::Result<()> {
     init_logging(log_format);
     let mut cfg = match &config {
         Some(p) => smore_arbiter::config::Config::load(p)?,
         None => smore_arbiter::config::Config::default(),
     };
+    // The file as read: SIGHUP compares the re-read file against it, not against the overrides.
+    let base = cfg.clone();
     if let Some(s) = socket {
         cfg.socket = s;
     }
     if let Some(d) = state_dir {
         cfg.state_dir = d;
     }
-    smore_arbiter::server::Daemon::start(cfg)?.run()
+    if check {
+        println!("{}", smore_arbiter::lifecycle::check(&cfg)?);
+        return Ok(());
+    }
+    smore_arbiter::server::Daemon::start(cfg)?.run_service(base)
 }
 
 fn main() {
@@ -138,7 +148,8 @@ fn main() {
             log_format,
             socket,
             state_dir,
-        } => arbiter(config, log_format, socket, state_dir),
+            check,
+        } => arbiter(config, log_format, socket, state_dir, check),
         Cmd::Run(a) => std::process::exit(run::run(a)),
         Cmd::Status(a) => status::status(a),
         Cmd::Top(a) => status::top(a),

@@ -19,6 +19,7 @@ pub mod events;
 pub mod facts;
 pub mod instance;
 pub mod persist;
+pub mod reload;
 pub mod training;
 pub mod watchdog;
 
@@ -264,22 +265,7 @@ impl State {
         clock: Box<dyn Clock>,
         procs: Box<dyn ProcFacts>,
     ) -> State {
-        let prewarm = if cfg.prewarm_policy == "off" {
-            Prewarm::Off
-        } else {
-            match smore_prewarm::policy::PolicySpec::parse(&cfg.prewarm_policy).and_then(|spec| {
-                smore_prewarm::PrewarmManager::new(
-                    spec,
-                    smore_prewarm::policy::PolicySettings::default(),
-                )
-            }) {
-                Ok(m) => Prewarm::On(Box::new(m)),
-                Err(e) => Prewarm::Failed(format!(
-                    "prewarm policy {:?} failed to start: {e:#}; no pre-warm hints until the config names a working policy (or \"off\")",
-                    cfg.prewarm_policy
-                )),
-            }
-        };
+        let prewarm = Prewarm::from_policy(&cfg.prewarm_policy);
         let gpus = gpus
             .into_iter()
             .filter(|g| {

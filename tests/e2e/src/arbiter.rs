@@ -111,6 +111,17 @@ impl Arbiter {
         }
     }
 
+    /// The running arbiter's pid (None once killed or taken).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Takes the arbiter's process out of the harness (to signal it and wait for its exit); a
+    /// later [`Arbiter::revive`] starts a new one.
+    pub fn take_child(&mut self) -> Option<Child> {
+        self.child.take()
+    }
+
     /// Kills the arbiter and starts it again with the same config and state directory.
     pub fn restart(&mut self) {
         self.kill();
