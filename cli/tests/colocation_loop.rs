@@ -46,7 +46,13 @@ struct Run {
     estimates: Vec<f64>,
 }
 
+/// One loop at a time: each runs a trainer, two functions and an arbiter, and the trainer's
+/// iteration times are the measurement — loops running side by side on a 2-core machine would
+/// measure each other's CPU load, not GPU interference.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn run_loop(policy_toml: &str) -> Run {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let sim = SimGpu::builder()
         .devices(1)
         .memory("16GiB")

@@ -29,12 +29,24 @@ pub fn search_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// Finds a file by name in [`search_dirs`].
+/// Finds a file by name: in `$SMORE_LIB_DIR` when it is set and holds the file, else the newest
+/// copy in the other [`search_dirs`]. An installation has one copy; a development build can have
+/// two (`target/<profile>/` and `deps/`, the latter refreshed by `cargo test` alone), and every
+/// user of this lookup — `smore run`'s shim, the arbiter's check of which shim is genuine, the
+/// demo — must agree on the same, current one.
 pub fn find(name: &str) -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os(ENV_LIB_DIR) {
+        let p = PathBuf::from(d).join(name);
+        if p.exists() {
+            return Some(p);
+        }
+    }
     search_dirs()
         .into_iter()
         .map(|d| d.join(name))
-        .find(|p| p.exists())
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, p)| p)
 }
 
 /// A file smore needs was not found in any of the [`search_dirs`].
