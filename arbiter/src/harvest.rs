@@ -252,6 +252,12 @@ pub fn split(total_ppm: u32, demands: &[Demand]) -> Vec<u32> {
     out
 }
 
+/// Fraction of `θ / (1 + θ)` handed out: 80 %. Reasoning: the shims cannot see one kind of
+/// collision — a training kernel that arrives while a function's batch already runs waits, but no
+/// function event shows it. On the simulated GPU that left trainers 2–3 pp above the bound a
+/// budget implies (docs/shim.md, "Harvest"); holding a fifth back keeps the measured mean under θ
+/// (cli/tests/colocation_loop.rs measured 10.8 % at θ = 10 % with the whole budget).
+pub const UNSEEN_COLLISION_MARGIN: f64 = 0.8;
 /// Smallest calibration of the budget: a quarter of `θ / (1 + θ)`.
 pub const CALIBRATION_MIN: f64 = 0.25;
 /// Multiplicative decrease when the estimated slowdown exceeds θ (TGS decreases by 8 % per 50 ms
@@ -295,9 +301,12 @@ impl Harvest {
         self.calibration
     }
 
-    /// The GPU's total collision budget, ppm of wall time.
+    /// The GPU's total collision budget, ppm of wall time:
+    /// `θ/(1+θ)` × [`UNSEEN_COLLISION_MARGIN`] × the calibration.
     pub fn total_ppm(&self) -> u32 {
-        (fraction_for_slowdown(self.theta) * self.calibration * PPM as f64).round() as u32
+        (fraction_for_slowdown(self.theta) * UNSEEN_COLLISION_MARGIN * self.calibration
+            * PPM as f64)
+            .round() as u32
     }
 
     /// Feeds the slowdown estimated over the last window; returns whether the budget changed.
@@ -431,9 +440,9 @@ mod tests {
     #[test]
     fn the_budget_shrinks_above_theta_and_recovers_well_below_it() {
         let mut h = Harvest::new(0.1);
-        assert_eq!(h.total_ppm(), 90_909);
+        assert_eq!(h.total_ppm(), 72_727);
         assert!(h.observe(0.12));
-        assert!(h.total_ppm() < 90_909);
+        assert!(h.total_ppm() < 72_727);
         for _ in 0..20 {
             h.observe(0.2);
         }
