@@ -304,7 +304,9 @@ impl Harvest {
     /// The GPU's total collision budget, ppm of wall time:
     /// `θ/(1+θ)` × [`UNSEEN_COLLISION_MARGIN`] × the calibration.
     pub fn total_ppm(&self) -> u32 {
-        (fraction_for_slowdown(self.theta) * UNSEEN_COLLISION_MARGIN * self.calibration
+        (fraction_for_slowdown(self.theta)
+            * UNSEEN_COLLISION_MARGIN
+            * self.calibration
             * PPM as f64)
             .round() as u32
     }
