@@ -28,6 +28,10 @@ pub struct BenchShimArgs {
 pub fn shim(a: BenchShimArgs) -> Result<()> {
     let bench = artifacts::require("shim-bench")?;
     let mut cmd = std::process::Command::new(&bench);
+    // A user's SMORE_ARBITER_SOCKET or caps must not reach the bench (or, through it, its
+    // children): figures would be of a grant the user set, and children would register with the
+    // live arbiter.
+    smore_protocol::env::scrub_inherited(&mut cmd);
     if a.quick {
         cmd.arg("--quick");
     }

@@ -138,6 +138,9 @@ pub(crate) struct Node {
 impl Node {
     pub(crate) fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new(program);
+        // Only the node's variables and what the caller sets: none of a user's SMORE_* grant or
+        // arbiter variables leak into the demo's processes (docs/cli.md).
+        smore_protocol::env::scrub_inherited(&mut c);
         c.envs(self.env.iter().map(|(k, v)| (k, v)));
         c
     }

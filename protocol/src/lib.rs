@@ -7,6 +7,7 @@
 //! - [`grant`]: the layout of the grant page the arbiter writes and the shim maps read-only;
 //! - [`conn`]: one connection: framed messages, the grant page fd as `SCM_RIGHTS`, `SO_PEERCRED`;
 //! - [`size`]: human-readable byte sizes used by the environment contract and the config;
+//! - [`env`]: which variables carry a grant into a child process, and scrubbing them;
 //! - [`install`]: where an installed (or freshly built) smore keeps the shim and its helpers.
 //!
 //! Must never: depend on anything heavy (the shim links it into other people's processes), allocate
@@ -15,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod conn;
+pub mod env;
 // grant.rs belongs to the shim re-layering (documented there); exempt until it is.
 #[allow(missing_docs)]
 pub mod grant;

@@ -1,5 +1,8 @@
-//! The shim benchmark (`shim-bench`) runs on the simulated GPU and prints its figures. Values
-//! are not asserted (they depend on the machine); that every figure is printed and finite is.
+//! The shim benchmark (`shim-bench`) runs on the simulated GPU and prints its figures. Overhead
+//! values are not asserted (they depend on the machine); that every figure is printed and finite
+//! is, and that the share runs measure the share they were asked for — not one set by the
+//! overhead phase or by the user's shell (issue: shares read three times too high when
+//! `SMORE_SM_WINDOW_MS` leaked from the overhead phase into the share runs).
 
 use smore_e2e::*;
 
@@ -10,7 +13,11 @@ fn the_shim_benchmark_prints_its_figures() {
         sim.command(bin("shim-bench"))
             .arg("--shim")
             .arg(shim_lib())
-            .arg("--quick"),
+            .arg("--quick")
+            // A user's shell with smore variables exported: none of them may reach the children.
+            .env("SMORE_SM_WINDOW_MS", "10000")
+            .env("SMORE_SM_SHARE", "99")
+            .env("SMORE_ARBITER_SOCKET", "/nonexistent/smore.sock"),
     )
     .unwrap();
     eprintln!("{out}");
@@ -31,6 +38,16 @@ fn the_shim_benchmark_prints_its_figures() {
         assert!(
             num(s, "alone") > 0.0 && num(s, "beside_trainer") > 0.0,
             "{s:?}"
+        );
+        // Alone, a function held to `share` % gets that share. The quick runs last 1 s from
+        // start-up, so the bucket's initial fill (one 100 ms window at `share`, the shim's
+        // DEFAULT_WINDOW_MS) adds up to share × 0.1 on top: 25 → ≤ 27.5 %, 75 → ≤ 82.5 %, plus
+        // the ±6 pp band of a 1 s run. A leaked 10 s window gave 93 % at share 25.
+        let want = num(s, "share");
+        let alone = num(s, "alone");
+        assert!(
+            (want - 6.0..=want * 1.1 + 6.0).contains(&alone),
+            "share {want} %: alone {alone:.1} %\n{out}"
         );
     }
 }

@@ -18,6 +18,15 @@ use smore_sim_clients::driver::{Driver, Resolve, Session};
 use std::ffi::{c_uint, c_void, CString};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+
+/// A child that inherits none of this process's grant-bearing variables: the overhead phase sets
+/// `SMORE_MEMORY_LIMIT` and `SMORE_SM_WINDOW_MS` on itself (for the shim copies it dlopens), and a
+/// user's `SMORE_ARBITER_SOCKET` must not make the bench's children register with a live arbiter.
+fn child(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new(program);
+    smore_protocol::env::scrub_inherited(&mut c);
+    c
+}
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
@@ -335,7 +344,7 @@ fn eight_processes(shim: &PathBuf, quick: bool) -> Result<()> {
     let (rounds, n) = if quick { ("4", "500") } else { ("10", "5000") };
     let children: Vec<_> = (0..8)
         .map(|_| {
-            Command::new(std::env::current_exe()?)
+            child(std::env::current_exe()?)
                 .arg("--shim")
                 .arg(shim)
                 .args(["alloc-worker", rounds, n])
@@ -399,7 +408,7 @@ fn share_table(shim: &PathBuf, quick: bool) -> Result<()> {
             let state = tmp.join(format!("node-{share}-{beside}.state"));
             let trainer_child = if beside {
                 Some(
-                    Command::new(&trainer)
+                    child(&trainer)
                         .env("SMORE_SIM_STATE", &state)
                         .args([
                             "--kernel-us",
@@ -419,7 +428,7 @@ fn share_table(shim: &PathBuf, quick: bool) -> Result<()> {
             if beside {
                 std::thread::sleep(Duration::from_millis(200));
             }
-            let f = Command::new(&function)
+            let f = child(&function)
                 .env("SMORE_SIM_STATE", &state)
                 .env("LD_PRELOAD", shim)
                 .env("SMORE_SM_SHARE", share.to_string())
