@@ -70,6 +70,7 @@ struct RawPrewarm {
 struct RawArbiter {
     socket: Option<Spanned<String>>,
     socket_mode: Option<Spanned<String>>,
+    socket_group: Option<Spanned<String>>,
     state_dir: Option<Spanned<String>>,
     metrics_addr: Option<Spanned<String>>,
     failure_policy: Option<FailurePolicy>,
@@ -126,6 +127,33 @@ enum Fraction {
 /// today carry 192 GB; a default above this is a typo (or `u64::MAX`), not a plan.
 pub const MAX_DEFAULT_MEMORY: u64 = 1 << 40;
 
+/// The group the arbiter's socket is handed to (`[arbiter] socket_group`), resolved once at load
+/// so that `smore arbiter --check` reports an unknown group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct SocketGroup {
+    /// The numeric group id.
+    pub gid: u32,
+}
+
+impl SocketGroup {
+    /// A group name (looked up through NSS, as `chgrp` does) or a numeric gid.
+    pub fn resolve(spec: &str) -> Result<SocketGroup, String> {
+        if let Ok(gid) = spec.parse::<u32>() {
+            return Ok(SocketGroup { gid });
+        }
+        match nix::unistd::Group::from_name(spec) {
+            Ok(Some(g)) => Ok(SocketGroup {
+                gid: g.gid.as_raw(),
+            }),
+            Ok(None) => Err(format!(
+                "no group named {spec:?} on this node: create it (`groupadd {spec}`) and add the \
+                 users that run functions, or give a numeric gid"
+            )),
+            Err(e) => Err(format!("looking up group {spec:?}: {e}")),
+        }
+    }
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Config {
@@ -135,6 +163,9 @@ pub struct Config {
     pub socket: PathBuf,
     /// Permission bits of the socket (octal in the file, e.g. `"0660"`).
     pub socket_mode: u32,
+    /// Group the socket is given (name or numeric gid, resolved at load): with the default mode
+    /// 0660 its members may register functions (None: the arbiter's own group, i.e. root only).
+    pub socket_group: Option<SocketGroup>,
     /// Where grants are persisted across arbiter restarts.
     pub state_dir: PathBuf,
     /// Address of the Prometheus `/metrics` endpoint (None: off).
@@ -194,6 +225,7 @@ impl Default for Config {
             source: None,
             socket: PathBuf::from(smore_protocol::wire::DEFAULT_SOCKET),
             socket_mode: 0o660,
+            socket_group: None,
             state_dir: PathBuf::from("/var/lib/smore"),
             metrics_addr: None,
             failure_policy: FailurePolicy::FailOpen,
@@ -351,6 +383,13 @@ impl Config {
                         format!("{:?} is not an octal mode like \"0660\"", m.get_ref()),
                     )
                 })?;
+        }
+        if let Some(g) = a.socket_group {
+            let span = g.span();
+            c.socket_group = Some(
+                SocketGroup::resolve(g.get_ref())
+                    .map_err(|what| err(span, "arbiter.socket_group", what))?,
+            );
         }
         if let Some(s) = a.state_dir {
             c.state_dir = PathBuf::from(s.into_inner());
@@ -547,6 +586,22 @@ mod tests {
         let c = Config::parse("", "empty").unwrap();
         assert_eq!(c.memory_safety, 0.95);
         assert_eq!(c.failure_policy, FailurePolicy::FailOpen);
+    }
+
+    #[test]
+    fn socket_group_is_a_name_or_a_gid_and_an_unknown_name_is_refused() {
+        let c = Config::parse("[arbiter]\nsocket_group = \"root\"\n", "node.toml").unwrap();
+        assert_eq!(c.socket_group, Some(SocketGroup { gid: 0 }));
+        let c = Config::parse("[arbiter]\nsocket_group = \"4242\"\n", "node.toml").unwrap();
+        assert_eq!(c.socket_group, Some(SocketGroup { gid: 4242 }));
+        assert_eq!(Config::parse("", "x").unwrap().socket_group, None);
+        let e = error_of("[arbiter]\nsocket_group = \"no-such-group-smore\"\n");
+        assert!(
+            e.starts_with("node.toml:2:")
+                && e.contains("arbiter.socket_group")
+                && e.contains("groupadd"),
+            "{e}"
+        );
     }
 
     fn error_of(text: &str) -> String {

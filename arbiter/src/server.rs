@@ -144,6 +144,16 @@ fn bind(cfg: &Config) -> Result<UnixListener> {
             .with_context(|| format!("removing stale socket {}", path.display()))?;
     }
     let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    if let Some(g) = cfg.socket_group {
+        std::os::unix::fs::chown(path, None, Some(g.gid)).with_context(|| {
+            format!(
+                "giving {} to group {} (socket_group): the arbiter must run as root or be a \
+                 member of that group",
+                path.display(),
+                g.gid
+            )
+        })?;
+    }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(cfg.socket_mode))
         .with_context(|| format!("setting the mode of {}", path.display()))?;
     Ok(l)

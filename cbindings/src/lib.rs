@@ -220,10 +220,7 @@ pub unsafe extern "C" fn smore_connect(
             Err(e) => {
                 return fail(
                     SmoreStatus::Unreachable,
-                    format!(
-                        "cannot reach the arbiter at {}: {e} (is `smore arbiter` running?)",
-                        path.display()
-                    ),
+                    smore_protocol::conn::unreachable_reason(&path, &e),
                 )
             }
         };

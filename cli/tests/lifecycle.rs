@@ -272,3 +272,48 @@ fn the_arbiter_does_not_create_arbitrary_parent_directories_for_its_socket() {
     );
     assert!(status.success(), "{status:?}");
 }
+
+/// `socket_group` hands the socket to a group: its members may use the arbiter, others get a
+/// message that names the permission problem (not "is the arbiter running?").
+#[test]
+fn socket_group_grants_access_and_a_stranger_is_told_it_is_a_permission_problem() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipped: setpriv (util-linux) is not installed, so no user can be switched to");
+        return;
+    }
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: switching users needs root");
+        return;
+    }
+    const GROUP: u32 = 4242;
+    const NOBODY: &str = "65534";
+    let sim = SimGpu::exact(1, "16GiB");
+    let arb = Arbiter::new(&sim, &format!("socket_group = \"{GROUP}\"\n"));
+    let meta = std::fs::metadata(&arb.socket).unwrap();
+    assert_eq!(meta.gid(), GROUP, "socket group");
+    assert_eq!(meta.mode() & 0o777, 0o660, "socket mode");
+    // The test's node directory is private (0700); let other users reach the socket in it.
+    std::fs::set_permissions(sim.dir(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let as_user = |gid: &str| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid", NOBODY, "--regid", gid, "--clear-groups", SMORE])
+            .args(["status", "--json"])
+            .env(smore_protocol::wire::ENV_SOCKET, &arb.socket);
+        c.output().unwrap()
+    };
+    let member = as_user(&GROUP.to_string());
+    assert!(
+        member.status.success(),
+        "a member of socket_group: {member:?}\n{}",
+        arb.logs()
+    );
+    let stranger = as_user(NOBODY);
+    let err = String::from_utf8_lossy(&stranger.stderr);
+    assert_eq!(stranger.status.code(), Some(69), "{stranger:?}");
+    assert!(
+        err.contains("permission denied") && err.contains("socket_group"),
+        "{err}"
+    );
+    assert!(!err.contains("running?"), "{err}");
+}

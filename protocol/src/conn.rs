@@ -170,6 +170,26 @@ impl AsFd for Client {
     }
 }
 
+/// Why a client could not connect to the arbiter at `path`, and what to do about it: a permission
+/// problem (the socket's `socket_mode`/`socket_group`) is not an arbiter that is down.
+pub fn unreachable_reason(path: &Path, e: &io::Error) -> String {
+    if e.kind() == io::ErrorKind::PermissionDenied {
+        format!(
+            "permission denied connecting to the arbiter at {}: this user may not use its socket \
+             — the operator gives access with `socket_group` (and `socket_mode`, default 0660) in \
+             the [arbiter] section of node.toml; add this user to that group and log in again, \
+             or run as root",
+            path.display()
+        )
+    } else {
+        format!(
+            "cannot reach the arbiter at {}: {e} (is `smore arbiter` running? set --socket or \
+             SMORE_ARBITER_SOCKET if it listens elsewhere)",
+            path.display()
+        )
+    }
+}
+
 /// The arbiter socket a client connects to: `explicit` (a `--socket` flag), else
 /// `$SMORE_ARBITER_SOCKET`, else the default path.
 pub fn socket_path(explicit: Option<&Path>) -> std::path::PathBuf {
@@ -177,6 +197,21 @@ pub fn socket_path(explicit: Option<&Path>) -> std::path::PathBuf {
         .map(Path::to_path_buf)
         .or_else(|| std::env::var_os(wire::ENV_SOCKET).map(std::path::PathBuf::from))
         .unwrap_or_else(|| std::path::PathBuf::from(wire::DEFAULT_SOCKET))
+}
+
+#[cfg(test)]
+mod reason_tests {
+    use super::*;
+
+    #[test]
+    fn a_permission_problem_is_not_reported_as_a_stopped_arbiter() {
+        let p = Path::new("/run/smore/arbiter.sock");
+        let denied = unreachable_reason(p, &io::Error::from(io::ErrorKind::PermissionDenied));
+        assert!(denied.contains("permission denied") && denied.contains("socket_group"));
+        assert!(!denied.contains("running?"), "{denied}");
+        let gone = unreachable_reason(p, &io::Error::from(io::ErrorKind::NotFound));
+        assert!(gone.contains("is `smore arbiter` running?"), "{gone}");
+    }
 }
 
 #[cfg(test)]

@@ -163,7 +163,8 @@ fn inherited_resume(get: &impl Fn(&str) -> Option<String>, config: &Config) -> O
 }
 
 fn connect(path: &std::path::Path) -> Result<UnixStream, String> {
-    let stream = UnixStream::connect(path).map_err(|e| format!("connect failed: {e}"))?;
+    let stream = UnixStream::connect(path)
+        .map_err(|e| smore_protocol::conn::unreachable_reason(path, &e))?;
     stream
         .set_read_timeout(Some(ARBITER_TIMEOUT))
         .and_then(|_| stream.set_write_timeout(Some(ARBITER_TIMEOUT)))
@@ -482,7 +483,9 @@ mod tests {
             env(&[("SMORE_ARBITER_SOCKET", "/nonexistent/smore.sock")]),
             &Config::default(),
         ) {
-            (Source::Unavailable(why), None) => assert!(why.contains("connect failed"), "{why}"),
+            (Source::Unavailable(why), None) => {
+                assert!(why.contains("cannot reach the arbiter"), "{why}")
+            }
             _ => panic!("an unreachable socket must be reported"),
         }
     }

@@ -143,9 +143,8 @@ fn try_run(a: RunArgs) -> Result<i32> {
         Ok(c) => c,
         Err(e) => {
             eprintln!(
-                "smore run: cannot reach the arbiter at {}: {e}\n  is `smore arbiter` running? \
-                 (set --socket or SMORE_ARBITER_SOCKET if it listens elsewhere)",
-                socket.display()
+                "smore run: {}",
+                smore_protocol::conn::unreachable_reason(&socket, &e)
             );
             return Ok(EXIT_UNREACHABLE);
         }

@@ -19,10 +19,7 @@ use std::time::Duration;
 
 /// The arbiter could not be reached: the command exits with [`super::run::EXIT_UNREACHABLE`].
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "cannot reach the arbiter at {} (is `smore arbiter` running? set --socket or SMORE_ARBITER_SOCKET)",
-    path.display()
-)]
+#[error("{}", smore_protocol::conn::unreachable_reason(.path, .source))]
 pub struct Unreachable {
     pub path: PathBuf,
     pub source: std::io::Error,
