@@ -25,12 +25,19 @@ fn the_c_example_runtime_registers_reports_and_is_admitted() {
     let sim = SimGpu::builder().devices(1).memory("8GiB").build().unwrap();
     let arb = Arbiter::new(&sim, "");
     let exe = sim.dir().join("smoke");
-    let lib = lib();
+    // As installed (docs/cbindings.md, "Linking"): the library's SONAME is libsmore.so.0, which
+    // the program records and the loader looks for; `libsmore.so` is the link-time name.
+    let libdir = sim.dir().join("lib-smore");
+    std::fs::create_dir_all(&libdir).unwrap();
+    for name in ["libsmore.so", "libsmore.so.0"] {
+        std::os::unix::fs::symlink(lib(), libdir.join(name)).unwrap();
+    }
     let out = Command::new("cc")
         .arg(format!("{dir}/examples/c/smoke.c"))
         .arg(format!("-I{dir}/include"))
-        .arg(&lib)
-        .arg(format!("-Wl,-rpath,{}", lib.parent().unwrap().display()))
+        .arg(format!("-L{}", libdir.display()))
+        .arg("-lsmore")
+        .arg(format!("-Wl,-rpath,{}", libdir.display()))
         .arg("-o")
         .arg(&exe)
         .output()
