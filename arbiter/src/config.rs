@@ -10,15 +10,9 @@ use smore_protocol::size::parse_size;
 use std::path::{Path, PathBuf};
 use toml::Spanned;
 
-/// What the shim does while the arbiter cannot be reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FailurePolicy {
-    /// Keep the last grant (or the environment contract) and go on.
-    FailOpen,
-    /// Refuse new device memory until the arbiter is back.
-    FailClosed,
-}
+/// What the shim does while the arbiter cannot be reached (one definition, in the protocol: it is
+/// announced to every shim in its grant).
+pub use smore_protocol::wire::FailurePolicy;
 
 /// What the watchdog does to a function that exceeds its cap or bypasses the shim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]

@@ -233,6 +233,32 @@ pub struct Grant {
     /// The rule that admitted the instance (shown by `status`).
     #[serde(default)]
     pub rule: String,
+    /// What the function's shim does while this arbiter cannot be reached (the node's
+    /// `[arbiter] failure_policy`): a floor — `FailClosed` wins over the process's own
+    /// `SMORE_FAILURE=open` (docs/shim.md, "Failure policy"). `None` from an older arbiter.
+    #[serde(default)]
+    pub failure_policy: Option<FailurePolicy>,
+}
+
+/// What a function's shim does while the arbiter cannot be reached: the node's
+/// `[arbiter] failure_policy`, announced in every [`Grant`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailurePolicy {
+    /// Keep the last grant (or the environment contract) and go on.
+    FailOpen,
+    /// Refuse new device memory until the arbiter is back.
+    FailClosed,
+}
+
+impl FailurePolicy {
+    /// The shim's `SMORE_FAILURE` spelling (`open` / `closed`).
+    pub fn env_value(self) -> &'static str {
+        match self {
+            FailurePolicy::FailOpen => "open",
+            FailurePolicy::FailClosed => "closed",
+        }
+    }
 }
 
 /// What the prewarm policy advises for a function this minute (the arbiter converts
@@ -458,6 +484,7 @@ mod tests {
             predicted_train: Some(0.05),
             predicted_fn: None,
             rule: "fit".into(),
+            failure_policy: Some(FailurePolicy::FailClosed),
         }));
         roundtrip(Reply::Refused {
             code: RefuseCode::NoMemory,

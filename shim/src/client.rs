@@ -17,7 +17,7 @@
 //! arbiter reads it from `SO_PEERCRED`), or write on an inherited connection (other holders may
 //! use it; re-registration always opens a new one).
 
-use crate::config::Config;
+use crate::config::{Config, FailurePolicy};
 use crate::harvest::Usage;
 use crate::limits::GrantPage;
 use crate::sys::grant;
@@ -99,6 +99,18 @@ pub struct Resume {
     pub slot: usize,
     /// The registration to send again (with `resume`, `gpu`, `exec` filled in at the time).
     pub request: Request,
+    /// The arbiter's failure policy from the last grant (socket mode), which overrides the
+    /// process's `SMORE_FAILURE`; `None` under `smore run` (it exports the arbiter's policy as
+    /// `SMORE_FAILURE`) or from an older arbiter.
+    pub policy: Option<FailurePolicy>,
+}
+
+/// The shim's spelling of the arbiter's failure policy.
+pub fn policy_of(p: smore_protocol::wire::FailurePolicy) -> FailurePolicy {
+    match p {
+        smore_protocol::wire::FailurePolicy::FailOpen => FailurePolicy::Open,
+        smore_protocol::wire::FailurePolicy::FailClosed => FailurePolicy::Closed,
+    }
 }
 
 /// Resolves the limits source from the environment, and how to resume the grant after an
@@ -159,6 +171,7 @@ fn inherited_resume(get: &impl Fn(&str) -> Option<String>, config: &Config) -> O
         exec: true,
         slot: 0,
         request: register_request(get, config),
+        policy: None,
     })
 }
 
@@ -202,6 +215,7 @@ fn register(path: &str, req: Request) -> Result<(&'static GrantPage, Resume), St
                 exec: false,
                 slot: (g.gpu_index as usize).min(crate::limits::MAX_DEVICES - 1),
                 request: req,
+                policy: g.failure_policy.map(policy_of),
             };
             Ok((page, resume))
         }
@@ -537,6 +551,7 @@ mod tests {
             exec: true,
             slot: 0,
             request: register_request(&env(&[]), &Config::default()),
+            policy: None,
         };
         assert!(matches!(
             reregister(&r, 1 << 30, None),

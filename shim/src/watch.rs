@@ -3,10 +3,12 @@
 //! failure policy to the grant meanwhile, reconnects with back-off and re-registers with `resume`,
 //! then swaps the new grant page in.
 //!
-//! While the arbiter is away:
-//! - `SMORE_FAILURE=open` (default): the last grant stays in force — the old page stays mapped
+//! While the arbiter is away, under the failure policy: closed when the node's
+//! `[arbiter] failure_policy` (announced in the grant) or the process's `SMORE_FAILURE` says so —
+//! a function may be stricter than its node, never laxer:
+//! - open (default): the last grant stays in force — the old page stays mapped
 //!   and keeps the values the arbiter last wrote.
-//! - `SMORE_FAILURE=closed`: a process-local page with cap 0 on every device (shares copied from
+//! - closed: a process-local page with cap 0 on every device (shares copied from
 //!   the last grant, contention budgets too) replaces it: every new allocation is refused,
 //!   launches keep their pacing.
 //!
@@ -129,11 +131,17 @@ fn watch(
         os::close_fd(r.conn);
         let granted = limits.get();
         let last_cap = granted.cap(r.slot);
-        match policy {
+        // The node's policy, announced in the grant, is a floor: a node that fails closed does so
+        // whatever the process's SMORE_FAILURE says; a process may be stricter than its node.
+        let effective = match (r.policy, policy) {
+            (Some(FailurePolicy::Closed), _) | (_, FailurePolicy::Closed) => FailurePolicy::Closed,
+            _ => FailurePolicy::Open,
+        };
+        match effective {
             FailurePolicy::Open => log::line(
                 Level::Warn,
                 format_args!(
-                    "arbiter connection lost (instance {}): keeping the last grant (SMORE_FAILURE=open) and re-registering",
+                    "arbiter connection lost (instance {}): keeping the last grant (failure policy open) and re-registering",
                     r.instance
                 ),
             ),
@@ -142,7 +150,7 @@ fn watch(
                 log::line(
                     Level::Warn,
                     format_args!(
-                        "arbiter connection lost (instance {}): every device allocation is refused until it re-registers (SMORE_FAILURE=closed)",
+                        "arbiter connection lost (instance {}): every device allocation is refused until it re-registers (failure policy closed)",
                         r.instance
                     ),
                 );
@@ -194,6 +202,9 @@ fn watch(
         );
         r.conn = conn;
         r.instance = grant.instance;
+        if !r.exec {
+            r.policy = grant.failure_policy.map(crate::client::policy_of);
+        }
         r.gpu = Some(grant.gpu_index);
         if !r.exec {
             r.slot = (grant.gpu_index as usize).min(MAX_DEVICES - 1);

@@ -656,6 +656,7 @@ impl State {
             predicted_train: i.predicted_train,
             predicted_fn: i.predicted_fn,
             rule: i.rule.clone(),
+            failure_policy: Some(self.cfg.failure_policy),
         }
     }
 

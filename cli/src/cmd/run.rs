@@ -203,6 +203,12 @@ fn try_run(a: RunArgs) -> Result<i32> {
         .env(wire::ENV_GRANT_FD, page.as_raw_fd().to_string())
         .env("SMORE_INSTANCE", grant.instance.to_string())
         .env("SMORE_FUNCTION", &function);
+    if grant.failure_policy == Some(wire::FailurePolicy::FailClosed) {
+        // A node that fails closed does so whatever the caller's SMORE_FAILURE says (what the
+        // shim does if the arbiter goes away while the command runs; docs/shim.md, "Failure
+        // policy"). A fail-open node leaves a stricter caller's choice alone.
+        cmd.env("SMORE_FAILURE", wire::FailurePolicy::FailClosed.env_value());
+    }
     if let Some(m) = &a.model {
         cmd.env("SMORE_MODEL", m);
     }

@@ -108,6 +108,7 @@ fn granted(cap: u64, share: u32) -> Reply {
         predicted_train: None,
         predicted_fn: None,
         rule: "test".into(),
+        failure_policy: None,
     })
 }
 
@@ -405,9 +406,19 @@ enum Mode {
 /// The arbiter is SIGKILLed and restarted while a function runs: the function keeps its last
 /// grant (open) or refuses allocations (closed) meanwhile, re-registers by itself as the same
 /// instance, is counted once, and its cap holds throughout; the re-attached page is live.
-fn arbiter_restart(mode: Mode, policy: &str) {
+///
+/// `node_policy` is the arbiter's `[arbiter] failure_policy`, announced in the grant: when set it
+/// overrides the function's own `SMORE_FAILURE` (`env_policy`), which a function controls.
+fn arbiter_restart(mode: Mode, env_policy: &str, node_policy: Option<&str>) {
     let sim = SimGpu::exact(1, "16GiB");
-    let mut arb = Arbiter::new(&sim, "");
+    let config = node_policy.map_or(String::new(), |p| format!("failure_policy = \"{p}\"\n"));
+    let mut arb = Arbiter::new(&sim, &config);
+    let policy = match node_policy {
+        Some("fail-closed") => "closed",
+        Some("fail-open") => "open",
+        Some(other) => panic!("not a failure policy: {other}"),
+        None => env_policy,
+    };
     let cmd = match mode {
         Mode::SmoreRun => {
             let mut c = sim.command(bin("smore"));
@@ -429,11 +440,11 @@ fn arbiter_restart(mode: Mode, policy: &str) {
     };
     let mut cmd = cmd;
     cmd.env("SMORE_ARBITER_SOCKET", &arb.socket)
-        .env("SMORE_FAILURE", policy)
+        .env("SMORE_FAILURE", env_policy)
         .env("SMORE_LOG", "info");
     let mut f = Held::spawn(cmd, sim.dir().join("function.err"));
     let pid = f.child.id() as u64;
-    let ctx = format!("{mode:?}, SMORE_FAILURE={policy}");
+    let ctx = format!("{mode:?}, SMORE_FAILURE={env_policy}, node policy {node_policy:?}");
     assert_eq!(f.alloc("48MiB"), "0", "{ctx}");
     assert_eq!(f.alloc("32MiB"), "2", "the grant's 64 MiB cap: {ctx}");
     let (_, fns) = gpu0(&arb);
@@ -510,12 +521,20 @@ fn arbiter_restart(mode: Mode, policy: &str) {
 
 #[test]
 fn an_arbiter_restart_under_smore_run_keeps_the_grant_and_resumes_it() {
-    arbiter_restart(Mode::SmoreRun, "open");
+    arbiter_restart(Mode::SmoreRun, "open", None);
 }
 
 #[test]
 fn an_arbiter_restart_fails_closed_then_the_shim_re_registers_itself() {
-    arbiter_restart(Mode::Socket, "closed");
+    arbiter_restart(Mode::Socket, "closed", None);
+}
+
+/// `[arbiter] failure_policy = "fail-closed"` reaches the shim in the grant and wins over the
+/// function's own `SMORE_FAILURE=open`, whichever way it registered.
+#[test]
+fn the_node_failure_policy_overrides_the_function_environment() {
+    arbiter_restart(Mode::Socket, "open", Some("fail-closed"));
+    arbiter_restart(Mode::SmoreRun, "open", Some("fail-closed"));
 }
 
 /// Under `smore run` the registration belongs to the process `smore run` exec'd. A descendant
