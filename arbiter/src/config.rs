@@ -99,6 +99,7 @@ struct RawPolicy {
 struct RawFunctions {
     default_slo_ms: Option<Spanned<f64>>,
     default_memory: Option<Spanned<String>>,
+    grants_per_process: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -202,6 +203,9 @@ pub struct Config {
     pub default_slo_ms: f64,
     /// Memory cap of a registration that declares none, bytes.
     pub default_memory: u64,
+    /// Live grants one process may hold (1: one instance per process, so one process cannot
+    /// collect grants and refuse legitimate functions; issue 12, item 13).
+    pub grants_per_process: u32,
     /// What the watchdog does to a function breaking its grant.
     pub watchdog_action: WatchdogAction,
     /// Bytes a function may exceed its cap by in NVML before the watchdog acts (the context and
@@ -246,6 +250,7 @@ impl Default for Config {
             model: None,
             default_slo_ms: 100.0,
             default_memory: 2 << 30,
+            grants_per_process: 1,
             watchdog_action: WatchdogAction::Sigterm,
             // 64 MiB: covers allocator rounding (2 MiB pages) and small context growth.
             memory_slack: 64 << 20,
@@ -528,6 +533,16 @@ impl Config {
                     ),
                 ));
             }
+        }
+        if let Some(v) = raw.functions.grants_per_process {
+            if *v.get_ref() == 0 {
+                return Err(err(
+                    v.span(),
+                    "functions.grants_per_process",
+                    "0 would refuse every registration: give at least 1".into(),
+                ));
+            }
+            c.grants_per_process = v.into_inner();
         }
         if let Some(a) = raw.watchdog.action {
             c.watchdog_action = a;

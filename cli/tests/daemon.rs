@@ -1,7 +1,7 @@
 //! The arbiter as an operator runs it: a real `smore arbiter` process on the simulated GPU, real
 //! clients over its Unix socket, real processes under `smore run`.
 
-use smore_e2e::{registration, wait_exit, wait_until, Arbiter, SimGpu};
+use smore_e2e::{registration, wait_exit, wait_until, Arbiter, SimGpu, MANY_GRANTS_PER_PROCESS};
 use smore_protocol::conn::{recv_with_fd, send_with_fd, Client};
 use smore_protocol::grant::{GrantPage, PAGE_BYTES};
 use smore_protocol::wire::{self, Envelope, ErrorCode, Register, Reply, Request, MAX_FRAME};
@@ -53,7 +53,7 @@ impl Drop for PageView {
 #[test]
 fn registration_gets_a_grant_page_it_cannot_write() {
     let sim = SimGpu::exact(2, "16GiB");
-    let arb = Arbiter::new(&sim, "");
+    let arb = Arbiter::new(&sim, MANY_GRANTS_PER_PROCESS);
     let c = arb.client();
     let (reply, fd) = register(&c, "resnet", 3 << 30);
     let Reply::Granted(g) = reply else {
@@ -310,7 +310,7 @@ fn an_arbiter_restart_loses_nothing_and_counts_nothing_twice() {
 #[test]
 fn two_hundred_concurrent_registrations_are_served() {
     let sim = SimGpu::exact(2, "16GiB");
-    let arb = Arbiter::new(&sim, "");
+    let arb = Arbiter::new(&sim, MANY_GRANTS_PER_PROCESS);
     let socket = arb.socket.clone();
     let t0 = Instant::now();
     let handles: Vec<_> = (0..200)
@@ -590,4 +590,35 @@ fn a_function_using_more_sm_time_than_its_share_gets_the_watchdog() {
     assert_killed_by_the_watchdog(&arb, child, Duration::from_secs(20), "over its share");
     trainer.kill().unwrap();
     trainer.wait().unwrap();
+}
+
+/// A process holds one grant (issue 12, item 13): a second registration from it, on another
+/// connection, is refused `invalid` with the instance it holds, and nothing is counted; once the
+/// first is released, it may register again.
+#[test]
+fn a_process_cannot_collect_grants() {
+    let sim = SimGpu::exact(1, "16GiB");
+    let arb = Arbiter::new(&sim, "");
+    let first = arb.client();
+    let (r, _page) = register(&first, "one", 1 << 30);
+    let Reply::Granted(g) = r else { panic!("{r:?}") };
+    let second = arb.client();
+    match register(&second, "two", 1 << 30).0 {
+        Reply::Refused { code, reason } => {
+            assert_eq!(code, wire::RefuseCode::Invalid, "{reason}");
+            assert!(
+                reason.contains("one grant per process")
+                    && reason.contains(&format!("instance {}", g.instance)),
+                "{reason}"
+            );
+        }
+        r => panic!("a second grant for the same process: {r:?}"),
+    }
+    assert_eq!(arb.functions().len(), 1, "nothing registered");
+    drop(first);
+    wait_until("the first grant released", Duration::from_secs(5), || {
+        arb.functions().is_empty()
+    });
+    let (r, _page) = register(&second, "two", 1 << 30);
+    assert!(matches!(r, Reply::Granted(_)), "{r:?}");
 }

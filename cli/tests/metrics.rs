@@ -3,7 +3,7 @@
 //! enforces: base units, `_total` counters, histograms for latency, `smore_build_info`, no
 //! `instance` label, no per-instance-id labels.
 
-use smore_e2e::{registration, wait_until, Arbiter, SimGpu};
+use smore_e2e::{registration, wait_until, Arbiter, SimGpu, MANY_GRANTS_PER_PROCESS};
 use smore_protocol::wire::{Reply, Request};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -181,7 +181,10 @@ fn metrics_parse_under_hostile_function_names_and_follow_the_conventions() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let arb = Arbiter::new(&sim, &format!("metrics_addr = \"127.0.0.1:{port}\"\n"));
+    let arb = Arbiter::new(
+        &sim,
+        &format!("metrics_addr = \"127.0.0.1:{port}\"\n{MANY_GRANTS_PER_PROCESS}"),
+    );
     let mut conns = Vec::new();
     for (i, name) in HOSTILE.iter().enumerate() {
         let c = arb.client();

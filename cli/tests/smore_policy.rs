@@ -3,7 +3,7 @@
 //! `[policy] model` is unset (logged as SYNTHETIC), so these tests check the decision path and its
 //! explanations, not prediction accuracy.
 
-use smore_e2e::{registration, Arbiter, SimGpu};
+use smore_e2e::{registration, Arbiter, SimGpu, MANY_GRANTS_PER_PROCESS};
 use smore_protocol::conn::Client;
 use smore_protocol::wire::{RefuseCode, Reply, Request};
 use std::time::Duration;
@@ -16,7 +16,10 @@ fn register(c: &Client, function: &str, model: &str, slo_ms: f64) -> Reply {
 #[test]
 fn smore_policy_decisions_carry_the_predictors_predictions_and_reasons() {
     let sim = SimGpu::exact(2, "16GiB");
-    let arb = Arbiter::with_policy(&sim, "name = \"smore\"\n");
+    let arb = Arbiter::with_policy(
+        &sim,
+        &format!("name = \"smore\"\n{MANY_GRANTS_PER_PROCESS}"),
+    );
     assert!(
         arb.logs().contains("SYNTHETIC"),
         "a synthetic predictor must be announced as such:\n{}",

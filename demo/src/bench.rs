@@ -188,9 +188,15 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
     node.env
         .push(("SMORE_SIM_MEMORY".to_string(), format!("{gib}GiB")));
     let socket = node.dir.join("arbiter.sock");
+    // The bench registers its concurrent and sequential rounds from its own process: lift the
+    // one-grant-per-process rule for this arbiter only (a node keeps the default of 1).
+    let cfg = node.dir.join("node.toml");
+    std::fs::write(&cfg, "[functions]\ngrants_per_process = 100000\n")?;
     let mut child = node
         .command(std::env::current_exe()?)
-        .args(["arbiter", "--socket"])
+        .args(["arbiter", "--config"])
+        .arg(&cfg)
+        .arg("--socket")
         .arg(&socket)
         .arg("--state-dir")
         .arg(node.dir.join("state"))

@@ -483,6 +483,27 @@ impl State {
                 ));
             }
         }
+        // At most `grants_per_process` live grants per process (default 1; issue 12, item 13):
+        // otherwise one process could collect grants and refuse legitimate functions. A recycled
+        // pid (another start time) is not the holder.
+        let start = self.procs.start_time(peer.pid);
+        let held: Vec<&Instance> = self
+            .instances
+            .values()
+            .filter(|i| i.rec.pid == peer.pid && Some(i.rec.start) == start)
+            .collect();
+        if held.len() >= self.cfg.grants_per_process as usize {
+            let first = held[0];
+            return Err(refuse(
+                RefuseCode::Invalid,
+                format!(
+                    "pid {} already holds instance {} ({}): one grant per process \
+                     ([functions] grants_per_process = {}) — release it first, or start another \
+                     process (one `smore run` per function instance)",
+                    peer.pid, first.rec.id, first.rec.function, self.cfg.grants_per_process
+                ),
+            ));
+        }
         if args.function.trim().is_empty() {
             return Err(refuse(RefuseCode::Invalid, "empty function name".into()));
         }
@@ -1375,11 +1396,31 @@ mod tests {
     #[test]
     fn memory_is_never_overcommitted() {
         let mut s = state();
+        // Five live processes (one grant per process).
+        let mut kids: Vec<_> = (0..5)
+            .map(|_| {
+                std::process::Command::new("sleep")
+                    .arg("30")
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let peers: Vec<Peer> = kids
+            .iter()
+            .map(|k| Peer {
+                pid: k.id(),
+                uid: 0,
+            })
+            .collect();
         // 2 GPUs × 9.5 GiB usable: 4 × 4 GiB fit (2 per GPU), the fifth does not.
-        for _ in 0..4 {
-            s.register(me(), args(4 << 30)).unwrap();
+        for p in &peers[..4] {
+            s.register(*p, args(4 << 30)).unwrap();
         }
-        let e = s.register(me(), args(4 << 30)).unwrap_err();
+        let e = s.register(peers[4], args(4 << 30)).unwrap_err();
+        for k in &mut kids {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
         assert_eq!(e.code, RefuseCode::NoMemory);
         assert_eq!(s.counters.refusals, 1);
         for g in s.views() {
@@ -1646,6 +1687,36 @@ mod injected_facts_tests {
         s.reconcile(&[(0, sample)]);
         assert!(s.instances.is_empty());
         assert_eq!(s.events.recent().back().unwrap().kind, EventKind::Released);
+    }
+
+    #[test]
+    fn a_process_holds_one_grant_and_a_recycled_pid_is_not_its_holder() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true);
+        let mut s = state(&procs, &clock);
+        let id = register(&mut s, 100);
+        let again = RegisterArgs {
+            function: "second".into(),
+            memory: Some(1 << 30),
+            exec: true,
+            ..Default::default()
+        };
+        let e = s
+            .register(Peer { pid: 100, uid: 0 }, again.clone())
+            .unwrap_err();
+        assert_eq!(e.code, RefuseCode::Invalid);
+        assert!(
+            e.reason.contains("one grant per process") && e.reason.contains(&id.to_string()),
+            "{}",
+            e.reason
+        );
+        assert_eq!(s.instances.len(), 1, "nothing registered");
+        // Released, the process may register again.
+        s.release(id, "test");
+        assert!(s.register(Peer { pid: 100, uid: 0 }, again.clone()).is_ok());
+        // The pid recycled by a new process (another start time) is not the holder.
+        procs.spawn(100, 1, 99, true);
+        assert!(s.register(Peer { pid: 100, uid: 0 }, again).is_ok());
     }
 
     #[test]

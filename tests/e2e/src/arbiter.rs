@@ -11,6 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+/// Config lines (append to a test's `extra`) for a test that plays several functions from its
+/// own process: a node allows one grant per process (`[functions] grants_per_process`, issue 12
+/// item 13), a test's threads all share the test's pid.
+pub const MANY_GRANTS_PER_PROCESS: &str = "\n[functions]\ngrants_per_process = 100000\n";
+
 /// A running (or killed, restartable) arbiter.
 pub struct Arbiter {
     child: Option<Child>,

@@ -12,7 +12,7 @@ pub mod arbiter;
 pub mod resolve;
 
 use anyhow::{bail, Context, Result};
-pub use arbiter::{registration, Arbiter};
+pub use arbiter::{registration, Arbiter, MANY_GRANTS_PER_PROCESS};
 pub use resolve::Resolution;
 use smore_simgpu::{Node, SimConfig};
 use std::collections::HashMap;
