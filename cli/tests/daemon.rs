@@ -601,7 +601,9 @@ fn a_process_cannot_collect_grants() {
     let arb = Arbiter::new(&sim, "");
     let first = arb.client();
     let (r, _page) = register(&first, "one", 1 << 30);
-    let Reply::Granted(g) = r else { panic!("{r:?}") };
+    let Reply::Granted(g) = r else {
+        panic!("{r:?}")
+    };
     let second = arb.client();
     match register(&second, "two", 1 << 30).0 {
         Reply::Refused { code, reason } => {

@@ -40,6 +40,7 @@
 
 pub mod config;
 mod layout;
+mod liveness;
 mod lock;
 pub mod node;
 mod timeline;

@@ -119,6 +119,8 @@ pub struct Node {
     pub(crate) state: &'static NodeState,
     pub(crate) slot: u32,
     pub(crate) pid: u32,
+    /// Pidfds of the slot holders this handle has looked at (`reap_dead`).
+    pub(crate) liveness: crate::liveness::Liveness,
 }
 
 fn proc_start_time(pid: u32) -> Option<(u64, char)> {
@@ -165,7 +167,12 @@ impl Node {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u32;
         let slot = claim_slot(state, pid)?;
-        Ok(Node { state, slot, pid })
+        Ok(Node {
+            state,
+            slot,
+            pid,
+            liveness: Default::default(),
+        })
     }
 
     /// Opens the node without claiming a process slot (NVML readers, test assertions), creating
@@ -179,6 +186,7 @@ impl Node {
             state,
             slot: NONE,
             pid,
+            liveness: Default::default(),
         })
     }
 
@@ -192,6 +200,7 @@ impl Node {
             state,
             slot: NONE,
             pid,
+            liveness: Default::default(),
         })
     }
 
@@ -368,7 +377,7 @@ impl Node {
                 continue;
             }
             let start = p.start_time.load(Acquire);
-            if start == 0 || slot_alive(pid, start) {
+            if start == 0 || self.liveness.alive(i, pid, start) {
                 continue;
             }
             // Claim the right to clean this slot exactly once.
@@ -695,6 +704,7 @@ fn claim_slot(state: &'static NodeState, pid: u32) -> Result<u32, SimError> {
                 state,
                 slot: NONE,
                 pid,
+                liveness: Default::default(),
             };
             observer.reap_dead();
         }

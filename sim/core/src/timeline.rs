@@ -811,6 +811,7 @@ mod tests {
             state: a.state,
             slot: b_slot,
             pid: ppid,
+            liveness: Default::default(),
         };
         (a, b, dir)
     }
