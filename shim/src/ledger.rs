@@ -2,13 +2,17 @@
 //! asked, committed on success, rolled back on failure.
 //!
 //! Owns the `used` counters and the handle → (device, bytes) map that makes every free credit
-//! exactly what its allocation charged. The reservation is one compare-and-swap loop against the
-//! cap, so no interleaving of threads can make `used` pass the cap (HAMi's check-then-add could).
+//! exactly what its allocation charged, and the lifecycle of physical memory whose release is not
+//! one call: VMM handles (credited when the last reference is released *and* the last mapping is
+//! unmapped, the driver's rule — `cuMemRelease` of a still-mapped handle frees nothing). The
+//! reservation is one compare-and-swap loop against the cap, so no interleaving of threads can make
+//! `used` pass the cap (HAMi's check-then-add could).
 //! Must never: block on the launch path (it is not used there), lose a credit for a handle it
-//! charged, or refuse a free (the free hooks always forward frees to the driver first).
+//! charged, credit memory the driver still holds, or refuse a free (the free hooks always forward
+//! frees to the driver first).
 
 use crate::limits::MAX_DEVICES;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
@@ -44,11 +48,33 @@ pub struct OverCap {
 /// One shard of the handle map: (kind, handle) → (device, bytes charged).
 type Shard = Mutex<HashMap<(Kind, u64), (u32, u64)>>;
 
+/// One physical VMM allocation (`cuMemCreate`): the driver frees it when `refs` (the creation plus
+/// every `cuMemRetainAllocationHandle`, minus every `cuMemRelease`) and `maps` (live `cuMemMap`s)
+/// are both zero (cuda.h, `cuMemRelease` / `cuMemUnmap`).
+#[derive(Debug, Clone, Copy)]
+struct VmmEntry {
+    dev: u32,
+    bytes: u64,
+    refs: u32,
+    maps: u32,
+}
+
+/// VMM handles and the address ranges mapped to them.
+#[derive(Debug, Default)]
+struct VmmTable {
+    handles: HashMap<u64, VmmEntry>,
+    /// Mapped VA → (handle, size).
+    maps: BTreeMap<u64, (u64, u64)>,
+}
+
 /// Bytes held on each device plus the handle map.
 #[derive(Debug)]
 pub struct Ledger {
     used: [AtomicU64; MAX_DEVICES],
     shards: Vec<Shard>,
+    /// VMM lifecycles. One lock: VMM calls are rare (a handful per allocation of a caching
+    /// allocator's segment), never on a launch.
+    vmm: Mutex<VmmTable>,
 }
 
 impl Default for Ledger {
@@ -72,6 +98,20 @@ impl Reservation<'_> {
     pub fn commit(self, kind: Kind, key: u64) {
         let (l, dev, bytes) = (self.ledger, self.dev, self.bytes);
         std::mem::forget(self);
+        if kind == Kind::Vmm {
+            let entry = VmmEntry {
+                dev: dev as u32,
+                bytes,
+                refs: 1,
+                maps: 0,
+            };
+            if let Some(old) = l.vmm_table().handles.insert(key, entry) {
+                // The driver reused a handle value: it had freed the old allocation (its last
+                // release or unmap did not reach us).
+                l.credit(old.dev as usize, old.bytes);
+            }
+            return;
+        }
         if let Some((odev, obytes)) = l.shard(kind, key).insert((kind, key), (dev as u32, bytes)) {
             // The driver handed out a handle we still had on record: its free never reached us
             // (e.g. freed through a path we do not hook). Credit the stale entry.
@@ -130,7 +170,13 @@ impl Ledger {
         Ledger {
             used: std::array::from_fn(|_| AtomicU64::new(0)),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            vmm: Mutex::new(VmmTable::default()),
         }
+    }
+
+    fn vmm_table(&self) -> std::sync::MutexGuard<'_, VmmTable> {
+        // Poisoned only by a panic between two single-entry updates: the table stays usable.
+        self.vmm.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn shard(
@@ -202,7 +248,15 @@ impl Ledger {
 
     /// Forgets `key` after the driver freed it and credits what it was charged. Unknown keys
     /// (allocated before the shim loaded, by an unhooked path, or twice freed) credit nothing.
+    /// A VMM handle (`cuMemRelease`) drops one reference and is credited only when no reference
+    /// and no mapping is left (`None` while it is still held).
     pub fn release(&self, kind: Kind, key: u64) -> Option<(usize, u64)> {
+        if kind == Kind::Vmm {
+            let mut t = self.vmm_table();
+            let e = t.handles.get_mut(&key)?;
+            e.refs = e.refs.saturating_sub(1);
+            return self.vmm_settle(&mut t, key);
+        }
         let entry = self.shard(kind, key).remove(&(kind, key));
         entry.map(|(dev, bytes)| {
             self.credit(dev as usize, bytes);
@@ -210,12 +264,70 @@ impl Ledger {
         })
     }
 
+    /// Credits and forgets VMM handle `key` if nothing holds it any more.
+    fn vmm_settle(&self, t: &mut VmmTable, key: u64) -> Option<(usize, u64)> {
+        match t.handles.get(&key) {
+            Some(e) if e.refs == 0 && e.maps == 0 => {
+                let e = t.handles.remove(&key)?;
+                self.credit(e.dev as usize, e.bytes);
+                Some((e.dev as usize, e.bytes))
+            }
+            _ => None,
+        }
+    }
+
+    /// `cuMemRetainAllocationHandle` returned `key`: one more `cuMemRelease` is needed before the
+    /// driver frees it. Unknown handles are ignored.
+    pub fn vmm_retained(&self, key: u64) {
+        if let Some(e) = self.vmm_table().handles.get_mut(&key) {
+            e.refs = e.refs.saturating_add(1);
+        }
+    }
+
+    /// `cuMemMap(va, size, …, key)` succeeded: the handle's memory stays held while mapped.
+    /// Handles the ledger does not know (created before the shim, by an unhooked path) are
+    /// ignored.
+    pub fn vmm_mapped(&self, va: u64, size: u64, key: u64) {
+        let mut t = self.vmm_table();
+        let Some(e) = t.handles.get_mut(&key) else {
+            return;
+        };
+        e.maps = e.maps.saturating_add(1);
+        if let Some((old, _)) = t.maps.insert(va, (key, size)) {
+            // The driver mapped over an address whose unmap we did not see: that mapping is gone.
+            if let Some(o) = t.handles.get_mut(&old) {
+                o.maps = o.maps.saturating_sub(1);
+            }
+            self.vmm_settle(&mut t, old);
+        }
+    }
+
+    /// `cuMemUnmap(va, size)` succeeded: every mapping that starts inside the range is gone, and a
+    /// handle with no reference and no mapping left is credited. Returns the bytes credited.
+    pub fn vmm_unmapped(&self, va: u64, size: u64) -> u64 {
+        let mut t = self.vmm_table();
+        let end = va.saturating_add(size.max(1));
+        let gone: Vec<u64> = t.maps.range(va..end).map(|(&b, _)| b).collect();
+        let mut credited = 0;
+        for base in gone {
+            let Some((key, _)) = t.maps.remove(&base) else {
+                continue;
+            };
+            if let Some(e) = t.handles.get_mut(&key) {
+                e.maps = e.maps.saturating_sub(1);
+            }
+            credited += self.vmm_settle(&mut t, key).map_or(0, |(_, b)| b);
+        }
+        credited
+    }
+
     /// Number of live entries (tests, status).
     pub fn entries(&self) -> usize {
         self.shards
             .iter()
             .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
-            .sum()
+            .sum::<usize>()
+            + self.vmm_table().handles.len()
     }
 }
 
@@ -253,6 +365,41 @@ mod tests {
             "namespaces are separate"
         );
         assert_eq!(l.used(0), 150);
+    }
+
+    #[test]
+    fn a_vmm_handle_is_credited_only_when_released_and_unmapped() {
+        let l = Ledger::new();
+        l.reserve(0, 4096, u64::MAX)
+            .unwrap()
+            .commit(Kind::Vmm, 0x50);
+        l.vmm_mapped(0x7000_0000, 4096, 0x50);
+        assert_eq!(l.release(Kind::Vmm, 0x50), None, "still mapped: held");
+        assert_eq!(l.used(0), 4096);
+        assert_eq!(l.vmm_unmapped(0x7000_0000, 4096), 4096);
+        assert_eq!(l.used(0), 0);
+        assert_eq!(l.entries(), 0);
+
+        // Mapped twice, retained once: two unmaps and two releases, in any order.
+        l.reserve(1, 100, u64::MAX).unwrap().commit(Kind::Vmm, 0x51);
+        l.vmm_mapped(0x1000, 100, 0x51);
+        l.vmm_mapped(0x9000, 100, 0x51);
+        l.vmm_retained(0x51);
+        assert_eq!(l.release(Kind::Vmm, 0x51), None);
+        assert_eq!(l.vmm_unmapped(0x1000, 100), 0);
+        assert_eq!(l.release(Kind::Vmm, 0x51), None, "one mapping left");
+        assert_eq!(l.used(1), 100);
+        assert_eq!(l.vmm_unmapped(0x9000, 100), 100);
+        assert_eq!(l.used(1), 0);
+        assert_eq!(l.release(Kind::Vmm, 0x51), None, "gone: credits nothing");
+
+        // Released before it was ever mapped: freed at once.
+        l.reserve(0, 7, u64::MAX).unwrap().commit(Kind::Vmm, 0x52);
+        assert_eq!(l.release(Kind::Vmm, 0x52), Some((0, 7)));
+        // Mappings of handles the ledger never charged are ignored.
+        l.vmm_mapped(0x5000, 10, 0x99);
+        assert_eq!(l.vmm_unmapped(0x5000, 10), 0);
+        assert_eq!(l.used(0), 0);
     }
 
     #[test]

@@ -53,7 +53,7 @@ name_enum! {
         cuMemAlloc, cuMemAlloc_v2, cuMemAllocPitch, cuMemAllocPitch_v2, cuMemAllocManaged,
         cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
         cuMemFree, cuMemFree_v2, cuMemFreeAsync, cuMemFreeAsync_ptsz,
-        cuMemCreate, cuMemRelease,
+        cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap, cuMemRetainAllocationHandle,
         cuArrayCreate, cuArrayCreate_v2, cuArray3DCreate, cuArray3DCreate_v2, cuArrayDestroy,
         cuMemGetInfo, cuMemGetInfo_v2, cuDeviceTotalMem, cuDeviceTotalMem_v2,
         cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,

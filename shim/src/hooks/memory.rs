@@ -12,7 +12,7 @@ use cudarc::driver::sys::{
     CUarray, CUdeviceptr, CUmemAllocationProp, CUmemoryPool, CUstream, CUDA_ARRAY3D_DESCRIPTOR,
     CUDA_ARRAY_DESCRIPTOR,
 };
-use std::ffi::c_uint;
+use std::ffi::{c_uint, c_void};
 
 /// `CU_MEM_LOCATION_TYPE_DEVICE` (cuda.h).
 const CU_MEM_LOCATION_TYPE_DEVICE: u32 = 1;
@@ -318,11 +318,64 @@ pub unsafe extern "C" fn cuMemCreate(
 }
 
 /// # Safety
-/// cuda.h contract of `cuMemRelease`.
+/// cuda.h contract of `cuMemRelease`. Drops one reference to the handle; the physical memory is
+/// credited once no reference and no mapping is left (the driver frees it only then).
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn cuMemRelease(handle: u64) -> u32 {
     let real = real_call!(cuMemRelease: fn(u64)(handle), else CUDA_ERROR_NOT_FOUND);
     freed(real(), Kind::Vmm, handle)
+}
+
+/// Runs `f` on the enforcing runtime after a successful driver call.
+#[inline(always)]
+fn on_success(rc: u32, f: impl FnOnce(&runtime::Runtime)) -> u32 {
+    if rc == 0 {
+        after(|| {
+            if let Some(rt) = runtime::enforcing() {
+                f(rt);
+            }
+        });
+    }
+    rc
+}
+
+/// # Safety
+/// cuda.h contract of `cuMemMap`. A mapping keeps the handle's physical memory alive.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: u64,
+    flags: u64,
+) -> u32 {
+    let real = real_call!(cuMemMap: fn(CUdeviceptr, usize, usize, u64, u64)(ptr, size, offset, handle, flags), else CUDA_ERROR_NOT_FOUND);
+    let rc = guarded(OnPanic::Real, real, |call| call());
+    on_success(rc, |rt| rt.ledger.vmm_mapped(ptr, size as u64, handle))
+}
+
+/// # Safety
+/// cuda.h contract of `cuMemUnmap`. Credits a handle whose last mapping this was, if it was
+/// released already.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> u32 {
+    let real = real_call!(cuMemUnmap: fn(CUdeviceptr, usize)(ptr, size), else CUDA_ERROR_NOT_FOUND);
+    let rc = guarded(OnPanic::Real, real, |call| call());
+    on_success(rc, |rt| {
+        rt.ledger.vmm_unmapped(ptr, size as u64);
+    })
+}
+
+/// # Safety
+/// cuda.h contract of `cuMemRetainAllocationHandle`. Each retained handle needs one more
+/// `cuMemRelease` before the driver frees the memory.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) -> u32 {
+    let real = real_call!(cuMemRetainAllocationHandle: fn(*mut u64, *mut c_void)(handle, addr), else CUDA_ERROR_NOT_FOUND);
+    let rc = guarded(OnPanic::Real, real, |call| call());
+    // SAFETY: `handle` is the caller's out pointer, written by the driver on success.
+    let key = unsafe { out(rc, handle) };
+    on_success(rc, |rt| rt.ledger.vmm_retained(key))
 }
 
 /// Charges an array of the given extents around `real`.

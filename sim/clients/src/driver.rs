@@ -156,6 +156,7 @@ driver_api! {
     cuMemMap: "cuMemMap" => cuMemMap : fn(CUdeviceptr, usize, usize, u64, u64);
     cuMemUnmap: "cuMemUnmap" => cuMemUnmap : fn(CUdeviceptr, usize);
     cuMemSetAccess: "cuMemSetAccess" => cuMemSetAccess : fn(CUdeviceptr, usize, *const c_void, usize);
+    cuMemRetainAllocationHandle: "cuMemRetainAllocationHandle" => cuMemRetainAllocationHandle : fn(*mut u64, *mut c_void);
     cuArrayCreate: "cuArrayCreate" => cuArrayCreate_v2 : fn(*mut Ptr, *const c_void);
     cuArray3DCreate: "cuArray3DCreate" => cuArray3DCreate_v2 : fn(*mut Ptr, *const c_void);
     cuArrayDestroy: "cuArrayDestroy" => cuArrayDestroy : fn(Ptr);

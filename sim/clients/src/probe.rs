@@ -6,8 +6,10 @@
 //!
 //! | op | effect |
 //! |---|---|
-//! | `alloc:<kind>:<size>` | kind = v2, pitch, managed, async, pool, vmm, array, array3d |
+//! | `alloc:<kind>:<size>` | kind = v2, pitch, managed, async, pool, vmm, vmm-released, array, array3d |
 //! | `free` / `free-all` | frees the newest / every live allocation through the matching path |
+//! | `vmm-retain` / `vmm-release-retained` | cuMemRetainAllocationHandle on the newest VMM mapping / cuMemRelease of every retained handle |
+//! | `procmem` | device memory NVML attributes to this process (the driver's own ledger) |
 //! | `meminfo` / `totalmem` | cuMemGetInfo / cuDeviceTotalMem |
 //! | `nvml-meminfo` | nvmlDeviceGetMemoryInfo of the same device via dlopen(libnvidia-ml.so.1) |
 //! | `launch:<us>[:<count>[:<via>]]` | enqueue kernels, via = kernel, ex, coop, graph |
@@ -39,7 +41,16 @@ pub struct Args {
 enum Live {
     Device(u64),
     Async(u64),
-    Vmm { va: u64, size: usize, handle: u64 },
+    Vmm {
+        va: u64,
+        size: usize,
+        handle: u64,
+    },
+    /// Mapped, handle already released (the CUDA idiom: the mapping keeps the memory).
+    VmmMapped {
+        va: u64,
+        size: usize,
+    },
     Array(Ptr),
 }
 
@@ -84,6 +95,8 @@ struct Probe {
     s: Session,
     stream: Ptr,
     live: Vec<Live>,
+    /// Handles from `vmm-retain`, each owing one cuMemRelease.
+    retained: Vec<u64>,
     spin: Ptr,
 }
 
@@ -119,7 +132,8 @@ impl Probe {
                         (d.cuMemAllocFromPoolAsync)(&mut ptr, size_us, pool, self.stream)
                     }
                 }
-                "vmm" => return self.alloc_vmm(size_us),
+                "vmm" => return self.alloc_vmm(size_us, false),
+                "vmm-released" => return self.alloc_vmm(size_us, true),
                 "array" | "array3d" => {
                     let mut arr = std::ptr::null_mut();
                     let floats = size_us.div_ceil(4).max(1);
@@ -160,7 +174,9 @@ impl Probe {
         Ok(format!("rc={rc} ptr={ptr:#x}"))
     }
 
-    fn alloc_vmm(&mut self, size: usize) -> Result<String> {
+    /// cuMemCreate → reserve → map → set access; with `release`, the handle is released at once
+    /// (the mapping alone keeps the memory, as PyTorch's expandable segments do).
+    fn alloc_vmm(&mut self, size: usize, release: bool) -> Result<String> {
         let d = &self.s.drv;
         let gran = 2usize << 20;
         let size = size.div_ceil(gran) * gran;
@@ -202,6 +218,11 @@ impl Probe {
                 flags: 3,
             };
             let rc = (d.cuMemSetAccess)(va, size, &desc as *const AccessDesc as *const c_void, 1);
+            if release {
+                let rel = (d.cuMemRelease)(handle);
+                self.live.push(Live::VmmMapped { va, size });
+                return Ok(format!("rc={} ptr={va:#x} release_rc={rel}", rc.max(rel)));
+            }
             self.live.push(Live::Vmm { va, size, handle });
             Ok(format!("rc={rc} ptr={va:#x}"))
         }
@@ -223,6 +244,11 @@ impl Probe {
                     let b = (d.cuMemAddressFree)(va, size);
                     let c = (d.cuMemRelease)(handle);
                     a.max(b).max(c)
+                }
+                Live::VmmMapped { va, size } => {
+                    let a = (d.cuMemUnmap)(va, size);
+                    let b = (d.cuMemAddressFree)(va, size);
+                    a.max(b)
                 }
                 Live::Array(a) => (d.cuArrayDestroy)(a),
             }
@@ -375,6 +401,31 @@ impl Probe {
                 format!("op=totalmem rc={rc} total={total}")
             }
             ["nvml-meminfo"] => nvml_meminfo(self.s.device as u32)?,
+            ["procmem"] => nvml_procmem(self.s.device as u32)?,
+            ["vmm-retain"] => {
+                let va = self.live.iter().rev().find_map(|l| match l {
+                    Live::Vmm { va, .. } | Live::VmmMapped { va, .. } => Some(*va),
+                    _ => None,
+                });
+                let Some(va) = va else {
+                    bail!("vmm-retain: no live VMM mapping")
+                };
+                let mut h = 0u64;
+                // SAFETY: out-pointer to a local; `va` is a mapped address of this driver.
+                let rc = unsafe { (d.cuMemRetainAllocationHandle)(&mut h, va as *mut c_void) };
+                if rc == 0 {
+                    self.retained.push(h);
+                }
+                format!("op=vmm-retain rc={rc}")
+            }
+            ["vmm-release-retained"] => {
+                let mut worst = 0;
+                for h in std::mem::take(&mut self.retained) {
+                    // SAFETY: a handle the driver returned from cuMemRetainAllocationHandle.
+                    worst = worst.max(unsafe { (d.cuMemRelease)(h) });
+                }
+                format!("op=vmm-release-retained rc={worst}")
+            }
             ["pool-info"] => {
                 let mut pool = std::ptr::null_mut();
                 let (mut reserved, mut used) = (0u64, 0u64);
@@ -462,6 +513,56 @@ fn procaddr_matches(name: &str, version: c_int, flags: u64, expect: &str) -> Res
     }
 }
 
+/// `nvmlProcessInfo_t` (v2/v3 layout, nvml.h).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct NvmlProcessInfo {
+    pid: u32,
+    used: u64,
+    _gpu_instance: u32,
+    _compute_instance: u32,
+}
+type NvmlProcs = unsafe extern "C" fn(Ptr, *mut u32, *mut NvmlProcessInfo) -> u32;
+
+/// Device memory NVML attributes to this process on NVML index `index` (0 when not listed).
+fn nvml_procmem(index: u32) -> Result<String> {
+    // SAFETY: dlopen/dlsym with valid names; the NVML entry points have these signatures.
+    unsafe {
+        let h = libc::dlopen(
+            c"libnvidia-ml.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL,
+        );
+        if h.is_null() {
+            bail!("dlopen(libnvidia-ml.so.1) failed");
+        }
+        let sym = |n: &std::ffi::CStr| {
+            let p = libc::dlsym(h, n.as_ptr());
+            if p.is_null() {
+                bail!("dlsym({n:?}) failed")
+            }
+            Ok(p)
+        };
+        let init: NvmlInit = std::mem::transmute(sym(c"nvmlInit_v2")?);
+        let handle: NvmlHandle = std::mem::transmute(sym(c"nvmlDeviceGetHandleByIndex_v2")?);
+        let procs: NvmlProcs =
+            std::mem::transmute(sym(c"nvmlDeviceGetComputeRunningProcesses_v3")?);
+        let mut dev = std::ptr::null_mut();
+        let rc = init().max(handle(index, &mut dev));
+        if rc != 0 {
+            return Ok(format!("op=procmem rc={rc}"));
+        }
+        let mut buf = [NvmlProcessInfo::default(); 64];
+        let mut n = buf.len() as u32;
+        let rc = procs(dev, &mut n, buf.as_mut_ptr());
+        let me = std::process::id();
+        let used = buf[..(n as usize).min(buf.len())]
+            .iter()
+            .find(|p| p.pid == me)
+            .map_or(0, |p| p.used);
+        Ok(format!("op=procmem rc={rc} used={used}"))
+    }
+}
+
 type NvmlInit = unsafe extern "C" fn() -> u32;
 type NvmlHandle = unsafe extern "C" fn(u32, *mut Ptr) -> u32;
 type NvmlMem = unsafe extern "C" fn(Ptr, *mut [u64; 3]) -> u32;
@@ -526,6 +627,7 @@ pub fn main_with(direct: Option<&dyn Fn(bool) -> DirectTable>) -> Result<()> {
         s,
         stream: std::ptr::null_mut(),
         live: Vec::new(),
+        retained: Vec::new(),
         spin,
     };
     for op in &args.ops {

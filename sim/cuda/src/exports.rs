@@ -1354,7 +1354,7 @@ api! {
         let mut t = d.tables();
         t.next_vmm += 1;
         let h = 0x5000_0000_0000 + t.next_vmm;
-        t.vmm.insert(h, VmmHandle { dev, size: size as u64, maps: 0, released: false });
+        t.vmm.insert(h, VmmHandle { dev, size: size as u64, maps: 0, refs: 1 });
         out(handle, h)
     }
 
@@ -1362,10 +1362,10 @@ api! {
         let d = driver()?;
         let mut t = d.tables();
         let h = t.vmm.get_mut(&handle).ok_or(E::CUDA_ERROR_INVALID_VALUE)?;
-        if h.released { return Err(E::CUDA_ERROR_INVALID_VALUE); }
-        h.released = true;
-        // Physical memory goes back once the handle is released and unmapped everywhere.
-        if h.maps == 0 {
+        if h.refs == 0 { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        h.refs -= 1;
+        // Physical memory goes back once every reference is released and nothing maps it.
+        if h.refs == 0 && h.maps == 0 {
             let h = t.vmm.remove(&handle).expect("present");
             drop(t);
             d.node.credit(h.dev, h.size);
@@ -1397,7 +1397,7 @@ api! {
         let inside = t.reservations.iter().any(|(&b, &s)| ptr >= b && ptr + size as u64 <= b + s);
         if !inside || t.mappings.contains_key(&ptr) { return Err(E::CUDA_ERROR_INVALID_VALUE); }
         let h = t.vmm.get_mut(&handle).ok_or(E::CUDA_ERROR_INVALID_HANDLE)?;
-        if h.released || size as u64 > h.size { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        if h.refs == 0 || size as u64 > h.size { return Err(E::CUDA_ERROR_INVALID_VALUE); }
         h.maps += 1;
         t.mappings.insert(ptr, (handle, size as u64));
         Ok(())
@@ -1414,13 +1414,27 @@ api! {
         let mut freed = None;
         if let Some(h) = t.vmm.get_mut(&handle) {
             h.maps -= 1;
-            if h.maps == 0 && h.released {
+            if h.maps == 0 && h.refs == 0 {
                 freed = t.vmm.remove(&handle).map(|h| (h.dev, h.size));
             }
         }
         drop(t);
         if let Some((dev, size)) = freed { d.node.credit(dev, size); }
         Ok(())
+    }
+
+    fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) {
+        let d = driver()?;
+        if handle.is_null() { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        let mut t = d.tables();
+        let va = addr as u64;
+        let h = t.mappings.iter()
+            .find(|(&b, &(_, s))| va >= b && va < b + s)
+            .map(|(_, &(h, _))| h)
+            .ok_or(E::CUDA_ERROR_INVALID_VALUE)?;
+        let v = t.vmm.get_mut(&h).ok_or(E::CUDA_ERROR_INVALID_VALUE)?;
+        v.refs += 1;
+        out(handle, h)
     }
 
     fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const c_void, count: usize) {

@@ -145,6 +145,7 @@ table! {
     "cuMemAddressReserve" 10020 cuMemAddressReserve;
     "cuMemAddressFree" 10020 cuMemAddressFree;
     "cuMemMap" 10020 cuMemMap;
+    "cuMemRetainAllocationHandle" 11000 cuMemRetainAllocationHandle;
     "cuMemUnmap" 10020 cuMemUnmap;
     "cuMemSetAccess" 10020 cuMemSetAccess;
     "cuArrayCreate" 2000 cuArrayCreate;

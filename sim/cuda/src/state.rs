@@ -103,11 +103,15 @@ pub struct Alloc {
     pub kind: AllocKind,
 }
 
+/// A physical VMM allocation: freed (credited to the node) when `refs` — the creation plus every
+/// `cuMemRetainAllocationHandle`, minus every `cuMemRelease` — and `maps` are both zero, as the
+/// real driver does (cuda.h, `cuMemRelease`: "freed when all outstanding mappings to the memory
+/// are unmapped and when all outstanding references to the handle … are also released").
 pub struct VmmHandle {
     pub dev: u32,
     pub size: u64,
     pub maps: u32,
-    pub released: bool,
+    pub refs: u32,
 }
 
 #[derive(Default)]

@@ -1,0 +1,83 @@
+//! Memory-accounting escapes of issue 12 (docs/arbiter.md, "Escapes closed"): ways a function
+//! held more device memory than its cap using only calls the shim intercepts. Each test drives a
+//! real shimmed process on the simulated GPU and checks the cap against the driver's own ledger
+//! (NVML's per-process memory, `procmem`), not against what the shim believes.
+
+use smore_e2e::*;
+
+const GIB: u64 = 1 << 30;
+
+/// The rc of every `op=alloc` line, in order.
+fn alloc_rcs(l: &[Fields]) -> Vec<&str> {
+    ops(l, "alloc").iter().map(|a| a["rc"].as_str()).collect()
+}
+
+/// The driver's count of this process's memory at every `procmem` line.
+fn procmem(l: &[Fields]) -> Vec<u64> {
+    ops(l, "procmem")
+        .iter()
+        .map(|p| {
+            assert_eq!(p["rc"], "0", "{p:?}");
+            num(p, "used") as u64
+        })
+        .collect()
+}
+
+/// Item 1: `cuMemCreate` → `cuMemMap` → `cuMemRelease` while mapped is the normal CUDA idiom; the
+/// driver frees the physical memory only when the last mapping is unmapped and the last reference
+/// (including `cuMemRetainAllocationHandle`'s) released. Crediting at release held 4 GiB under a
+/// 1 GiB cap.
+#[test]
+fn a_released_but_mapped_vmm_allocation_stays_charged_until_its_last_unmap_and_release() {
+    let sim = SimGpu::exact(1, "8GiB");
+    let script = [
+        "alloc:vmm-released:512MiB",
+        "alloc:vmm-released:512MiB",
+        // Both handles are released but still mapped: the driver holds 1 GiB.
+        "alloc:vmm-released:512MiB",
+        "procmem",
+        "meminfo",
+        // Unmapping the newest frees it: the cap has room again.
+        "free",
+        "alloc:vmm-released:512MiB",
+        // A retained handle keeps unmapped memory alive until it is released too.
+        "vmm-retain",
+        "free",
+        "alloc:vmm-released:512MiB",
+        "procmem",
+        "vmm-release-retained",
+        "alloc:vmm-released:512MiB",
+        "procmem",
+        "meminfo",
+    ];
+    for style in Resolution::ALL {
+        let out = run_ok(
+            sim.shimmed(style.probe(), &[("SMORE_MEMORY_LIMIT", "1GiB")])
+                .args(style.args())
+                .args(script),
+        )
+        .unwrap();
+        let l = parse_lines(&out);
+        let ctx = format!("{style:?}: {out}");
+        assert_eq!(
+            alloc_rcs(&l),
+            ["0", "0", "2", "0", "2", "0"],
+            "mapped memory stays charged after cuMemRelease: {ctx}"
+        );
+        for used in procmem(&l) {
+            assert!(
+                used <= GIB,
+                "the driver holds {used} B under a 1 GiB cap: {ctx}"
+            );
+        }
+        assert_eq!(procmem(&l), [GIB, GIB, GIB], "{ctx}");
+        let info = ops(&l, "meminfo");
+        assert_eq!(num(info[0], "free") as u64, 0, "{ctx}");
+        assert_eq!(num(info[1], "free") as u64, 0, "{ctx}");
+        for v in ["vmm-retain", "vmm-release-retained"] {
+            assert_eq!(ops(&l, v)[0]["rc"], "0", "{ctx}");
+        }
+        assert!(ops(&l, "free").iter().all(|f| f["rc"] == "0"), "{ctx}");
+    }
+    assert_eq!(sim.node().used_mem(0).unwrap(), 0, "everything given back");
+}
