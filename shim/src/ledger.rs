@@ -30,6 +30,10 @@ pub enum Kind {
     Vmm,
     /// A `CUarray`.
     Array,
+    /// A context made by `cuCtxCreate*` (keyed by its `CUcontext`): its footprint.
+    Context,
+    /// A device's primary context (keyed by the device ordinal): its footprint.
+    PrimaryContext,
 }
 
 /// Over-cap refusal, with what the log line needs.
@@ -142,6 +146,17 @@ impl Reservation<'_> {
             self.bytes = bytes;
         }
         ok
+    }
+
+    /// Changes the reserved amount to `bytes` without a cap check: for memory the driver has
+    /// already taken (a context's measured footprint), which must be counted even past the cap.
+    pub fn force_resize(&mut self, bytes: u64) {
+        if bytes <= self.bytes {
+            self.ledger.credit(self.dev, self.bytes - bytes);
+        } else {
+            self.ledger.force_charge(self.dev, bytes - self.bytes);
+        }
+        self.bytes = bytes;
     }
 
     /// Bytes reserved now.
@@ -321,6 +336,14 @@ impl Ledger {
         credited
     }
 
+    /// Whether `key` is on record (e.g. a device's primary context is charged).
+    pub fn holds(&self, kind: Kind, key: u64) -> bool {
+        if kind == Kind::Vmm {
+            return self.vmm_table().handles.contains_key(&key);
+        }
+        self.shard(kind, key).contains_key(&(kind, key))
+    }
+
     /// Number of live entries (tests, status).
     pub fn entries(&self) -> usize {
         self.shards
@@ -399,6 +422,20 @@ mod tests {
         // Mappings of handles the ledger never charged are ignored.
         l.vmm_mapped(0x5000, 10, 0x99);
         assert_eq!(l.vmm_unmapped(0x5000, 10), 0);
+        assert_eq!(l.used(0), 0);
+    }
+
+    #[test]
+    fn a_forced_resize_counts_past_the_cap_and_its_release_credits_it_all() {
+        let l = Ledger::new();
+        let mut r = l.reserve(0, 300, 500).unwrap();
+        r.force_resize(700);
+        r.commit(Kind::Context, 0xc7);
+        assert_eq!(l.used(0), 700);
+        assert!(l.holds(Kind::Context, 0xc7));
+        assert!(!l.holds(Kind::PrimaryContext, 0xc7));
+        assert!(l.reserve(0, 1, 500).is_err());
+        assert_eq!(l.release(Kind::Context, 0xc7), Some((0, 700)));
         assert_eq!(l.used(0), 0);
     }
 

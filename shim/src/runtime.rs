@@ -71,6 +71,10 @@ pub struct Runtime {
     sample_clock: SampleClock,
     sampler: Mutex<Sampler>,
     ctx_charged: [AtomicBool; MAX_DEVICES],
+    /// Per device: the footprint of one context, bytes (the first one measured; 0 = unknown).
+    /// Every further context is charged at least this much, and refused before the driver is
+    /// asked when it would not fit.
+    ctx_footprint: [AtomicU64; MAX_DEVICES],
     window_ns: u64,
     /// Allocations refused over the cap (for reports and tests).
     pub refusals: AtomicU64,
@@ -346,6 +350,7 @@ impl Runtime {
             sample_clock: SampleClock::default(),
             sampler: Mutex::new(Sampler::default()),
             ctx_charged: std::array::from_fn(|_| AtomicBool::new(false)),
+            ctx_footprint: std::array::from_fn(|_| AtomicU64::new(0)),
             refusals: AtomicU64::new(0),
             unmeasured: AtomicU64::new(0),
             probing: AtomicU64::new(0),
@@ -492,6 +497,7 @@ impl Runtime {
             Some(mem) => {
                 let footprint = mem.saturating_sub(self.ledger.used(dev));
                 self.ledger.force_charge(dev, footprint);
+                let _ = self.ctx_footprint[dev].compare_exchange(0, footprint, AcqRel, Acquire);
                 log::line(
                     Level::Info,
                     format_args!("device {dev}: context footprint {} charged", fmt_bytes(footprint)),
@@ -502,6 +508,101 @@ impl Runtime {
                 format_args!("device {dev}: context footprint not measurable (NVML unavailable); not charged"),
             ),
         }
+    }
+
+    /// Creates a context on `dev` through `call` (which returns the driver's answer and the new
+    /// `CUcontext`) and charges its footprint for as long as it lives: every context costs device
+    /// memory, not only a device's first (ten `cuCtxCreate` held 4 GiB under a 1 GiB cap).
+    ///
+    /// - `primary`: a `cuDevicePrimaryCtxRetain`; only the retain that creates the device's
+    ///   primary context is charged (keyed by the device, credited when it is destroyed).
+    /// - Once a device's footprint is known (its first context was measured), a context that
+    ///   would not fit under the cap is refused with `CUDA_ERROR_OUT_OF_MEMORY` before the driver
+    ///   is called (what the driver answers when it lacks the memory).
+    /// - The charge is the larger of that footprint and what NVML attributes to this process on
+    ///   `dev` beyond the ledger, measured after the call (so a first context, or one larger than
+    ///   the first, is counted as the driver counts it).
+    ///
+    /// Uncapped devices are not measured (an NVML query is not free); their contexts are not
+    /// charged.
+    pub fn create_context(
+        &self,
+        dev: usize,
+        primary: bool,
+        call: impl FnOnce() -> (u32, u64),
+    ) -> u32 {
+        if dev >= MAX_DEVICES
+            || (primary && self.ledger.holds(Kind::PrimaryContext, dev as u64))
+            || self.limits().cap(dev) == u64::MAX
+            // A retain of a primary context that exists already (made before it was charged:
+            // the allocation fallback below counted it) creates nothing.
+            || (primary && driver::primary_ctx_active(dev) == Some(true))
+        {
+            return call().0;
+        }
+        let known = self.ctx_footprint[dev].load(Acquire);
+        // The first context of a device is never refused: its footprint is not known yet.
+        let cap = if known == 0 {
+            u64::MAX
+        } else {
+            self.limits().cap(dev)
+        };
+        let mut r = match self.ledger.reserve(dev, known, cap) {
+            Ok(r) => r,
+            Err(e) => {
+                self.refused(e.dev, e.request, e.cap, e.used);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        };
+        let (rc, ctx) = call();
+        if rc != 0 || (ctx == 0 && !primary) {
+            return rc;
+        }
+        self.ctx_charged[dev].store(true, Release);
+        // What the driver holds for this process beyond the ledger (which counts `known` for this
+        // context already).
+        let unexplained = driver::nvml_process_mem(dev, os::pid())
+            .map(|mem| mem.saturating_sub(self.ledger.used(dev).saturating_sub(r.bytes())));
+        let footprint = known.max(unexplained.unwrap_or(0));
+        if known == 0 {
+            let _ = self.ctx_footprint[dev].compare_exchange(0, footprint, AcqRel, Acquire);
+        }
+        r.force_resize(footprint);
+        let (kind, key) = if primary {
+            (Kind::PrimaryContext, dev as u64)
+        } else {
+            (Kind::Context, ctx)
+        };
+        r.commit(kind, key);
+        match unexplained {
+            Some(_) => log::line(
+                Level::Info,
+                format_args!(
+                    "device {dev}: {} context footprint {} charged",
+                    if primary { "primary" } else { "new" },
+                    fmt_bytes(footprint)
+                ),
+            ),
+            None => log::line(
+                Level::Info,
+                format_args!(
+                    "device {dev}: context footprint not measurable (NVML unavailable); charged {}",
+                    fmt_bytes(footprint)
+                ),
+            ),
+        }
+        rc
+    }
+
+    /// A context the driver destroyed: `cuCtxDestroy` of `ctx`, or (`primary`) the primary
+    /// context of device `ctx` after its last release or a reset. Credits its footprint.
+    pub fn context_destroyed(&self, primary: bool, ctx: u64) {
+        let kind = if primary {
+            Kind::PrimaryContext
+        } else {
+            Kind::Context
+        };
+        self.ledger.release(kind, ctx);
     }
 
     /// Admits a launch keyed by its CUfunction / CUgraphExec, sleeping precisely if the device's

@@ -60,6 +60,8 @@ name_enum! {
         cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz,
         cuGetProcAddress, cuGetProcAddress_v2,
         cuDevicePrimaryCtxRetain, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4,
+        cuCtxDestroy, cuCtxDestroy_v2, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,
+        cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
         nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2,
     }
 }
@@ -71,6 +73,7 @@ name_enum! {
         cuStreamQuery, cuStreamQuery_ptsz,
         cuEventCreate, cuEventRecord, cuEventRecord_ptsz, cuEventQuery, cuEventElapsedTime,
         cuDeviceGetCount, cuDeviceGet, cuDeviceGetUuid, cuMemFree_v2, cuMemFree,
+        cuDevicePrimaryCtxGetState,
         nvmlInit_v2, nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetIndex, nvmlDeviceGetUUID,
         nvmlDeviceGetHandleByUUID,
         nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetComputeRunningProcesses_v2,

@@ -220,6 +220,12 @@ hook_table!(
     cuCtxCreate_v2,
     cuCtxCreate_v3,
     cuCtxCreate_v4,
+    cuCtxDestroy,
+    cuCtxDestroy_v2,
+    cuDevicePrimaryCtxRelease,
+    cuDevicePrimaryCtxRelease_v2,
+    cuDevicePrimaryCtxReset,
+    cuDevicePrimaryCtxReset_v2,
     nvmlDeviceGetMemoryInfo,
     nvmlDeviceGetMemoryInfo_v2,
 );

@@ -142,6 +142,17 @@ pub fn ctx_device() -> Option<usize> {
     (rc == 0 && d >= 0).then_some(d as usize)
 }
 
+/// Whether the primary context of CUDA ordinal `dev` exists (`cuDevicePrimaryCtxGetState`);
+/// `None` when the driver cannot say.
+pub fn primary_ctx_active(dev: usize) -> Option<bool> {
+    let f = helper_fn!(cuDevicePrimaryCtxGetState: fn(c_int, *mut c_uint, *mut c_int) -> u32, else None);
+    let dev = c_int::try_from(dev).ok()?;
+    let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+    // SAFETY: valid out-pointers; an invalid ordinal is an error code, not UB.
+    let rc = unsafe { f(dev, &mut flags, &mut active) };
+    (rc == 0).then_some(active != 0)
+}
+
 /// The calling thread's current context (0 if none).
 pub fn ctx_current() -> Option<usize> {
     let f = helper_fn!(cuCtxGetCurrent: fn(*mut *mut c_void) -> u32, else None);

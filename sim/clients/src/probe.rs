@@ -10,6 +10,7 @@
 //! | `free` / `free-all` | frees the newest / every live allocation through the matching path |
 //! | `vmm-retain` / `vmm-release-retained` | cuMemRetainAllocationHandle on the newest VMM mapping / cuMemRelease of every retained handle |
 //! | `procmem` | device memory NVML attributes to this process (the driver's own ledger) |
+//! | `ctx-create` / `ctx-destroy` | cuCtxCreate_v2 on the device (the probe's context stays current) / cuCtxDestroy_v2 of the newest (both through `dlsym`) |
 //! | `meminfo` / `totalmem` | cuMemGetInfo / cuDeviceTotalMem |
 //! | `nvml-meminfo` | nvmlDeviceGetMemoryInfo of the same device via dlopen(libnvidia-ml.so.1) |
 //! | `launch:<us>[:<count>[:<via>]]` | enqueue kernels, via = kernel, ex, coop, graph |
@@ -97,6 +98,8 @@ struct Probe {
     live: Vec<Live>,
     /// Handles from `vmm-retain`, each owing one cuMemRelease.
     retained: Vec<u64>,
+    /// Contexts from `ctx-create`.
+    contexts: Vec<Ptr>,
     spin: Ptr,
 }
 
@@ -418,6 +421,32 @@ impl Probe {
                 }
                 format!("op=vmm-retain rc={rc}")
             }
+            ["ctx-create"] => {
+                type Create = unsafe extern "C" fn(*mut Ptr, u32, c_int) -> u32;
+                let f: Create = libcuda_fn(c"cuCtxCreate_v2")?;
+                let mut ctx: Ptr = std::ptr::null_mut();
+                // SAFETY: out-pointer to a local; the probe's device; the probe's own context is
+                // made current again (cuCtxCreate makes the new one current).
+                let rc = unsafe {
+                    let rc = f(&mut ctx, 0, self.s.device);
+                    (d.cuCtxSetCurrent)(self.s.ctx);
+                    rc
+                };
+                if rc == 0 {
+                    self.contexts.push(ctx);
+                }
+                format!("op=ctx-create rc={rc}")
+            }
+            ["ctx-destroy"] => {
+                type Destroy = unsafe extern "C" fn(Ptr) -> u32;
+                let f: Destroy = libcuda_fn(c"cuCtxDestroy_v2")?;
+                let Some(ctx) = self.contexts.pop() else {
+                    bail!("ctx-destroy: no context from ctx-create")
+                };
+                // SAFETY: a context this driver created and nobody else uses.
+                let rc = unsafe { f(ctx) };
+                format!("op=ctx-destroy rc={rc}")
+            }
             ["vmm-release-retained"] => {
                 let mut worst = 0;
                 for h in std::mem::take(&mut self.retained) {
@@ -511,6 +540,20 @@ fn procaddr_matches(name: &str, version: c_int, flags: u64, expect: &str) -> Res
             !p.is_null() && p == want
         ))
     }
+}
+
+/// `dlsym(libcuda.so.1, name)` as a function of type `F` (an `unsafe extern "C" fn`).
+fn libcuda_fn<F: Copy>(name: &std::ffi::CStr) -> Result<F> {
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<Ptr>());
+    let h = crate::driver::libcuda_handle()?;
+    // SAFETY: dlsym on a valid handle with a NUL-terminated name.
+    let p = unsafe { libc::dlsym(h, name.as_ptr()) };
+    if p.is_null() {
+        bail!("dlsym({name:?}) found nothing");
+    }
+    // SAFETY: `F` is a function pointer type (size checked) with the export's C prototype, as
+    // the caller declares it.
+    Ok(unsafe { std::mem::transmute_copy::<Ptr, F>(&p) })
 }
 
 /// `nvmlProcessInfo_t` (v2/v3 layout, nvml.h).
@@ -628,6 +671,7 @@ pub fn main_with(direct: Option<&dyn Fn(bool) -> DirectTable>) -> Result<()> {
         stream: std::ptr::null_mut(),
         live: Vec::new(),
         retained: Vec::new(),
+        contexts: Vec::new(),
         spin,
     };
     for op in &args.ops {

@@ -5,6 +5,7 @@
 
 use smore_e2e::*;
 
+const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
 /// The rc of every `op=alloc` line, in order.
@@ -80,4 +81,56 @@ fn a_released_but_mapped_vmm_allocation_stays_charged_until_its_last_unmap_and_r
         assert!(ops(&l, "free").iter().all(|f| f["rc"] == "0"), "{ctx}");
     }
     assert_eq!(sim.node().used_mem(0).unwrap(), 0, "everything given back");
+}
+
+/// Item 3: every context costs device memory, not only a device's first. The footprint of each
+/// `cuCtxCreate` is charged while it lives (a context that would not fit is refused before the
+/// driver is asked) and credited at `cuCtxDestroy`; ten contexts held 4 GiB under a 1 GiB cap.
+#[test]
+fn every_context_a_function_creates_is_charged_until_destroyed() {
+    let sim = SimGpu::builder()
+        .memory("8GiB")
+        .context_memory("300MiB")
+        .build()
+        .unwrap();
+    let out = run_ok(
+        sim.shimmed(bin("sim-probe"), &[("SMORE_MEMORY_LIMIT", "1GiB")])
+            .args(["--resolve", "dlsym"])
+            .args([
+                // The probe's primary context: 300 MiB.
+                "ctx-create",
+                "ctx-create",
+                // 4 × 300 MiB does not fit under 1 GiB.
+                "ctx-create",
+                "procmem",
+                "meminfo",
+                "ctx-destroy",
+                "meminfo",
+                "ctx-create",
+                "alloc:v2:124MiB",
+                "alloc:v2:1MiB",
+                "procmem",
+            ]),
+    )
+    .unwrap();
+    let l = parse_lines(&out);
+    let creates: Vec<&str> = ops(&l, "ctx-create")
+        .iter()
+        .map(|c| c["rc"].as_str())
+        .collect();
+    assert_eq!(creates, ["0", "0", "2", "0"], "{out}");
+    assert_eq!(ops(&l, "ctx-destroy")[0]["rc"], "0", "{out}");
+    assert_eq!(alloc_rcs(&l), ["0", "2"], "{out}");
+    assert_eq!(procmem(&l), [900 * MIB, GIB], "{out}");
+    let info = ops(&l, "meminfo");
+    assert_eq!(
+        num(info[0], "free") as u64,
+        124 * MIB,
+        "three contexts: {out}"
+    );
+    assert_eq!(
+        num(info[1], "free") as u64,
+        424 * MIB,
+        "one destroyed: {out}"
+    );
 }
