@@ -4,7 +4,9 @@
 //! Owns the `used` counters and the handle → (device, bytes) map that makes every free credit
 //! exactly what its allocation charged, and the lifecycle of physical memory whose release is not
 //! one call: VMM handles (credited when the last reference is released *and* the last mapping is
-//! unmapped, the driver's rule — `cuMemRelease` of a still-mapped handle frees nothing). The
+//! unmapped, the driver's rule — `cuMemRelease` of a still-mapped handle frees nothing) and memory
+//! pools (charged what the pool *reserves*, which a release threshold keeps above what is
+//! allocated; see [`Ledger::pool_commit`]). The
 //! reservation is one compare-and-swap loop against the cap, so no interleaving of threads can make
 //! `used` pass the cap (HAMi's check-then-add could).
 //! Must never: block on the launch path (it is not used there), lose a credit for a handle it
@@ -71,6 +73,38 @@ struct VmmTable {
     maps: BTreeMap<u64, (u64, u64)>,
 }
 
+/// A stream-ordered memory pool (`CUmemoryPool`) this process allocated from.
+#[derive(Debug, Clone, Copy)]
+struct PoolEntry {
+    dev: u32,
+    /// Bytes charged for it: what the driver said it reserved when last asked.
+    charged: u64,
+    /// Bytes of its allocations not yet freed (what it still holds after `cuMemPoolDestroy`).
+    live: u64,
+    /// Destroyed: its memory goes back as its allocations are freed.
+    destroyed: bool,
+}
+
+/// Pools and the pointers allocated from them.
+#[derive(Debug, Default)]
+struct PoolTable {
+    pools: HashMap<u64, PoolEntry>,
+    /// Pointer → (pool, bytes).
+    ptrs: HashMap<u64, (u64, u64)>,
+}
+
+/// What a free of a device pointer was, for the pool accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolFree {
+    /// Not a pool allocation.
+    NotPool,
+    /// An allocation of a live pool: its memory stays reserved by the pool (ask the driver how
+    /// much the pool reserves now).
+    Live(u64),
+    /// An allocation of a destroyed pool: credited now.
+    Destroyed,
+}
+
 /// Bytes held on each device plus the handle map.
 #[derive(Debug)]
 pub struct Ledger {
@@ -79,6 +113,8 @@ pub struct Ledger {
     /// VMM lifecycles. One lock: VMM calls are rare (a handful per allocation of a caching
     /// allocator's segment), never on a launch.
     vmm: Mutex<VmmTable>,
+    /// Pool charges (one lock: pool calls are stream-ordered allocations, never launches).
+    pools: Mutex<PoolTable>,
 }
 
 impl Default for Ledger {
@@ -186,7 +222,13 @@ impl Ledger {
             used: std::array::from_fn(|_| AtomicU64::new(0)),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             vmm: Mutex::new(VmmTable::default()),
+            pools: Mutex::new(PoolTable::default()),
         }
+    }
+
+    fn pool_table(&self) -> std::sync::MutexGuard<'_, PoolTable> {
+        // Poisoned only by a panic between single-entry updates: the table stays usable.
+        self.pools.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn vmm_table(&self) -> std::sync::MutexGuard<'_, VmmTable> {
@@ -336,6 +378,144 @@ impl Ledger {
         credited
     }
 
+    /// A pool created on `dev` (`cuMemPoolCreate` with a device location): allocations from it
+    /// are charged there, whatever the current context's device.
+    pub fn pool_created(&self, pool: u64, dev: usize) {
+        let e = PoolEntry {
+            dev: dev as u32,
+            charged: 0,
+            live: 0,
+            destroyed: false,
+        };
+        if let Some(old) = self.pool_table().pools.insert(pool, e) {
+            // A reused handle: the driver had released the old pool.
+            self.credit(old.dev as usize, old.charged);
+        }
+    }
+
+    /// The device a known pool's memory lives on.
+    pub fn pool_device(&self, pool: u64) -> Option<usize> {
+        self.pool_table().pools.get(&pool).map(|e| e.dev as usize)
+    }
+
+    /// Live pools on `dev` (whose reservation may be re-read).
+    pub fn pools_on(&self, dev: usize) -> Vec<u64> {
+        self.pool_table()
+            .pools
+            .iter()
+            .filter(|(_, e)| e.dev as usize == dev && !e.destroyed)
+            .map(|(&p, _)| p)
+            .collect()
+    }
+
+    /// Sets a live pool's charge to what the driver says it reserves now (`reserved`): a pool that
+    /// released memory (a synchronize past its release threshold, `cuMemPoolTrimTo`) is credited,
+    /// one that grew by a path the shim does not see is charged (past the cap if need be: the
+    /// driver holds it).
+    pub fn pool_sync(&self, pool: u64, reserved: u64) {
+        let mut t = self.pool_table();
+        let Some(e) = t.pools.get_mut(&pool).filter(|e| !e.destroyed) else {
+            return;
+        };
+        let (dev, old) = (e.dev as usize, e.charged);
+        e.charged = reserved;
+        if reserved < old {
+            self.credit(dev, old - reserved);
+        } else {
+            self.force_charge(dev, reserved - old);
+        }
+    }
+
+    /// Settles an allocation of `bytes` at `ptr` from `pool` on `dev`, for which `r` reserved the
+    /// growth the pool was expected to need. The pool is charged what it reserves now
+    /// (`reserved`, from the driver; `None`: unknown, then the allocation itself is charged):
+    /// the part beyond its previous charge comes out of `r`, grown against `cap` if the pool grew
+    /// more than expected. Returns false when that growth did not fit: the pool's memory is
+    /// charged anyway (the driver holds it until the pool releases it) and the caller must free
+    /// the allocation and refuse it.
+    pub fn pool_commit(
+        &self,
+        mut r: Reservation<'_>,
+        pool: u64,
+        ptr: u64,
+        bytes: u64,
+        reserved: Option<u64>,
+        cap: u64,
+    ) -> bool {
+        let mut t = self.pool_table();
+        let dev = r.dev;
+        let e = t.pools.entry(pool).or_insert(PoolEntry {
+            dev: dev as u32,
+            charged: 0,
+            live: 0,
+            destroyed: false,
+        });
+        let target = reserved.unwrap_or(e.charged.saturating_add(bytes));
+        let mut fits = true;
+        if target >= e.charged {
+            let growth = target - e.charged;
+            if growth > r.bytes() && !r.try_resize(growth, cap) {
+                r.force_resize(growth);
+                fits = false;
+            } else {
+                r.force_resize(growth);
+            }
+            std::mem::forget(r);
+        } else {
+            // The pool released memory meanwhile: nothing grew.
+            drop(r);
+            self.credit(e.dev as usize, e.charged - target);
+        }
+        e.charged = target;
+        if fits {
+            e.live = e.live.saturating_add(bytes);
+            t.ptrs.insert(ptr, (pool, bytes));
+        }
+        fits
+    }
+
+    /// The driver freed `ptr` (`cuMemFreeAsync`, `cuMemFree`): if it came from a pool, forgets it
+    /// and says what the pool accounting must do.
+    pub fn pool_freed(&self, ptr: u64) -> PoolFree {
+        let mut t = self.pool_table();
+        let Some((pool, bytes)) = t.ptrs.remove(&ptr) else {
+            return PoolFree::NotPool;
+        };
+        let Some(e) = t.pools.get_mut(&pool) else {
+            return PoolFree::NotPool;
+        };
+        e.live = e.live.saturating_sub(bytes);
+        if !e.destroyed {
+            return PoolFree::Live(pool);
+        }
+        let give = bytes.min(e.charged);
+        e.charged -= give;
+        let (dev, done) = (e.dev as usize, e.live == 0);
+        if done {
+            t.pools.remove(&pool);
+        }
+        self.credit(dev, give);
+        PoolFree::Destroyed
+    }
+
+    /// `cuMemPoolDestroy` succeeded: what the pool reserved beyond its live allocations is
+    /// credited; the rest goes as they are freed (the driver keeps a destroyed pool's memory
+    /// until its allocations are freed, cuda.h `cuMemPoolDestroy`).
+    pub fn pool_destroyed(&self, pool: u64) {
+        let mut t = self.pool_table();
+        let Some(e) = t.pools.get_mut(&pool) else {
+            return;
+        };
+        let give = e.charged.saturating_sub(e.live);
+        e.charged -= give;
+        e.destroyed = true;
+        let (dev, done) = (e.dev as usize, e.live == 0);
+        if done {
+            t.pools.remove(&pool);
+        }
+        self.credit(dev, give);
+    }
+
     /// Whether `key` is on record (e.g. a device's primary context is charged).
     pub fn holds(&self, kind: Kind, key: u64) -> bool {
         if kind == Kind::Vmm {
@@ -437,6 +617,40 @@ mod tests {
         assert!(l.reserve(0, 1, 500).is_err());
         assert_eq!(l.release(Kind::Context, 0xc7), Some((0, 700)));
         assert_eq!(l.used(0), 0);
+    }
+
+    #[test]
+    fn a_pool_is_charged_what_it_reserves_until_it_releases_it() {
+        let l = Ledger::new();
+        // 100 B allocated, the pool reserves 128 (its granularity).
+        let r = l.reserve(0, 100, 1000).unwrap();
+        assert!(l.pool_commit(r, 0xa, 0x1, 100, Some(128), 1000));
+        assert_eq!(l.used(0), 128);
+        // Freed: the pool keeps it reserved (release threshold).
+        assert_eq!(l.pool_freed(0x1), PoolFree::Live(0xa));
+        assert_eq!(l.used(0), 128);
+        // Reused without growth: the reservation is given back.
+        let r = l.reserve(0, 100, 1000).unwrap();
+        assert!(l.pool_commit(r, 0xa, 0x2, 100, Some(128), 1000));
+        assert_eq!(l.used(0), 128);
+        // Grew more than reserved and past the cap: charged anyway, reported.
+        let r = l.reserve(0, 10, 1000).unwrap();
+        assert!(!l.pool_commit(r, 0xa, 0x3, 10, Some(1128), 1000));
+        assert_eq!(l.used(0), 1128);
+        assert_eq!(l.pool_freed(0x3), PoolFree::NotPool, "refused: not kept");
+        // The pool trimmed: credited.
+        l.pool_sync(0xa, 128);
+        assert_eq!(l.used(0), 128);
+        assert_eq!(l.pools_on(0), vec![0xa]);
+        // Destroyed with a live allocation: that stays charged until it is freed.
+        l.pool_destroyed(0xa);
+        assert_eq!(l.used(0), 100);
+        assert!(l.pools_on(0).is_empty());
+        assert_eq!(l.pool_freed(0x2), PoolFree::Destroyed);
+        assert_eq!(l.used(0), 0);
+        // A pool created on device 3 is known there.
+        l.pool_created(0xb, 3);
+        assert_eq!(l.pool_device(0xb), Some(3));
     }
 
     #[test]

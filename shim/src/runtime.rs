@@ -16,7 +16,7 @@ use crate::client::{self, Source};
 use crate::config::{self, Config, FailurePolicy, Level};
 use crate::gate::{CostTable, Gate, SampleClock, PPM, SAMPLE_PERIOD_NS};
 use crate::harvest::{self, Calibration, Collision, Contention, Usage, UsageCounters};
-use crate::ledger::{Kind, Ledger};
+use crate::ledger::{Kind, Ledger, OverCap, PoolFree, Reservation};
 use crate::limits::{self, GrantPage, MAX_DEVICES};
 use crate::log::{self, RateLimit};
 use crate::sys::{driver, os};
@@ -76,6 +76,9 @@ pub struct Runtime {
     /// asked when it would not fit.
     ctx_footprint: [AtomicU64; MAX_DEVICES],
     window_ns: u64,
+    /// Serialises stream-ordered (pool) allocations of this process, so a pool's reservation
+    /// read after one is that allocation's doing (frees and trims only lower it).
+    pool_serial: Mutex<()>,
     /// Allocations refused over the cap (for reports and tests).
     pub refusals: AtomicU64,
     /// Launches of never-measured keys whose measurement is still in flight.
@@ -351,6 +354,7 @@ impl Runtime {
             sampler: Mutex::new(Sampler::default()),
             ctx_charged: std::array::from_fn(|_| AtomicBool::new(false)),
             ctx_footprint: std::array::from_fn(|_| AtomicU64::new(0)),
+            pool_serial: Mutex::new(()),
             refusals: AtomicU64::new(0),
             unmeasured: AtomicU64::new(0),
             probing: AtomicU64::new(0),
@@ -424,7 +428,7 @@ impl Runtime {
         }
         self.ensure_context_charged(dev);
         let cap = self.limits().cap(dev);
-        match self.ledger.reserve(dev, estimate, cap) {
+        match self.reserve(dev, estimate, cap) {
             Err(e) => {
                 self.refused(e.dev, e.request, e.cap, e.used);
                 CUDA_ERROR_OUT_OF_MEMORY
@@ -446,6 +450,89 @@ impl Runtime {
         }
     }
 
+    /// Reserves `bytes` on `dev` against `cap`; before refusing, re-reads what the device's pools
+    /// reserve (their charges are only refreshed when it matters: a pool that released memory
+    /// since it was last asked is credited now).
+    fn reserve(&self, dev: usize, bytes: u64, cap: u64) -> Result<Reservation<'_>, OverCap> {
+        self.ledger.reserve(dev, bytes, cap).or_else(|_| {
+            self.refresh_pools(dev);
+            self.ledger.reserve(dev, bytes, cap)
+        })
+    }
+
+    /// Sets every live pool of `dev` to the reservation the driver reports for it now.
+    fn refresh_pools(&self, dev: usize) {
+        for pool in self.ledger.pools_on(dev) {
+            if let Some(reserved) = driver::pool_reserved(pool) {
+                self.ledger.pool_sync(pool, reserved);
+            }
+        }
+    }
+
+    /// A stream-ordered allocation of `bytes` from `pool` (`None`: the current pool of the
+    /// current device, `cuMemAllocAsync`) through `call`, which returns the driver's answer and
+    /// the pointer. Charges the pool what it *reserves*, not what is allocated from it: freed
+    /// memory a pool keeps (its release threshold) stays charged until the pool releases it
+    /// (escape 2 of issue 12: 4 GiB held under a 1 GiB cap).
+    ///
+    /// Before the call the growth the pool will need is reserved against the cap (the request
+    /// less what the pool holds unused); after it the pool's reservation is read back and
+    /// charged. If the pool grew more than that and the growth does not fit, the allocation is
+    /// freed again (`undo`, in stream order) and refused; what the pool then holds stays charged
+    /// until the pool releases it. A pool created through `cuMemPoolCreate` is charged on its own
+    /// device; others on the current context's.
+    pub fn pool_alloc(
+        &self,
+        pool: Option<u64>,
+        bytes: u64,
+        call: impl FnOnce() -> (u32, u64),
+        undo: impl FnOnce(u64),
+    ) -> u32 {
+        let Some(current) = driver::ctx_device() else {
+            return self.unaccountable(call);
+        };
+        let Some(pool) = pool.or_else(|| driver::device_mem_pool(current)) else {
+            return self.alloc(Some(current), bytes, Kind::Ptr, call);
+        };
+        let dev = self.ledger.pool_device(pool).unwrap_or(current);
+        if bytes == 0 || dev >= MAX_DEVICES {
+            return call().0;
+        }
+        self.ensure_context_charged(dev);
+        let cap = self.limits().cap(dev);
+        let _serial = self.pool_serial.lock().unwrap_or_else(|e| e.into_inner());
+        let want = bytes.saturating_sub(driver::pool_idle(pool).unwrap_or(0));
+        let r = match self.reserve(dev, want, cap) {
+            Ok(r) => r,
+            Err(e) => {
+                self.refused(e.dev, bytes, e.cap, e.used);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        };
+        let (rc, ptr) = call();
+        if rc != 0 || ptr == 0 {
+            return rc;
+        }
+        let reserved = driver::pool_reserved(pool);
+        if self.ledger.pool_commit(r, pool, ptr, bytes, reserved, cap) {
+            return rc;
+        }
+        let used = self.ledger.used(dev);
+        undo(ptr);
+        self.refused(dev, bytes, cap, used);
+        CUDA_ERROR_OUT_OF_MEMORY
+    }
+
+    /// `cuMemPoolCreate` made `pool` on device `dev`.
+    pub fn pool_created(&self, pool: u64, dev: usize) {
+        self.ledger.pool_created(pool, dev);
+    }
+
+    /// `cuMemPoolDestroy` destroyed `pool`.
+    pub fn pool_destroyed(&self, pool: u64) {
+        self.ledger.pool_destroyed(pool);
+    }
+
     fn refused(&self, dev: usize, request: u64, cap: u64, used: u64) {
         self.refusals.fetch_add(1, Relaxed);
         log::limited(
@@ -461,11 +548,25 @@ impl Runtime {
         );
     }
 
-    /// Credits a handle the driver has freed.
+    /// Credits a handle the driver has freed. A pool allocation's memory stays with its pool:
+    /// the pool's charge follows what the driver says it reserves now.
     pub fn freed(&self, kind: Kind, key: u64) {
-        if key != 0 {
-            self.ledger.release(kind, key);
+        if key == 0 {
+            return;
         }
+        if kind == Kind::Ptr {
+            match self.ledger.pool_freed(key) {
+                PoolFree::NotPool => {}
+                PoolFree::Destroyed => return,
+                PoolFree::Live(pool) => {
+                    if let Some(reserved) = driver::pool_reserved(pool) {
+                        self.ledger.pool_sync(pool, reserved);
+                    }
+                    return;
+                }
+            }
+        }
+        self.ledger.release(kind, key);
     }
 
     /// The memory view of a capped device: total = min(cap, physical total), free =
@@ -475,6 +576,7 @@ impl Runtime {
         if cap == u64::MAX {
             return (phys_free, phys_total);
         }
+        self.refresh_pools(dev);
         let total = cap.min(phys_total);
         let free = phys_free.min(cap.saturating_sub(self.ledger.used(dev)));
         (free, total)
@@ -547,7 +649,7 @@ impl Runtime {
         } else {
             self.limits().cap(dev)
         };
-        let mut r = match self.ledger.reserve(dev, known, cap) {
+        let mut r = match self.reserve(dev, known, cap) {
             Ok(r) => r,
             Err(e) => {
                 self.refused(e.dev, e.request, e.cap, e.used);

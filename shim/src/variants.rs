@@ -61,7 +61,7 @@ name_enum! {
         cuGetProcAddress, cuGetProcAddress_v2,
         cuDevicePrimaryCtxRetain, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4,
         cuCtxDestroy, cuCtxDestroy_v2, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,
-        cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
+        cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, cuMemPoolCreate, cuMemPoolDestroy,
         nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2,
     }
 }
@@ -73,7 +73,8 @@ name_enum! {
         cuStreamQuery, cuStreamQuery_ptsz,
         cuEventCreate, cuEventRecord, cuEventRecord_ptsz, cuEventQuery, cuEventElapsedTime,
         cuDeviceGetCount, cuDeviceGet, cuDeviceGetUuid, cuMemFree_v2, cuMemFree,
-        cuDevicePrimaryCtxGetState,
+        cuDevicePrimaryCtxGetState, cuDeviceGetMemPool, cuMemPoolGetAttribute, cuMemFreeAsync,
+        cuMemFreeAsync_ptsz,
         nvmlInit_v2, nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetIndex, nvmlDeviceGetUUID,
         nvmlDeviceGetHandleByUUID,
         nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetComputeRunningProcesses_v2,

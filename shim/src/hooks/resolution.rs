@@ -226,6 +226,8 @@ hook_table!(
     cuDevicePrimaryCtxRelease_v2,
     cuDevicePrimaryCtxReset,
     cuDevicePrimaryCtxReset_v2,
+    cuMemPoolCreate,
+    cuMemPoolDestroy,
     nvmlDeviceGetMemoryInfo,
     nvmlDeviceGetMemoryInfo_v2,
 );

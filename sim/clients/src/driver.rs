@@ -149,6 +149,10 @@ driver_api! {
     cuMemFreeAsync: "cuMemFreeAsync" => cuMemFreeAsync | cuMemFreeAsync_ptsz : fn(CUdeviceptr, Ptr);
     cuDeviceGetDefaultMemPool: "cuDeviceGetDefaultMemPool" => cuDeviceGetDefaultMemPool : fn(*mut Ptr, c_int);
     cuMemPoolGetAttribute: "cuMemPoolGetAttribute" => cuMemPoolGetAttribute : fn(Ptr, c_int, *mut c_void);
+    cuMemPoolSetAttribute: "cuMemPoolSetAttribute" => cuMemPoolSetAttribute : fn(Ptr, c_int, *mut c_void);
+    cuMemPoolCreate: "cuMemPoolCreate" => cuMemPoolCreate : fn(*mut Ptr, *const c_void);
+    cuMemPoolDestroy: "cuMemPoolDestroy" => cuMemPoolDestroy : fn(Ptr);
+    cuMemPoolTrimTo: "cuMemPoolTrimTo" => cuMemPoolTrimTo : fn(Ptr, usize);
     cuMemCreate: "cuMemCreate" => cuMemCreate : fn(*mut u64, usize, *const c_void, u64);
     cuMemRelease: "cuMemRelease" => cuMemRelease : fn(u64);
     cuMemAddressReserve: "cuMemAddressReserve" => cuMemAddressReserve : fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, u64);

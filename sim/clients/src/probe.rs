@@ -6,7 +6,9 @@
 //!
 //! | op | effect |
 //! |---|---|
-//! | `alloc:<kind>:<size>` | kind = v2, pitch, managed, async, pool, vmm, vmm-released, array, array3d |
+//! | `alloc:<kind>:<size>` | kind = v2, pitch, managed, async, pool (the default pool), mypool (the `pool-create` pool), vmm, vmm-released, array, array3d |
+//! | `pool-create` / `pool-destroy` | cuMemPoolCreate on the device (then `mypool`) / cuMemPoolDestroy of it |
+//! | `pool-threshold:<size\|max>` / `pool-trim` | release threshold / cuMemPoolTrimTo(0) of `mypool` if created, else of the default pool |
 //! | `free` / `free-all` | frees the newest / every live allocation through the matching path |
 //! | `vmm-retain` / `vmm-release-retained` | cuMemRetainAllocationHandle on the newest VMM mapping / cuMemRelease of every retained handle |
 //! | `procmem` | device memory NVML attributes to this process (the driver's own ledger) |
@@ -100,6 +102,8 @@ struct Probe {
     retained: Vec<u64>,
     /// Contexts from `ctx-create`.
     contexts: Vec<Ptr>,
+    /// The pool from `pool-create`.
+    pool: Ptr,
     spin: Ptr,
 }
 
@@ -135,6 +139,7 @@ impl Probe {
                         (d.cuMemAllocFromPoolAsync)(&mut ptr, size_us, pool, self.stream)
                     }
                 }
+                "mypool" => (d.cuMemAllocFromPoolAsync)(&mut ptr, size_us, self.pool, self.stream),
                 "vmm" => return self.alloc_vmm(size_us, false),
                 "vmm-released" => return self.alloc_vmm(size_us, true),
                 "array" | "array3d" => {
@@ -168,11 +173,12 @@ impl Probe {
             }
         };
         if rc == 0 {
-            self.live.push(if matches!(kind, "async" | "pool") {
-                Live::Async(ptr)
-            } else {
-                Live::Device(ptr)
-            });
+            self.live
+                .push(if matches!(kind, "async" | "pool" | "mypool") {
+                    Live::Async(ptr)
+                } else {
+                    Live::Device(ptr)
+                });
         }
         Ok(format!("rc={rc} ptr={ptr:#x}"))
     }
@@ -229,6 +235,18 @@ impl Probe {
             self.live.push(Live::Vmm { va, size, handle });
             Ok(format!("rc={rc} ptr={va:#x}"))
         }
+    }
+
+    /// The `pool-create` pool, else the device's default pool.
+    fn pool_or_default(&self) -> Result<Ptr> {
+        if !self.pool.is_null() {
+            return Ok(self.pool);
+        }
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        let rc = unsafe { (self.s.drv.cuDeviceGetDefaultMemPool)(&mut pool, self.s.device) };
+        self.s.drv.check(rc, "cuDeviceGetDefaultMemPool")?;
+        Ok(pool)
     }
 
     fn free_one(&mut self, l: Live) -> u32 {
@@ -420,6 +438,45 @@ impl Probe {
                     self.retained.push(h);
                 }
                 format!("op=vmm-retain rc={rc}")
+            }
+            ["pool-create"] => {
+                // CUmemPoolProps (cuda.h, 88 bytes): pinned allocations on this device.
+                let mut props = [0u8; 88];
+                props[0..4].copy_from_slice(&1u32.to_ne_bytes());
+                props[8..12].copy_from_slice(&1u32.to_ne_bytes());
+                props[12..16].copy_from_slice(&self.s.device.to_ne_bytes());
+                let mut pool = std::ptr::null_mut();
+                // SAFETY: out-pointer to a local; `props` has the CUmemPoolProps layout.
+                let rc = unsafe { (d.cuMemPoolCreate)(&mut pool, props.as_ptr().cast()) };
+                if rc == 0 {
+                    self.pool = pool;
+                }
+                format!("op=pool-create rc={rc}")
+            }
+            ["pool-destroy"] => {
+                // SAFETY: the pool this probe created.
+                let rc = unsafe { (d.cuMemPoolDestroy)(self.pool) };
+                self.pool = std::ptr::null_mut();
+                format!("op=pool-destroy rc={rc}")
+            }
+            ["pool-threshold", size] => {
+                let mut v: u64 = if *size == "max" {
+                    u64::MAX
+                } else {
+                    parse_size(size)?
+                };
+                let pool = self.pool_or_default()?;
+                // SAFETY: CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (4) takes a cuuint64_t.
+                let rc = unsafe {
+                    (d.cuMemPoolSetAttribute)(pool, 4, &mut v as *mut u64 as *mut c_void)
+                };
+                format!("op=pool-threshold rc={rc}")
+            }
+            ["pool-trim"] => {
+                let pool = self.pool_or_default()?;
+                // SAFETY: a pool handle of this driver.
+                let rc = unsafe { (d.cuMemPoolTrimTo)(pool, 0) };
+                format!("op=pool-trim rc={rc}")
             }
             ["ctx-create"] => {
                 type Create = unsafe extern "C" fn(*mut Ptr, u32, c_int) -> u32;
@@ -672,6 +729,7 @@ pub fn main_with(direct: Option<&dyn Fn(bool) -> DirectTable>) -> Result<()> {
         live: Vec::new(),
         retained: Vec::new(),
         contexts: Vec::new(),
+        pool: std::ptr::null_mut(),
         spin,
     };
     for op in &args.ops {

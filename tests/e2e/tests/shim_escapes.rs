@@ -134,3 +134,71 @@ fn every_context_a_function_creates_is_charged_until_destroyed() {
         "one destroyed: {out}"
     );
 }
+
+/// Item 2: memory freed into a pool stays reserved up to its release threshold; charging only
+/// live allocations held 4 GiB under a 1 GiB cap. The shim charges what each pool reserves
+/// (re-read from the driver after each allocation and free, and before refusing), on the pool's
+/// own device for pools the function created.
+#[test]
+fn memory_a_pool_keeps_reserved_is_charged_until_the_pool_releases_it() {
+    let sim = SimGpu::exact(1, "8GiB");
+    let script = [
+        // The default pool, with a threshold that keeps everything freed into it.
+        "stream",
+        "pool-threshold:max",
+        "alloc:async:768MiB",
+        "free",
+        "pool-info",
+        // 768 MiB stay reserved: 768 more do not fit, the pool's own reuse does.
+        "alloc:v2:768MiB",
+        "alloc:async:512MiB",
+        "procmem",
+        "free",
+        // Trimmed, the memory is back under the cap.
+        "pool-trim",
+        "alloc:v2:768MiB",
+        "free",
+        "meminfo",
+        // A pool of its own, the same way; destroying it gives its memory back.
+        "pool-create",
+        "pool-threshold:max",
+        "alloc:mypool:768MiB",
+        "free",
+        "alloc:v2:768MiB",
+        "procmem",
+        "pool-destroy",
+        "alloc:v2:768MiB",
+        "procmem",
+    ];
+    for style in Resolution::UNLINKED {
+        let out = run_ok(
+            sim.shimmed(bin("sim-probe"), &[("SMORE_MEMORY_LIMIT", "1GiB")])
+                .args(style.args())
+                .args(script),
+        )
+        .unwrap();
+        let l = parse_lines(&out);
+        let ctx = format!("{style:?}: {out}");
+        assert_eq!(
+            num(ops(&l, "pool-info")[0], "reserved") as u64,
+            768 * MIB,
+            "{ctx}"
+        );
+        assert_eq!(
+            alloc_rcs(&l),
+            ["0", "2", "0", "0", "0", "2", "0"],
+            "reserved pool memory is charged: {ctx}"
+        );
+        for used in procmem(&l) {
+            assert!(
+                used <= GIB,
+                "the driver holds {used} B under a 1 GiB cap: {ctx}"
+            );
+        }
+        assert_eq!(procmem(&l), [768 * MIB, 768 * MIB, 768 * MIB], "{ctx}");
+        assert_eq!(num(ops(&l, "meminfo")[0], "free") as u64, GIB, "{ctx}");
+        for op in ["pool-threshold", "pool-trim", "pool-create", "pool-destroy"] {
+            assert!(ops(&l, op).iter().all(|o| o["rc"] == "0"), "{op}: {ctx}");
+        }
+    }
+}
