@@ -32,6 +32,8 @@ pub enum Kind {
     Vmm,
     /// A `CUarray`.
     Array,
+    /// A `CUmipmappedArray`.
+    Mipmap,
     /// A context made by `cuCtxCreate*` (keyed by its `CUcontext`): its footprint.
     Context,
     /// A device's primary context (keyed by the device ordinal): its footprint.

@@ -1085,9 +1085,32 @@ pub fn array_bytes(w: u64, h: u64, d: u64, format: u32, channels: u32) -> u64 {
         .saturating_mul(channels.max(1) as u64)
 }
 
+/// Bytes of a mipmapped array of `levels` levels: each level halves the extents of the one
+/// before (never below 1; a 0 extent — 1D / 2D — stays 0), charged as [`array_bytes`] each.
+pub fn mipmap_bytes(w: u64, h: u64, d: u64, format: u32, channels: u32, levels: u32) -> u64 {
+    (0..levels.min(64))
+        .map(|l| {
+            let e = |x: u64| if x == 0 { 0 } else { (x >> l).max(1) };
+            array_bytes(e(w), e(h), e(d), format, channels)
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mipmapped_array_is_charged_every_level() {
+        // 64×32 floats, 3 levels: 64×32 + 32×16 + 16×8.
+        assert_eq!(
+            mipmap_bytes(64, 32, 0, 0x20, 1, 3),
+            (64 * 32 + 32 * 16 + 16 * 8) * 4
+        );
+        // Extents stop at 1; a 1D array stays 1D.
+        assert_eq!(mipmap_bytes(4, 0, 0, 0x01, 1, 5), 4 + 2 + 1 + 1 + 1);
+        assert_eq!(mipmap_bytes(u64::MAX, 2, 1, 0x20, 4, 2), u64::MAX);
+    }
 
     fn rt(cap: u64) -> Runtime {
         let mut c = Config::default();

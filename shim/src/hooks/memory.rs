@@ -10,8 +10,8 @@ use crate::ledger::Kind;
 use crate::runtime;
 use crate::sys::driver;
 use cudarc::driver::sys::{
-    CUarray, CUdeviceptr, CUmemAllocationProp, CUmemPoolProps, CUmemoryPool, CUstream,
-    CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
+    CUarray, CUdeviceptr, CUmemAllocationProp, CUmemPoolProps, CUmemoryPool, CUmipmappedArray,
+    CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
 };
 use std::ffi::{c_uint, c_void};
 
@@ -529,6 +529,49 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         }
     });
     alloc_array(arr, dims, real)
+}
+
+/// # Safety
+/// cuda.h contract of `cuMipmappedArrayCreate`: charged every level's bytes.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    arr: *mut CUmipmappedArray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    levels: c_uint,
+) -> u32 {
+    let real = real_call!(cuMipmappedArrayCreate: fn(*mut CUmipmappedArray, *const CUDA_ARRAY3D_DESCRIPTOR, c_uint)(arr, desc, levels), else CUDA_ERROR_NOT_FOUND);
+    if desc.is_null() {
+        // The driver refuses it; nothing to charge.
+        return guarded(OnPanic::Real, real, |call| call());
+    }
+    // SAFETY: the caller's descriptor; fields read one by one, the format as its u32.
+    let bytes = unsafe {
+        runtime::mipmap_bytes(
+            (*desc).Width as u64,
+            (*desc).Height as u64,
+            (*desc).Depth as u64,
+            std::ptr::addr_of!((*desc).Format).cast::<u32>().read(),
+            (*desc).NumChannels,
+            levels,
+        )
+    };
+    alloc(None, bytes, Kind::Mipmap, real, |rc| {
+        if rc == 0 && !arr.is_null() {
+            // SAFETY: the caller's out pointer, written by the driver on success.
+            unsafe { arr.read() as u64 }
+        } else {
+            0
+        }
+    })
+}
+
+/// # Safety
+/// cuda.h contract of `cuMipmappedArrayDestroy`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(arr: CUmipmappedArray) -> u32 {
+    let real =
+        real_call!(cuMipmappedArrayDestroy: fn(CUmipmappedArray)(arr), else CUDA_ERROR_NOT_FOUND);
+    freed(real(), Kind::Mipmap, arr as u64)
 }
 
 /// # Safety

@@ -164,9 +164,12 @@ driver_api! {
     cuArrayCreate: "cuArrayCreate" => cuArrayCreate_v2 : fn(*mut Ptr, *const c_void);
     cuArray3DCreate: "cuArray3DCreate" => cuArray3DCreate_v2 : fn(*mut Ptr, *const c_void);
     cuArrayDestroy: "cuArrayDestroy" => cuArrayDestroy : fn(Ptr);
+    cuMipmappedArrayCreate: "cuMipmappedArrayCreate" => cuMipmappedArrayCreate : fn(*mut Ptr, *const c_void, c_uint);
+    cuMipmappedArrayDestroy: "cuMipmappedArrayDestroy" => cuMipmappedArrayDestroy : fn(Ptr);
     cuLaunchKernel: "cuLaunchKernel" => cuLaunchKernel | cuLaunchKernel_ptsz : fn(Ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Ptr, *mut Ptr, *mut Ptr);
     cuLaunchKernelEx: "cuLaunchKernelEx" => cuLaunchKernelEx | cuLaunchKernelEx_ptsz : fn(*const CUlaunchConfig, Ptr, *mut Ptr, *mut Ptr);
     cuLaunchCooperativeKernel: "cuLaunchCooperativeKernel" => cuLaunchCooperativeKernel | cuLaunchCooperativeKernel_ptsz : fn(Ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Ptr, *mut Ptr);
+    cuLaunchCooperativeKernelMultiDevice: "cuLaunchCooperativeKernelMultiDevice" => cuLaunchCooperativeKernelMultiDevice : fn(*mut cudarc::driver::sys::CUDA_LAUNCH_PARAMS, c_uint, c_uint);
     cuStreamBeginCapture: "cuStreamBeginCapture" => cuStreamBeginCapture_v2 | cuStreamBeginCapture_v2_ptsz : fn(Ptr, c_uint);
     cuStreamEndCapture: "cuStreamEndCapture" => cuStreamEndCapture | cuStreamEndCapture_ptsz : fn(Ptr, *mut Ptr);
     cuGraphInstantiate: "cuGraphInstantiate" => cuGraphInstantiateWithFlags : fn(*mut Ptr, Ptr, u64);

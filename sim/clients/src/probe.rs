@@ -6,7 +6,7 @@
 //!
 //! | op | effect |
 //! |---|---|
-//! | `alloc:<kind>:<size>` | kind = v2, pitch, managed, async, pool (the default pool), mypool (the `pool-create` pool), vmm, vmm-released, array, array3d |
+//! | `alloc:<kind>:<size>` | kind = v2, pitch, managed, async, pool (the default pool), mypool (the `pool-create` pool), vmm, vmm-released, array, array3d, mipmap (2 levels of 1024 floats × size/4 KiB rows: 1.25 × size) |
 //! | `pool-create` / `pool-destroy` | cuMemPoolCreate on the device (then `mypool`) / cuMemPoolDestroy of it |
 //! | `pool-threshold:<size\|max>` / `pool-trim` | release threshold / cuMemPoolTrimTo(0) of `mypool` if created, else of the default pool |
 //! | `free` / `free-all` | frees the newest / every live allocation through the matching path |
@@ -15,7 +15,7 @@
 //! | `ctx-create` / `ctx-destroy` | cuCtxCreate_v2 on the device (the probe's context stays current) / cuCtxDestroy_v2 of the newest (both through `dlsym`) |
 //! | `meminfo` / `totalmem` | cuMemGetInfo / cuDeviceTotalMem |
 //! | `nvml-meminfo` | nvmlDeviceGetMemoryInfo of the same device via dlopen(libnvidia-ml.so.1) |
-//! | `launch:<us>[:<count>[:<via>]]` | enqueue kernels, via = kernel, ex, coop, graph |
+//! | `launch:<us>[:<count>[:<via>]]` | enqueue kernels, via = kernel, ex, coop, coop-multi (cuLaunchCooperativeKernelMultiDevice, one device), graph |
 //! | `run:<us>:<count>[:<via>]` | launch then sync; prints wall time |
 //! | `stream` | create a stream and use it from now on |
 //! | `sync` / `sleep:<ms>` / `ready` | stream sync / sleep / print a marker line |
@@ -55,6 +55,7 @@ enum Live {
         size: usize,
     },
     Array(Ptr),
+    Mipmap(Ptr),
 }
 
 /// CUmemAllocationProp for a pinned device allocation on `dev` (layout of cuda.h, 32 bytes).
@@ -142,6 +143,26 @@ impl Probe {
                 "mypool" => (d.cuMemAllocFromPoolAsync)(&mut ptr, size_us, self.pool, self.stream),
                 "vmm" => return self.alloc_vmm(size_us, false),
                 "vmm-released" => return self.alloc_vmm(size_us, true),
+                "mipmap" => {
+                    let mut arr = std::ptr::null_mut();
+                    let desc = Array3DDesc {
+                        width: 1024,
+                        height: size_us.div_ceil(4 * 1024).max(1),
+                        depth: 0,
+                        format: 0x20,
+                        channels: 1,
+                        flags: 0,
+                    };
+                    let rc = (d.cuMipmappedArrayCreate)(
+                        &mut arr,
+                        &desc as *const Array3DDesc as *const c_void,
+                        2,
+                    );
+                    if rc == 0 {
+                        self.live.push(Live::Mipmap(arr));
+                    }
+                    return Ok(format!("rc={rc}"));
+                }
                 "array" | "array3d" => {
                     let mut arr = std::ptr::null_mut();
                     let floats = size_us.div_ceil(4).max(1);
@@ -272,6 +293,7 @@ impl Probe {
                     a.max(b)
                 }
                 Live::Array(a) => (d.cuArrayDestroy)(a),
+                Live::Mipmap(a) => (d.cuMipmappedArrayDestroy)(a),
             }
         }
     }
@@ -318,6 +340,26 @@ impl Probe {
                             self.stream,
                             params,
                         );
+                        if rc != 0 {
+                            return Ok(rc);
+                        }
+                    }
+                }
+                "coop-multi" => {
+                    let mut p = cudarc::driver::sys::CUDA_LAUNCH_PARAMS {
+                        function: self.spin as _,
+                        gridDimX: 1,
+                        gridDimY: 1,
+                        gridDimZ: 1,
+                        blockDimX: 128,
+                        blockDimY: 1,
+                        blockDimZ: 1,
+                        sharedMemBytes: 0,
+                        hStream: self.stream as _,
+                        kernelParams: params,
+                    };
+                    for _ in 0..count {
+                        let rc = (d.cuLaunchCooperativeKernelMultiDevice)(&mut p, 1, 0);
                         if rc != 0 {
                             return Ok(rc);
                         }
@@ -381,7 +423,9 @@ impl Probe {
                     (d.cuGraphDestroy)(g);
                     return Ok(rc);
                 }
-                other => bail!("unknown launch path {other:?}: expected kernel, ex, coop or graph"),
+                other => bail!(
+                    "unknown launch path {other:?}: expected kernel, ex, coop, coop-multi or graph"
+                ),
             }
         }
         Ok(0)

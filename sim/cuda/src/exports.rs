@@ -4,7 +4,7 @@
 use crate::state::*;
 use cudarc::driver::sys::{
     cudaError_enum as E, CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraph,
-    CUgraphExec, CUlaunchConfig, CUmemoryPool, CUmodule, CUstream, CUuuid,
+    CUgraphExec, CUlaunchConfig, CUmemoryPool, CUmodule, CUstream, CUuuid, CUDA_LAUNCH_PARAMS,
 };
 use smore_simgpu::EventStatus;
 use std::collections::HashMap;
@@ -413,6 +413,17 @@ fn array_create(
     let handle = new_va(bytes) as usize;
     d.tables().arrays.insert(handle, (ctx.dev, bytes));
     out(out_arr, handle as *mut c_void)
+}
+
+/// Bytes of a mipmapped array: every level, each halving the extents of the one before (down to
+/// 1; a 0 extent — a 1D or 2D array — stays 0).
+fn mipmap_bytes(w: u64, h: u64, depth: u64, elem: u64, channels: u64, levels: u32) -> u64 {
+    (0..levels.min(64))
+        .map(|l| {
+            let e = |x: u64| if x == 0 { 0 } else { (x >> l).max(1) };
+            e(w) * e(h).max(1) * e(depth).max(1) * elem * channels
+        })
+        .sum()
 }
 
 fn info(free: &mut u64, total: &mut u64) -> Res {
@@ -1469,6 +1480,26 @@ api! {
         Ok(())
     }
 
+    fn cuMipmappedArrayCreate(arr: *mut *mut c_void, desc: *const Array3DDesc, levels: c_uint) {
+        if desc.is_null() || arr.is_null() || levels == 0 { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        let x = &*desc;
+        let elem = format_bytes(x.format).ok_or(E::CUDA_ERROR_INVALID_VALUE)?;
+        if x.width == 0 || !matches!(x.channels, 1 | 2 | 4) { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        let bytes = mipmap_bytes(x.width as u64, x.height as u64, x.depth as u64, elem, x.channels as u64, levels);
+        let d = driver()?;
+        let ctx = ctx_ok()?;
+        d.charge(ctx.dev, bytes)?;
+        let handle = new_va(bytes) as usize;
+        d.tables().mipmaps.insert(handle, (ctx.dev, bytes));
+        out(arr, handle as *mut c_void)
+    }
+    fn cuMipmappedArrayDestroy(arr: *mut c_void) {
+        let d = driver()?;
+        let (dev, bytes) = d.tables().mipmaps.remove(&(arr as usize)).ok_or(E::CUDA_ERROR_INVALID_HANDLE)?;
+        d.node.credit(dev, bytes);
+        Ok(())
+    }
+
     // ----- copies and memset: stream order, no data -----
 
     fn cuMemcpyHtoD_v2(_dst: CUdeviceptr, _src: *const c_void, _n: usize) { sync_copy(false) }
@@ -1509,6 +1540,34 @@ api! {
     fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         _shared: c_uint, h: CUstream, params: *mut *mut c_void) {
         launch(f, [gx, gy, gz], [bx, by, bz], h, params, true)
+    }
+
+    fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, n: c_uint, _flags: c_uint) {
+        if list.is_null() || n == 0 { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        for p in std::slice::from_raw_parts(list, n as usize) {
+            launch(p.function, [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ],
+                p.hStream, p.kernelParams, false)?;
+        }
+        Ok(())
+    }
+
+    /// Host work in stream order. The simulator runs `f` on the calling thread once the stream has
+    /// drained (the real driver runs it on a driver thread without blocking the caller); either
+    /// way it runs after the stream's earlier work and before its later work, and uses no GPU
+    /// time.
+    fn cuLaunchHostFunc(h: CUstream, f: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void) {
+        let f = f.ok_or(E::CUDA_ERROR_INVALID_VALUE)?;
+        let t = stream_target(h, false)?;
+        driver()?.node.stream_sync(t.dev, t.local).map_err(sim_err)?;
+        f(data);
+        Ok(())
+    }
+    fn cuLaunchHostFunc_ptsz(h: CUstream, f: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void) {
+        let f = f.ok_or(E::CUDA_ERROR_INVALID_VALUE)?;
+        let t = stream_target(h, true)?;
+        driver()?.node.stream_sync(t.dev, t.local).map_err(sim_err)?;
+        f(data);
+        Ok(())
     }
 
     // ----- graphs -----

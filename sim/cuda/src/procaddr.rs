@@ -152,6 +152,8 @@ table! {
     "cuArrayCreate" 3020 cuArrayCreate_v2;
     "cuArray3DCreate" 3020 cuArray3DCreate_v2;
     "cuArrayDestroy" 2000 cuArrayDestroy;
+    "cuMipmappedArrayCreate" 5000 cuMipmappedArrayCreate;
+    "cuMipmappedArrayDestroy" 5000 cuMipmappedArrayDestroy;
     "cuMemcpyHtoD" 3020 cuMemcpyHtoD_v2 | cuMemcpyHtoD_v2_ptds;
     "cuMemcpyDtoH" 3020 cuMemcpyDtoH_v2 | cuMemcpyDtoH_v2_ptds;
     "cuMemcpyDtoD" 3020 cuMemcpyDtoD_v2 | cuMemcpyDtoD_v2_ptds;
@@ -162,6 +164,8 @@ table! {
     "cuLaunchKernel" 4000 cuLaunchKernel | cuLaunchKernel_ptsz;
     "cuLaunchKernelEx" 11060 cuLaunchKernelEx | cuLaunchKernelEx_ptsz;
     "cuLaunchCooperativeKernel" 9000 cuLaunchCooperativeKernel | cuLaunchCooperativeKernel_ptsz;
+    "cuLaunchCooperativeKernelMultiDevice" 9000 cuLaunchCooperativeKernelMultiDevice;
+    "cuLaunchHostFunc" 10000 cuLaunchHostFunc | cuLaunchHostFunc_ptsz;
     "cuGraphInstantiate" 10000 cuGraphInstantiate;
     "cuGraphInstantiate" 11000 cuGraphInstantiate_v2;
     "cuGraphInstantiate" 12000 cuGraphInstantiateWithFlags;

@@ -123,6 +123,8 @@ pub struct Tables {
     /// Mapped VA → (physical handle, size).
     pub mappings: HashMap<u64, (u64, u64)>,
     pub arrays: HashMap<usize, (u32, u64)>,
+    /// Mipmapped arrays: handle → (device, bytes of every level).
+    pub mipmaps: HashMap<usize, (u32, u64)>,
     pub primary: [usize; MAX_DEVICES],
     pub primary_refs: [u32; MAX_DEVICES],
     pub primary_flags: [u32; MAX_DEVICES],

@@ -202,3 +202,67 @@ fn memory_a_pool_keeps_reserved_is_charged_until_the_pool_releases_it() {
         }
     }
 }
+
+/// Item 4: mipmapped arrays were not intercepted (uncounted on a real driver). Every level is
+/// charged at `cuMipmappedArrayCreate` and credited at `cuMipmappedArrayDestroy`.
+#[test]
+fn a_mipmapped_array_is_charged_every_level_until_destroyed() {
+    let sim = SimGpu::exact(1, "8GiB");
+    // Two levels of 1024 × 12288 floats: 48 MiB + 12 MiB.
+    let script = [
+        "alloc:mipmap:48MiB",
+        "meminfo",
+        "alloc:mipmap:48MiB",
+        "procmem",
+        "free",
+        "meminfo",
+    ];
+    for style in Resolution::ALL {
+        let out = run_ok(
+            sim.shimmed(style.probe(), &[("SMORE_MEMORY_LIMIT", "64MiB")])
+                .args(style.args())
+                .args(script),
+        )
+        .unwrap();
+        let l = parse_lines(&out);
+        let ctx = format!("{style:?}: {out}");
+        assert_eq!(alloc_rcs(&l), ["0", "2"], "{ctx}");
+        assert_eq!(procmem(&l), [60 * MIB], "{ctx}");
+        let info = ops(&l, "meminfo");
+        assert_eq!(
+            num(info[0], "free") as u64,
+            4 * MIB,
+            "every level charged: {ctx}"
+        );
+        assert_eq!(ops(&l, "free")[0]["rc"], "0", "{ctx}");
+        assert_eq!(num(info[1], "free") as u64, 64 * MIB, "credited: {ctx}");
+    }
+}
+
+/// Item 4: `cuLaunchCooperativeKernelMultiDevice` was not intercepted, so its kernels ran
+/// unthrottled. It is gated like the other launches: 100 ms of GPU work at a 25 % share of a
+/// 10 ms window takes ≥ ~390 ms.
+#[test]
+fn a_multi_device_cooperative_launch_is_held_to_the_share() {
+    for style in Resolution::ALL {
+        let sim = SimGpu::exact(1, "8GiB");
+        let out = run_ok(
+            sim.shimmed(
+                style.probe(),
+                &[("SMORE_SM_SHARE", "25"), ("SMORE_SM_WINDOW_MS", "10")],
+            )
+            .args(style.args())
+            .args(["stream", "run:1000:100:coop-multi"]),
+        )
+        .unwrap();
+        let l = parse_lines(&out);
+        let run = ops(&l, "run")[0];
+        assert_eq!(run["rc"], "0", "{style:?}: {out}");
+        let got = 100.0 / num(run, "wall_ms");
+        assert!(
+            (0.25 - 0.06..=0.25 + 0.03).contains(&got),
+            "{style:?}: 100 ms of GPU work at {:.1} % of wall time (share 25 %): {out}",
+            got * 100.0
+        );
+    }
+}
