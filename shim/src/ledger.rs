@@ -34,6 +34,9 @@ pub enum Kind {
     Array,
     /// A `CUmipmappedArray`.
     Mipmap,
+    /// The memory-allocation nodes of an instantiated graph on one device (keyed by
+    /// [`graph_exec_key`]).
+    GraphExec,
     /// A context made by `cuCtxCreate*` (keyed by its `CUcontext`): its footprint.
     Context,
     /// A device's primary context (keyed by the device ordinal): its footprint.
@@ -107,6 +110,13 @@ pub enum PoolFree {
     Destroyed,
 }
 
+/// The ledger key of an instantiated graph's allocations on `dev`: a `CUgraphExec` (8-byte
+/// aligned pointer) and a device ordinal < 16 never collide with another pair.
+pub fn graph_exec_key(exec: u64, dev: usize) -> u64 {
+    exec.wrapping_mul(MAX_DEVICES as u64)
+        .wrapping_add(dev as u64)
+}
+
 /// Bytes held on each device plus the handle map.
 #[derive(Debug)]
 pub struct Ledger {
@@ -117,6 +127,9 @@ pub struct Ledger {
     vmm: Mutex<VmmTable>,
     /// Pool charges (one lock: pool calls are stream-ordered allocations, never launches).
     pools: Mutex<PoolTable>,
+    /// Per `CUgraph`: bytes of its memory-allocation nodes per device (charged when it is
+    /// instantiated).
+    graphs: Mutex<HashMap<u64, [u64; MAX_DEVICES]>>,
 }
 
 impl Default for Ledger {
@@ -225,7 +238,38 @@ impl Ledger {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             vmm: Mutex::new(VmmTable::default()),
             pools: Mutex::new(PoolTable::default()),
+            graphs: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn graph_table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, [u64; MAX_DEVICES]>> {
+        // Poisoned only by a panic between single-entry updates: the table stays usable.
+        self.graphs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `cuGraphAddMemAllocNode` added `bytes` on `dev` to `graph`.
+    pub fn graph_alloc_node(&self, graph: u64, dev: usize, bytes: u64) {
+        if let Some(slot) = self
+            .graph_table()
+            .entry(graph)
+            .or_insert([0; MAX_DEVICES])
+            .get_mut(dev)
+        {
+            *slot = slot.saturating_add(bytes);
+        }
+    }
+
+    /// Bytes of `graph`'s memory-allocation nodes per device (zeros for a graph without any).
+    pub fn graph_allocs(&self, graph: u64) -> [u64; MAX_DEVICES] {
+        self.graph_table()
+            .get(&graph)
+            .copied()
+            .unwrap_or([0; MAX_DEVICES])
+    }
+
+    /// `cuGraphDestroy`: its nodes are gone (instantiated copies keep their own charge).
+    pub fn graph_destroyed(&self, graph: u64) {
+        self.graph_table().remove(&graph);
     }
 
     fn pool_table(&self) -> std::sync::MutexGuard<'_, PoolTable> {

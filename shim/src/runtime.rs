@@ -16,7 +16,7 @@ use crate::client::{self, Source};
 use crate::config::{self, Config, FailurePolicy, Level};
 use crate::gate::{CostTable, Gate, SampleClock, PPM, SAMPLE_PERIOD_NS};
 use crate::harvest::{self, Calibration, Collision, Contention, Usage, UsageCounters};
-use crate::ledger::{Kind, Ledger, OverCap, PoolFree, Reservation};
+use crate::ledger::{graph_exec_key, Kind, Ledger, OverCap, PoolFree, Reservation};
 use crate::limits::{self, GrantPage, MAX_DEVICES};
 use crate::log::{self, RateLimit};
 use crate::sys::{driver, os};
@@ -521,6 +521,44 @@ impl Runtime {
         undo(ptr);
         self.refused(dev, bytes, cap, used);
         CUDA_ERROR_OUT_OF_MEMORY
+    }
+
+    /// Instantiates `graph` through `call` (the driver's answer and the new `CUgraphExec`): the
+    /// bytes of its memory-allocation nodes are charged on their devices for as long as the
+    /// executable graph lives — the driver backs them with device memory when it runs, and keeps
+    /// it for the graph — and an instantiation whose allocations do not fit under the cap is
+    /// refused with `CUDA_ERROR_OUT_OF_MEMORY` before the driver is asked.
+    pub fn instantiate(&self, graph: u64, call: impl FnOnce() -> (u32, u64)) -> u32 {
+        let allocs = self.ledger.graph_allocs(graph);
+        if allocs.iter().all(|&b| b == 0) {
+            return call().0;
+        }
+        let mut held = Vec::new();
+        for (dev, &bytes) in allocs.iter().enumerate().filter(|(_, b)| **b > 0) {
+            self.ensure_context_charged(dev);
+            match self.reserve(dev, bytes, self.limits().cap(dev)) {
+                Ok(r) => held.push((dev, r)),
+                Err(e) => {
+                    self.refused(e.dev, e.request, e.cap, e.used);
+                    return CUDA_ERROR_OUT_OF_MEMORY;
+                }
+            }
+        }
+        let (rc, exec) = call();
+        if rc == 0 && exec != 0 {
+            for (dev, r) in held {
+                r.commit(Kind::GraphExec, graph_exec_key(exec, dev));
+            }
+        }
+        rc
+    }
+
+    /// `cuGraphExecDestroy` destroyed `exec`: its allocation nodes' memory is credited.
+    pub fn graph_exec_destroyed(&self, exec: u64) {
+        for dev in 0..MAX_DEVICES {
+            self.ledger
+                .release(Kind::GraphExec, graph_exec_key(exec, dev));
+        }
     }
 
     /// `cuMemPoolCreate` made `pool` on device `dev`.

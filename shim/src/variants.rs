@@ -60,6 +60,8 @@ name_enum! {
         cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,
         cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz,
         cuLaunchCooperativeKernelMultiDevice,
+        cuGraphAddMemAllocNode, cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
+        cuGraphInstantiateWithParams, cuGraphExecDestroy, cuGraphDestroy,
         cuGetProcAddress, cuGetProcAddress_v2,
         cuDevicePrimaryCtxRetain, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4,
         cuCtxDestroy, cuCtxDestroy_v2, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,

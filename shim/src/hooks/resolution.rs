@@ -11,6 +11,7 @@
 //! panic across the trampoline.
 
 use super::context::*;
+use super::graph::*;
 use super::guard::{after, real_call, CUDA_ERROR_NOT_FOUND};
 use super::info::*;
 use super::launch::*;
@@ -216,6 +217,13 @@ hook_table!(
     cuGraphLaunch,
     cuGraphLaunch_ptsz,
     cuLaunchCooperativeKernelMultiDevice,
+    cuGraphAddMemAllocNode,
+    cuGraphInstantiate,
+    cuGraphInstantiate_v2,
+    cuGraphInstantiateWithFlags,
+    cuGraphInstantiateWithParams,
+    cuGraphExecDestroy,
+    cuGraphDestroy,
     cuGetProcAddress,
     cuGetProcAddress_v2,
     cuDevicePrimaryCtxRetain,

@@ -173,6 +173,7 @@ driver_api! {
     cuStreamBeginCapture: "cuStreamBeginCapture" => cuStreamBeginCapture_v2 | cuStreamBeginCapture_v2_ptsz : fn(Ptr, c_uint);
     cuStreamEndCapture: "cuStreamEndCapture" => cuStreamEndCapture | cuStreamEndCapture_ptsz : fn(Ptr, *mut Ptr);
     cuGraphInstantiate: "cuGraphInstantiate" => cuGraphInstantiateWithFlags : fn(*mut Ptr, Ptr, u64);
+    cuGraphAddMemAllocNode: "cuGraphAddMemAllocNode" => cuGraphAddMemAllocNode : fn(*mut Ptr, Ptr, *const Ptr, usize, *mut c_void);
     cuGraphLaunch: "cuGraphLaunch" => cuGraphLaunch | cuGraphLaunch_ptsz : fn(Ptr, Ptr);
     cuGraphExecDestroy: "cuGraphExecDestroy" => cuGraphExecDestroy : fn(Ptr);
     cuGraphDestroy: "cuGraphDestroy" => cuGraphDestroy : fn(Ptr);

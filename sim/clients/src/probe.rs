@@ -6,7 +6,7 @@
 //!
 //! | op | effect |
 //! |---|---|
-//! | `alloc:<kind>:<size>` | kind = v2, pitch, managed, async, pool (the default pool), mypool (the `pool-create` pool), vmm, vmm-released, array, array3d, mipmap (2 levels of 1024 floats × size/4 KiB rows: 1.25 × size) |
+//! | `alloc:<kind>:<size>` | kind = v2, pitch, managed, async, pool (the default pool), mypool (the `pool-create` pool), vmm, vmm-released, array, array3d, mipmap (2 levels of 1024 floats × size/4 KiB rows: 1.25 × size), graph (a captured graph plus one memory-allocation node of size, instantiated and launched; freed by destroying the executable graph) |
 //! | `pool-create` / `pool-destroy` | cuMemPoolCreate on the device (then `mypool`) / cuMemPoolDestroy of it |
 //! | `pool-threshold:<size\|max>` / `pool-trim` | release threshold / cuMemPoolTrimTo(0) of `mypool` if created, else of the default pool |
 //! | `free` / `free-all` | frees the newest / every live allocation through the matching path |
@@ -56,6 +56,7 @@ enum Live {
     },
     Array(Ptr),
     Mipmap(Ptr),
+    GraphExec(Ptr),
 }
 
 /// CUmemAllocationProp for a pinned device allocation on `dev` (layout of cuda.h, 32 bytes).
@@ -143,6 +144,7 @@ impl Probe {
                 "mypool" => (d.cuMemAllocFromPoolAsync)(&mut ptr, size_us, self.pool, self.stream),
                 "vmm" => return self.alloc_vmm(size_us, false),
                 "vmm-released" => return self.alloc_vmm(size_us, true),
+                "graph" => return self.alloc_graph(size_us),
                 "mipmap" => {
                     let mut arr = std::ptr::null_mut();
                     let desc = Array3DDesc {
@@ -258,6 +260,73 @@ impl Probe {
         }
     }
 
+    /// A graph with one memory-allocation node of `size` bytes on this device: captured (empty)
+    /// on the probe's stream, the node added, instantiated, launched and synchronised.
+    fn alloc_graph(&mut self, size: usize) -> Result<String> {
+        if self.stream.is_null() {
+            self.stream = self.s.new_stream()?;
+        }
+        let d = &self.s.drv;
+        /// CUDA_MEM_ALLOC_NODE_PARAMS (cuda.h).
+        #[repr(C)]
+        struct Params {
+            pool_props: [u8; 88],
+            access: *const c_void,
+            access_count: usize,
+            bytesize: usize,
+            dptr: u64,
+        }
+        let mut params = Params {
+            pool_props: [0; 88],
+            access: std::ptr::null(),
+            access_count: 0,
+            bytesize: size,
+            dptr: 0,
+        };
+        // Pinned allocation (1) located on device (1) `self.s.device`.
+        params.pool_props[0..4].copy_from_slice(&1u32.to_ne_bytes());
+        params.pool_props[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        params.pool_props[12..16].copy_from_slice(&self.s.device.to_ne_bytes());
+        // SAFETY: handles of this driver; out-pointers to locals; `params` has the cuda.h layout.
+        unsafe {
+            let rc = (d.cuStreamBeginCapture)(self.stream, 0);
+            if rc != 0 {
+                return Ok(format!("rc={rc} step=capture"));
+            }
+            let mut g = std::ptr::null_mut();
+            let rc = (d.cuStreamEndCapture)(self.stream, &mut g);
+            if rc != 0 {
+                return Ok(format!("rc={rc} step=capture"));
+            }
+            let mut node = std::ptr::null_mut();
+            let rc = (d.cuGraphAddMemAllocNode)(
+                &mut node,
+                g,
+                std::ptr::null(),
+                0,
+                (&mut params as *mut Params).cast(),
+            );
+            if rc != 0 {
+                (d.cuGraphDestroy)(g);
+                return Ok(format!("rc={rc} step=node"));
+            }
+            let mut exec = std::ptr::null_mut();
+            let rc = (d.cuGraphInstantiate)(&mut exec, g, 0);
+            (d.cuGraphDestroy)(g);
+            if rc != 0 {
+                return Ok(format!("rc={rc} step=instantiate"));
+            }
+            self.live.push(Live::GraphExec(exec));
+            let rc = (d.cuGraphLaunch)(exec, self.stream);
+            let sync = (d.cuStreamSynchronize)(self.stream);
+            Ok(format!(
+                "rc={} step=launch ptr={:#x}",
+                rc.max(sync),
+                params.dptr
+            ))
+        }
+    }
+
     /// The `pool-create` pool, else the device's default pool.
     fn pool_or_default(&self) -> Result<Ptr> {
         if !self.pool.is_null() {
@@ -294,6 +363,7 @@ impl Probe {
                 }
                 Live::Array(a) => (d.cuArrayDestroy)(a),
                 Live::Mipmap(a) => (d.cuMipmappedArrayDestroy)(a),
+                Live::GraphExec(e) => (d.cuGraphExecDestroy)(e),
             }
         }
     }

@@ -233,6 +233,19 @@ fn graph_launch(exec: CUgraphExec, h: CUstream, ptsz: bool) -> Res {
     let e =
         unsafe { obj(exec as *const GraphExec, EXEC_MAGIC) }.ok_or(E::CUDA_ERROR_INVALID_HANDLE)?;
     let t = stream_target(h, ptsz)?;
+    if !e.allocs.is_empty() && !e.backed.swap(true, AcqRel) {
+        // The graph's allocations get physical memory when it first runs (and keep it).
+        let d = driver()?;
+        for (i, &(dev, bytes)) in e.allocs.iter().enumerate() {
+            if let Err(err) = d.charge(dev, bytes) {
+                for &(dev, bytes) in &e.allocs[..i] {
+                    d.node.credit(dev, bytes);
+                }
+                e.backed.store(false, Release);
+                return Err(err);
+            }
+        }
+    }
     if e.kernels == 0 {
         return Ok(());
     }
@@ -638,6 +651,7 @@ fn end_capture(h: CUstream, g: *mut CUgraph) -> Res {
     let graph = Box::leak(Box::new(Graph {
         magic: AtomicU64::new(GRAPH_MAGIC),
         kernels,
+        allocs: Mutex::new(Vec::new()),
     }));
     out(g, graph as *const Graph as CUgraph)
 }
@@ -656,6 +670,12 @@ fn instantiate(exec: *mut CUgraphExec, g: CUgraph) -> Res {
         magic: AtomicU64::new(EXEC_MAGIC),
         total_ns: graph.kernels.iter().sum(),
         kernels: graph.kernels.len(),
+        allocs: graph
+            .allocs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone(),
+        backed: AtomicBool::new(false),
     }));
     out(exec, e as *const GraphExec as CUgraphExec)
 }
@@ -1584,7 +1604,32 @@ api! {
     fn cuGraphExecDestroy(exec: CUgraphExec) {
         let e = obj(exec as *const GraphExec, EXEC_MAGIC).ok_or(E::CUDA_ERROR_INVALID_HANDLE)?;
         e.magic.store(0, Release);
+        if e.backed.swap(false, AcqRel) {
+            let d = driver()?;
+            for &(dev, bytes) in &e.allocs {
+                d.node.credit(dev, bytes);
+            }
+        }
         Ok(())
+    }
+    fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, g: CUgraph, _params: *mut c_void) { instantiate(exec, g) }
+
+    /// A memory-allocation node (CUDA_MEM_ALLOC_NODE_PARAMS: poolProps @0 (88 bytes, location id
+    /// @12), accessDescs @88, accessDescCount @96, bytesize @104, dptr @112). The node's address
+    /// range is assigned now; its memory when the instantiated graph first runs.
+    fn cuGraphAddMemAllocNode(node: *mut *mut c_void, g: CUgraph, _deps: *const *mut c_void, _n: usize, params: *mut c_void) {
+        let d = driver()?;
+        let graph = obj(g as *const Graph, GRAPH_MAGIC).ok_or(E::CUDA_ERROR_INVALID_HANDLE)?;
+        if params.is_null() || node.is_null() { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        let base = params as *mut u8;
+        let id = *base.add(12).cast::<c_int>();
+        let bytes = *base.add(104).cast::<usize>() as u64;
+        if bytes == 0 { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        let dev = dev_ok(d, id)?;
+        graph.allocs.lock().unwrap_or_else(|e| e.into_inner()).push((dev, bytes));
+        *base.add(112).cast::<u64>() = new_va(bytes);
+        // Nodes are opaque to the simulator's users: a unique non-null token.
+        out(node, new_va(1) as *mut c_void)
     }
     fn cuGraphDestroy(g: CUgraph) {
         let graph = obj(g as *const Graph, GRAPH_MAGIC).ok_or(E::CUDA_ERROR_INVALID_HANDLE)?;

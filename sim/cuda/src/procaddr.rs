@@ -170,6 +170,8 @@ table! {
     "cuGraphInstantiate" 11000 cuGraphInstantiate_v2;
     "cuGraphInstantiate" 12000 cuGraphInstantiateWithFlags;
     "cuGraphInstantiateWithFlags" 11040 cuGraphInstantiateWithFlags;
+    "cuGraphInstantiateWithParams" 12000 cuGraphInstantiateWithParams;
+    "cuGraphAddMemAllocNode" 11040 cuGraphAddMemAllocNode;
     "cuGraphLaunch" 10000 cuGraphLaunch | cuGraphLaunch_ptsz;
     "cuGraphExecDestroy" 10000 cuGraphExecDestroy;
     "cuGraphDestroy" 10000 cuGraphDestroy;

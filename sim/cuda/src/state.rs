@@ -69,6 +69,8 @@ pub struct Function {
 pub struct Graph {
     pub magic: AtomicU64,
     pub kernels: Vec<u64>,
+    /// Memory-allocation nodes: (node device, bytes).
+    pub allocs: Mutex<Vec<(u32, u64)>>,
 }
 
 #[repr(C)]
@@ -76,6 +78,10 @@ pub struct GraphExec {
     pub magic: AtomicU64,
     pub total_ns: u64,
     pub kernels: usize,
+    /// The graph's memory-allocation nodes: backed with device memory at the first launch
+    /// (charged once, `backed`) and given back when the executable graph is destroyed.
+    pub allocs: Vec<(u32, u64)>,
+    pub backed: AtomicBool,
 }
 
 #[repr(C)]

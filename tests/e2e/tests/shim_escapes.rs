@@ -266,3 +266,40 @@ fn a_multi_device_cooperative_launch_is_held_to_the_share() {
         );
     }
 }
+
+/// Item 4: CUDA-graph memory nodes were not intercepted: a graph's `cuGraphAddMemAllocNode`
+/// memory is backed when it runs, uncounted. The nodes' bytes are charged when the graph is
+/// instantiated (an instantiation that does not fit is refused before the driver is asked) and
+/// credited when the executable graph is destroyed.
+#[test]
+fn graph_memory_nodes_are_charged_from_instantiation_to_destruction() {
+    let sim = SimGpu::exact(1, "8GiB");
+    let script = [
+        "alloc:graph:48MiB",
+        "meminfo",
+        // 48 + 32 MiB does not fit under 64 MiB: refused at instantiation.
+        "alloc:graph:32MiB",
+        "alloc:v2:32MiB",
+        "procmem",
+        "free",
+        "meminfo",
+        "alloc:graph:64MiB",
+        "procmem",
+    ];
+    for style in Resolution::ALL {
+        let out = run_ok(
+            sim.shimmed(style.probe(), &[("SMORE_MEMORY_LIMIT", "64MiB")])
+                .args(style.args())
+                .args(script),
+        )
+        .unwrap();
+        let l = parse_lines(&out);
+        let ctx = format!("{style:?}: {out}");
+        assert_eq!(alloc_rcs(&l), ["0", "2", "2", "0"], "{ctx}");
+        assert_eq!(ops(&l, "alloc")[1]["step"], "instantiate", "{ctx}");
+        assert_eq!(procmem(&l), [48 * MIB, 64 * MIB], "{ctx}");
+        let info = ops(&l, "meminfo");
+        assert_eq!(num(info[0], "free") as u64, 16 * MIB, "{ctx}");
+        assert_eq!(num(info[1], "free") as u64, 64 * MIB, "credited: {ctx}");
+    }
+}
