@@ -15,7 +15,7 @@
 
 use crate::limits::MAX_DEVICES;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
 /// Lock shards of the handle map. 64: with 8 allocating threads the chance two of them hit the
@@ -127,6 +127,9 @@ pub struct Ledger {
     vmm: Mutex<VmmTable>,
     /// Pool charges (one lock: pool calls are stream-ordered allocations, never launches).
     pools: Mutex<PoolTable>,
+    /// Live pool allocations (`PoolTable::ptrs.len()`, kept under its lock): a free in a process
+    /// that has none takes no pool lock.
+    pool_ptrs: AtomicUsize,
     /// Per `CUgraph`: bytes of its memory-allocation nodes per device (charged when it is
     /// instantiated).
     graphs: Mutex<HashMap<u64, [u64; MAX_DEVICES]>>,
@@ -238,6 +241,7 @@ impl Ledger {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             vmm: Mutex::new(VmmTable::default()),
             pools: Mutex::new(PoolTable::default()),
+            pool_ptrs: AtomicUsize::new(0),
             graphs: Mutex::new(HashMap::new()),
         }
     }
@@ -516,6 +520,7 @@ impl Ledger {
         if fits {
             e.live = e.live.saturating_add(bytes);
             t.ptrs.insert(ptr, (pool, bytes));
+            self.pool_ptrs.store(t.ptrs.len(), Release);
         }
         fits
     }
@@ -523,10 +528,14 @@ impl Ledger {
     /// The driver freed `ptr` (`cuMemFreeAsync`, `cuMemFree`): if it came from a pool, forgets it
     /// and says what the pool accounting must do.
     pub fn pool_freed(&self, ptr: u64) -> PoolFree {
+        if self.pool_ptrs.load(Acquire) == 0 {
+            return PoolFree::NotPool;
+        }
         let mut t = self.pool_table();
         let Some((pool, bytes)) = t.ptrs.remove(&ptr) else {
             return PoolFree::NotPool;
         };
+        self.pool_ptrs.store(t.ptrs.len(), Release);
         let Some(e) = t.pools.get_mut(&pool) else {
             return PoolFree::NotPool;
         };
