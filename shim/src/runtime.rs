@@ -6,7 +6,9 @@
 //! Owns the enforcement decisions: reserve/commit/rollback around allocations, the virtualised
 //! memory info, launch admission (raw share and, in harvest mode, the contention bucket) and event
 //! sampling (costs, queueing waits, collisions), the calibration of estimates against NVML
-//! (≤ 2 per s per device, on a sampled launch), the usage counters, the context-footprint charge.
+//! (≤ 2 per s per device, on a sampled launch), the usage counters, the footprint charge of every
+//! context, the charge of what memory pools reserve (refreshed from the driver) and of graph
+//! memory nodes from instantiation to destruction.
 //! Must never: call the real driver twice for one hooked call, take a lock on the launch path
 //! except the sampler's (a `try_lock` on a periodic sample, ≤ 1 per ms; a blocking lock only
 //! around the first, unmeasured launch of a kernel or graph and around a probe after a capped
