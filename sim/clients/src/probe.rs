@@ -12,6 +12,7 @@
 //! | `free` / `free-all` | frees the newest / every live allocation through the matching path |
 //! | `vmm-retain` / `vmm-release-retained` | cuMemRetainAllocationHandle on the newest VMM mapping / cuMemRelease of every retained handle |
 //! | `procmem` | device memory NVML attributes to this process (the driver's own ledger) |
+//! | `primary-retain` / `primary-release` | cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRelease of the probe's device (the last release destroys the probe's own context) |
 //! | `ctx-create` / `ctx-destroy` | cuCtxCreate_v2 on the device (the probe's context stays current) / cuCtxDestroy_v2 of the newest (both through `dlsym`) |
 //! | `meminfo` / `totalmem` | cuMemGetInfo / cuDeviceTotalMem |
 //! | `nvml-meminfo` | nvmlDeviceGetMemoryInfo of the same device via dlopen(libnvidia-ml.so.1) |
@@ -591,6 +592,17 @@ impl Probe {
                 // SAFETY: a pool handle of this driver.
                 let rc = unsafe { (d.cuMemPoolTrimTo)(pool, 0) };
                 format!("op=pool-trim rc={rc}")
+            }
+            ["primary-retain"] => {
+                let mut ctx = std::ptr::null_mut();
+                // SAFETY: out-pointer to a local; the probe's device.
+                let rc = unsafe { (d.cuDevicePrimaryCtxRetain)(&mut ctx, self.s.device) };
+                format!("op=primary-retain rc={rc}")
+            }
+            ["primary-release"] => {
+                // SAFETY: the probe's device, whose primary context it retained.
+                let rc = unsafe { (d.cuDevicePrimaryCtxRelease)(self.s.device) };
+                format!("op=primary-release rc={rc}")
             }
             ["ctx-create"] => {
                 type Create = unsafe extern "C" fn(*mut Ptr, u32, c_int) -> u32;

@@ -135,6 +135,48 @@ fn every_context_a_function_creates_is_charged_until_destroyed() {
     );
 }
 
+/// Item 3, primary context: a retain of the existing primary context charges nothing, a release
+/// that leaves a reference credits nothing, and the last release (which destroys it) credits its
+/// footprint.
+#[test]
+fn the_primary_context_is_credited_only_when_its_last_release_destroys_it() {
+    let sim = SimGpu::builder()
+        .memory("8GiB")
+        .context_memory("300MiB")
+        .build()
+        .unwrap();
+    let out = run_ok(
+        sim.shimmed(bin("sim-probe"), &[("SMORE_MEMORY_LIMIT", "1GiB")])
+            .args(["--resolve", "dlsym"])
+            .args([
+                // Primary (the probe's) + two: 900 MiB.
+                "ctx-create",
+                "ctx-create",
+                "primary-retain",
+                "ctx-create",
+                "primary-release",
+                "ctx-create",
+                // The probe's own retain: the last one, the primary context is destroyed.
+                "primary-release",
+                "ctx-create",
+                "procmem",
+            ]),
+    )
+    .unwrap();
+    let l = parse_lines(&out);
+    let creates: Vec<&str> = ops(&l, "ctx-create")
+        .iter()
+        .map(|c| c["rc"].as_str())
+        .collect();
+    assert_eq!(creates, ["0", "0", "2", "2", "0"], "{out}");
+    assert_eq!(ops(&l, "primary-retain")[0]["rc"], "0", "{out}");
+    assert!(
+        ops(&l, "primary-release").iter().all(|r| r["rc"] == "0"),
+        "{out}"
+    );
+    assert_eq!(procmem(&l), [900 * MIB], "{out}");
+}
+
 /// Item 2: memory freed into a pool stays reserved up to its release threshold; charging only
 /// live allocations held 4 GiB under a 1 GiB cap. The shim charges what each pool reserves
 /// (re-read from the driver after each allocation and free, and before refusing), on the pool's
