@@ -6,7 +6,9 @@
 //! Owns the enforcement decisions: reserve/commit/rollback around allocations, the virtualised
 //! memory info, launch admission (raw share and, in harvest mode, the contention bucket) and event
 //! sampling (costs, queueing waits, collisions), the calibration of estimates against NVML
-//! (≤ 2 per s per device, on a sampled launch), the usage counters, the context-footprint charge.
+//! (≤ 2 per s per device, on a sampled launch), the usage counters, the footprint charge of every
+//! context, the charge of what memory pools reserve (refreshed from the driver) and of graph
+//! memory nodes from instantiation to destruction.
 //! Must never: call the real driver twice for one hooked call, take a lock on the launch path
 //! except the sampler's (a `try_lock` on a periodic sample, ≤ 1 per ms; a blocking lock only
 //! around the first, unmeasured launch of a kernel or graph and around a probe after a capped
@@ -16,7 +18,7 @@ use crate::client::{self, Source};
 use crate::config::{self, Config, FailurePolicy, Level};
 use crate::gate::{CostTable, Gate, SampleClock, PPM, SAMPLE_PERIOD_NS};
 use crate::harvest::{self, Calibration, Collision, Contention, Usage, UsageCounters};
-use crate::ledger::{Kind, Ledger};
+use crate::ledger::{graph_exec_key, Kind, Ledger, OverCap, PoolFree, Reservation};
 use crate::limits::{self, GrantPage, MAX_DEVICES};
 use crate::log::{self, RateLimit};
 use crate::sys::{driver, os};
@@ -71,7 +73,14 @@ pub struct Runtime {
     sample_clock: SampleClock,
     sampler: Mutex<Sampler>,
     ctx_charged: [AtomicBool; MAX_DEVICES],
+    /// Per device: the footprint of one context, bytes (the first one measured; 0 = unknown).
+    /// Every further context is charged at least this much, and refused before the driver is
+    /// asked when it would not fit.
+    ctx_footprint: [AtomicU64; MAX_DEVICES],
     window_ns: u64,
+    /// Serialises stream-ordered (pool) allocations of this process, so a pool's reservation
+    /// read after one is that allocation's doing (frees and trims only lower it).
+    pool_serial: Mutex<()>,
     /// Allocations refused over the cap (for reports and tests).
     pub refusals: AtomicU64,
     /// Launches of never-measured keys whose measurement is still in flight.
@@ -346,6 +355,8 @@ impl Runtime {
             sample_clock: SampleClock::default(),
             sampler: Mutex::new(Sampler::default()),
             ctx_charged: std::array::from_fn(|_| AtomicBool::new(false)),
+            ctx_footprint: std::array::from_fn(|_| AtomicU64::new(0)),
+            pool_serial: Mutex::new(()),
             refusals: AtomicU64::new(0),
             unmeasured: AtomicU64::new(0),
             probing: AtomicU64::new(0),
@@ -419,7 +430,7 @@ impl Runtime {
         }
         self.ensure_context_charged(dev);
         let cap = self.limits().cap(dev);
-        match self.ledger.reserve(dev, estimate, cap) {
+        match self.reserve(dev, estimate, cap) {
             Err(e) => {
                 self.refused(e.dev, e.request, e.cap, e.used);
                 CUDA_ERROR_OUT_OF_MEMORY
@@ -441,6 +452,127 @@ impl Runtime {
         }
     }
 
+    /// Reserves `bytes` on `dev` against `cap`; before refusing, re-reads what the device's pools
+    /// reserve (their charges are only refreshed when it matters: a pool that released memory
+    /// since it was last asked is credited now).
+    fn reserve(&self, dev: usize, bytes: u64, cap: u64) -> Result<Reservation<'_>, OverCap> {
+        self.ledger.reserve(dev, bytes, cap).or_else(|_| {
+            self.refresh_pools(dev);
+            self.ledger.reserve(dev, bytes, cap)
+        })
+    }
+
+    /// Sets every live pool of `dev` to the reservation the driver reports for it now.
+    fn refresh_pools(&self, dev: usize) {
+        for pool in self.ledger.pools_on(dev) {
+            if let Some(reserved) = driver::pool_reserved(pool) {
+                self.ledger.pool_sync(pool, reserved);
+            }
+        }
+    }
+
+    /// A stream-ordered allocation of `bytes` from `pool` (`None`: the current pool of the
+    /// current device, `cuMemAllocAsync`) through `call`, which returns the driver's answer and
+    /// the pointer. Charges the pool what it *reserves*, not what is allocated from it: freed
+    /// memory a pool keeps (its release threshold) stays charged until the pool releases it
+    /// (escape 2 of issue 12: 4 GiB held under a 1 GiB cap).
+    ///
+    /// Before the call the growth the pool will need is reserved against the cap (the request
+    /// less what the pool holds unused); after it the pool's reservation is read back and
+    /// charged. If the pool grew more than that and the growth does not fit, the allocation is
+    /// freed again (`undo`, in stream order) and refused; what the pool then holds stays charged
+    /// until the pool releases it. A pool created through `cuMemPoolCreate` is charged on its own
+    /// device; others on the current context's.
+    pub fn pool_alloc(
+        &self,
+        pool: Option<u64>,
+        bytes: u64,
+        call: impl FnOnce() -> (u32, u64),
+        undo: impl FnOnce(u64),
+    ) -> u32 {
+        let Some(current) = driver::ctx_device() else {
+            return self.unaccountable(call);
+        };
+        let Some(pool) = pool.or_else(|| driver::device_mem_pool(current)) else {
+            return self.alloc(Some(current), bytes, Kind::Ptr, call);
+        };
+        let dev = self.ledger.pool_device(pool).unwrap_or(current);
+        if bytes == 0 || dev >= MAX_DEVICES {
+            return call().0;
+        }
+        self.ensure_context_charged(dev);
+        let cap = self.limits().cap(dev);
+        let _serial = self.pool_serial.lock().unwrap_or_else(|e| e.into_inner());
+        let want = bytes.saturating_sub(driver::pool_idle(pool).unwrap_or(0));
+        let r = match self.reserve(dev, want, cap) {
+            Ok(r) => r,
+            Err(e) => {
+                self.refused(e.dev, bytes, e.cap, e.used);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        };
+        let (rc, ptr) = call();
+        if rc != 0 || ptr == 0 {
+            return rc;
+        }
+        let reserved = driver::pool_reserved(pool);
+        if self.ledger.pool_commit(r, pool, ptr, bytes, reserved, cap) {
+            return rc;
+        }
+        let used = self.ledger.used(dev);
+        undo(ptr);
+        self.refused(dev, bytes, cap, used);
+        CUDA_ERROR_OUT_OF_MEMORY
+    }
+
+    /// Instantiates `graph` through `call` (the driver's answer and the new `CUgraphExec`): the
+    /// bytes of its memory-allocation nodes are charged on their devices for as long as the
+    /// executable graph lives — the driver backs them with device memory when it runs, and keeps
+    /// it for the graph — and an instantiation whose allocations do not fit under the cap is
+    /// refused with `CUDA_ERROR_OUT_OF_MEMORY` before the driver is asked.
+    pub fn instantiate(&self, graph: u64, call: impl FnOnce() -> (u32, u64)) -> u32 {
+        let allocs = self.ledger.graph_allocs(graph);
+        if allocs.iter().all(|&b| b == 0) {
+            return call().0;
+        }
+        let mut held = Vec::new();
+        for (dev, &bytes) in allocs.iter().enumerate().filter(|(_, b)| **b > 0) {
+            self.ensure_context_charged(dev);
+            match self.reserve(dev, bytes, self.limits().cap(dev)) {
+                Ok(r) => held.push((dev, r)),
+                Err(e) => {
+                    self.refused(e.dev, e.request, e.cap, e.used);
+                    return CUDA_ERROR_OUT_OF_MEMORY;
+                }
+            }
+        }
+        let (rc, exec) = call();
+        if rc == 0 && exec != 0 {
+            for (dev, r) in held {
+                r.commit(Kind::GraphExec, graph_exec_key(exec, dev));
+            }
+        }
+        rc
+    }
+
+    /// `cuGraphExecDestroy` destroyed `exec`: its allocation nodes' memory is credited.
+    pub fn graph_exec_destroyed(&self, exec: u64) {
+        for dev in 0..MAX_DEVICES {
+            self.ledger
+                .release(Kind::GraphExec, graph_exec_key(exec, dev));
+        }
+    }
+
+    /// `cuMemPoolCreate` made `pool` on device `dev`.
+    pub fn pool_created(&self, pool: u64, dev: usize) {
+        self.ledger.pool_created(pool, dev);
+    }
+
+    /// `cuMemPoolDestroy` destroyed `pool`.
+    pub fn pool_destroyed(&self, pool: u64) {
+        self.ledger.pool_destroyed(pool);
+    }
+
     fn refused(&self, dev: usize, request: u64, cap: u64, used: u64) {
         self.refusals.fetch_add(1, Relaxed);
         log::limited(
@@ -456,11 +588,25 @@ impl Runtime {
         );
     }
 
-    /// Credits a handle the driver has freed.
+    /// Credits a handle the driver has freed. A pool allocation's memory stays with its pool:
+    /// the pool's charge follows what the driver says it reserves now.
     pub fn freed(&self, kind: Kind, key: u64) {
-        if key != 0 {
-            self.ledger.release(kind, key);
+        if key == 0 {
+            return;
         }
+        if kind == Kind::Ptr {
+            match self.ledger.pool_freed(key) {
+                PoolFree::NotPool => {}
+                PoolFree::Destroyed => return,
+                PoolFree::Live(pool) => {
+                    if let Some(reserved) = driver::pool_reserved(pool) {
+                        self.ledger.pool_sync(pool, reserved);
+                    }
+                    return;
+                }
+            }
+        }
+        self.ledger.release(kind, key);
     }
 
     /// The memory view of a capped device: total = min(cap, physical total), free =
@@ -470,6 +616,7 @@ impl Runtime {
         if cap == u64::MAX {
             return (phys_free, phys_total);
         }
+        self.refresh_pools(dev);
         let total = cap.min(phys_total);
         let free = phys_free.min(cap.saturating_sub(self.ledger.used(dev)));
         (free, total)
@@ -492,6 +639,7 @@ impl Runtime {
             Some(mem) => {
                 let footprint = mem.saturating_sub(self.ledger.used(dev));
                 self.ledger.force_charge(dev, footprint);
+                let _ = self.ctx_footprint[dev].compare_exchange(0, footprint, AcqRel, Acquire);
                 log::line(
                     Level::Info,
                     format_args!("device {dev}: context footprint {} charged", fmt_bytes(footprint)),
@@ -502,6 +650,101 @@ impl Runtime {
                 format_args!("device {dev}: context footprint not measurable (NVML unavailable); not charged"),
             ),
         }
+    }
+
+    /// Creates a context on `dev` through `call` (which returns the driver's answer and the new
+    /// `CUcontext`) and charges its footprint for as long as it lives: every context costs device
+    /// memory, not only a device's first (ten `cuCtxCreate` held 4 GiB under a 1 GiB cap).
+    ///
+    /// - `primary`: a `cuDevicePrimaryCtxRetain`; only the retain that creates the device's
+    ///   primary context is charged (keyed by the device, credited when it is destroyed).
+    /// - Once a device's footprint is known (its first context was measured), a context that
+    ///   would not fit under the cap is refused with `CUDA_ERROR_OUT_OF_MEMORY` before the driver
+    ///   is called (what the driver answers when it lacks the memory).
+    /// - The charge is the larger of that footprint and what NVML attributes to this process on
+    ///   `dev` beyond the ledger, measured after the call (so a first context, or one larger than
+    ///   the first, is counted as the driver counts it).
+    ///
+    /// Uncapped devices are not measured (an NVML query is not free); their contexts are not
+    /// charged.
+    pub fn create_context(
+        &self,
+        dev: usize,
+        primary: bool,
+        call: impl FnOnce() -> (u32, u64),
+    ) -> u32 {
+        if dev >= MAX_DEVICES
+            || (primary && self.ledger.holds(Kind::PrimaryContext, dev as u64))
+            || self.limits().cap(dev) == u64::MAX
+            // A retain of a primary context that exists already (made before it was charged:
+            // the allocation fallback below counted it) creates nothing.
+            || (primary && driver::primary_ctx_active(dev) == Some(true))
+        {
+            return call().0;
+        }
+        let known = self.ctx_footprint[dev].load(Acquire);
+        // The first context of a device is never refused: its footprint is not known yet.
+        let cap = if known == 0 {
+            u64::MAX
+        } else {
+            self.limits().cap(dev)
+        };
+        let mut r = match self.reserve(dev, known, cap) {
+            Ok(r) => r,
+            Err(e) => {
+                self.refused(e.dev, e.request, e.cap, e.used);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        };
+        let (rc, ctx) = call();
+        if rc != 0 || (ctx == 0 && !primary) {
+            return rc;
+        }
+        self.ctx_charged[dev].store(true, Release);
+        // What the driver holds for this process beyond the ledger (which counts `known` for this
+        // context already).
+        let unexplained = driver::nvml_process_mem(dev, os::pid())
+            .map(|mem| mem.saturating_sub(self.ledger.used(dev).saturating_sub(r.bytes())));
+        let footprint = known.max(unexplained.unwrap_or(0));
+        if known == 0 {
+            let _ = self.ctx_footprint[dev].compare_exchange(0, footprint, AcqRel, Acquire);
+        }
+        r.force_resize(footprint);
+        let (kind, key) = if primary {
+            (Kind::PrimaryContext, dev as u64)
+        } else {
+            (Kind::Context, ctx)
+        };
+        r.commit(kind, key);
+        match unexplained {
+            Some(_) => log::line(
+                Level::Info,
+                format_args!(
+                    "device {dev}: {} context footprint {} charged",
+                    if primary { "primary" } else { "new" },
+                    fmt_bytes(footprint)
+                ),
+            ),
+            None => log::line(
+                Level::Info,
+                format_args!(
+                    "device {dev}: context footprint not measurable (NVML unavailable); charged {}",
+                    fmt_bytes(footprint)
+                ),
+            ),
+        }
+        rc
+    }
+
+    /// A context the driver destroyed: `cuCtxDestroy` of `ctx`, or (`primary`) the primary
+    /// context of device `ctx` after its last release or a reset. Credits its footprint.
+    pub fn context_destroyed(&self, primary: bool, ctx: u64) {
+        let kind = if primary {
+            Kind::PrimaryContext
+        } else {
+            Kind::Context
+        };
+        self.ledger.release(kind, ctx);
     }
 
     /// Admits a launch keyed by its CUfunction / CUgraphExec, sleeping precisely if the device's
@@ -882,9 +1125,32 @@ pub fn array_bytes(w: u64, h: u64, d: u64, format: u32, channels: u32) -> u64 {
         .saturating_mul(channels.max(1) as u64)
 }
 
+/// Bytes of a mipmapped array of `levels` levels: each level halves the extents of the one
+/// before (never below 1; a 0 extent — 1D / 2D — stays 0), charged as [`array_bytes`] each.
+pub fn mipmap_bytes(w: u64, h: u64, d: u64, format: u32, channels: u32, levels: u32) -> u64 {
+    (0..levels.min(64))
+        .map(|l| {
+            let e = |x: u64| if x == 0 { 0 } else { (x >> l).max(1) };
+            array_bytes(e(w), e(h), e(d), format, channels)
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mipmapped_array_is_charged_every_level() {
+        // 64×32 floats, 3 levels: 64×32 + 32×16 + 16×8.
+        assert_eq!(
+            mipmap_bytes(64, 32, 0, 0x20, 1, 3),
+            (64 * 32 + 32 * 16 + 16 * 8) * 4
+        );
+        // Extents stop at 1; a 1D array stays 1D.
+        assert_eq!(mipmap_bytes(4, 0, 0, 0x01, 1, 5), 4 + 2 + 1 + 1 + 1);
+        assert_eq!(mipmap_bytes(u64::MAX, 2, 1, 0x20, 4, 2), u64::MAX);
+    }
 
     fn rt(cap: u64) -> Runtime {
         let mut c = Config::default();

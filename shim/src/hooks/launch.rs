@@ -6,7 +6,7 @@
 use super::guard::{guarded, real_call, OnPanic, CUDA_ERROR_NOT_FOUND};
 use crate::limits;
 use crate::runtime;
-use cudarc::driver::sys::{CUfunction, CUgraphExec, CUlaunchConfig, CUstream};
+use cudarc::driver::sys::{CUfunction, CUgraphExec, CUlaunchConfig, CUstream, CUDA_LAUNCH_PARAMS};
 use std::ffi::{c_uint, c_void};
 
 /// The launch fast path: true when the runtime exists and no device is throttled (or the shim
@@ -133,3 +133,28 @@ macro_rules! graph_launch_hook {
 
 graph_launch_hook!(cuGraphLaunch, false);
 graph_launch_hook!(cuGraphLaunch_ptsz, true);
+
+/// # Safety
+/// cuda.h contract of `cuLaunchCooperativeKernelMultiDevice` (deprecated since CUDA 11.3, still
+/// exported). Gated as one launch of the first entry's kernel on the current device, measured on
+/// its stream: the kernels of one such launch run together, so holding the launch holds them all.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(
+    list: *mut CUDA_LAUNCH_PARAMS,
+    n: c_uint,
+    flags: c_uint,
+) -> u32 {
+    let real = real_call!(cuLaunchCooperativeKernelMultiDevice: fn(*mut CUDA_LAUNCH_PARAMS, c_uint, c_uint)(list, n, flags), else CUDA_ERROR_NOT_FOUND);
+    if unthrottled() || list.is_null() || n == 0 {
+        return real();
+    }
+    // SAFETY: `list` holds `n` ≥ 1 launch descriptions (the caller's contract); only the first
+    // entry's function and stream are read.
+    let (f, stream) = unsafe {
+        (
+            std::ptr::addr_of!((*list).function).read(),
+            std::ptr::addr_of!((*list).hStream).read(),
+        )
+    };
+    launch_slow(f as u64, stream as usize, false, real)
+}

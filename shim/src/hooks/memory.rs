@@ -1,18 +1,19 @@
 //! Allocation and free hooks: reserve before the driver call, commit or roll back after it;
 //! every free reaches the driver first and credits only what it freed.
 //!
-//! Owns the per-API-family sizing (pitched rows, arrays, VMM locations). Must never: call the real
-//! allocator when the reservation was refused, or credit a handle the driver did not free.
+//! Owns the per-API-family sizing (pitched rows, arrays, VMM locations, pool locations). Must
+//! never: call the real allocator when the reservation was refused, or credit a handle the driver
+//! did not free.
 
 use super::guard::{after, guarded, out, real_call, OnPanic, CUDA_ERROR_NOT_FOUND};
 use crate::ledger::Kind;
 use crate::runtime;
 use crate::sys::driver;
 use cudarc::driver::sys::{
-    CUarray, CUdeviceptr, CUmemAllocationProp, CUmemoryPool, CUstream, CUDA_ARRAY3D_DESCRIPTOR,
-    CUDA_ARRAY_DESCRIPTOR,
+    CUarray, CUdeviceptr, CUmemAllocationProp, CUmemPoolProps, CUmemoryPool, CUmipmappedArray,
+    CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
 };
-use std::ffi::c_uint;
+use std::ffi::{c_uint, c_void};
 
 /// `CU_MEM_LOCATION_TYPE_DEVICE` (cuda.h).
 const CU_MEM_LOCATION_TYPE_DEVICE: u32 = 1;
@@ -191,6 +192,34 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     })
 }
 
+/// A stream-ordered allocation from `pool` (`None`: the device's current pool) around `real`:
+/// the pool is charged what it reserves (`Runtime::pool_alloc`).
+#[inline(always)]
+fn alloc_from_pool(
+    pool: Option<u64>,
+    bytes: usize,
+    dptr: *mut CUdeviceptr,
+    stream: CUstream,
+    ptsz: bool,
+    real: impl Fn() -> u32,
+) -> u32 {
+    guarded(OnPanic::Alloc, real, |call| match runtime::enforcing() {
+        None => call(),
+        Some(rt) => rt.pool_alloc(
+            pool,
+            bytes as u64,
+            || {
+                let rc = call();
+                // SAFETY: `dptr` is the caller's out pointer, written by the driver on success.
+                (rc, unsafe { out(rc, dptr) })
+            },
+            |ptr| {
+                driver::mem_free_async(ptr, stream as usize, ptsz);
+            },
+        ),
+    })
+}
+
 /// # Safety
 /// cuda.h contract of `cuMemAllocAsync`.
 #[cfg_attr(not(test), no_mangle)]
@@ -200,10 +229,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     stream: CUstream,
 ) -> u32 {
     let real = real_call!(cuMemAllocAsync: fn(*mut CUdeviceptr, usize, CUstream)(dptr, bytes, stream), else CUDA_ERROR_NOT_FOUND);
-    // SAFETY: `dptr` is the caller's out pointer.
-    alloc(None, bytes as u64, Kind::Ptr, real, |rc| unsafe {
-        out(rc, dptr)
-    })
+    alloc_from_pool(None, bytes, dptr, stream, false, real)
 }
 
 /// # Safety
@@ -215,10 +241,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     stream: CUstream,
 ) -> u32 {
     let real = real_call!(cuMemAllocAsync_ptsz: fn(*mut CUdeviceptr, usize, CUstream)(dptr, bytes, stream), else CUDA_ERROR_NOT_FOUND);
-    // SAFETY: `dptr` is the caller's out pointer.
-    alloc(None, bytes as u64, Kind::Ptr, real, |rc| unsafe {
-        out(rc, dptr)
-    })
+    alloc_from_pool(None, bytes, dptr, stream, true, real)
 }
 
 /// # Safety
@@ -231,10 +254,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     stream: CUstream,
 ) -> u32 {
     let real = real_call!(cuMemAllocFromPoolAsync: fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream)(dptr, bytes, pool, stream), else CUDA_ERROR_NOT_FOUND);
-    // SAFETY: `dptr` is the caller's out pointer.
-    alloc(None, bytes as u64, Kind::Ptr, real, |rc| unsafe {
-        out(rc, dptr)
-    })
+    alloc_from_pool(Some(pool as u64), bytes, dptr, stream, false, real)
 }
 
 /// # Safety
@@ -247,10 +267,47 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     stream: CUstream,
 ) -> u32 {
     let real = real_call!(cuMemAllocFromPoolAsync_ptsz: fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream)(dptr, bytes, pool, stream), else CUDA_ERROR_NOT_FOUND);
-    // SAFETY: `dptr` is the caller's out pointer.
-    alloc(None, bytes as u64, Kind::Ptr, real, |rc| unsafe {
-        out(rc, dptr)
+    alloc_from_pool(Some(pool as u64), bytes, dptr, stream, true, real)
+}
+
+/// # Safety
+/// cuda.h contract of `cuMemPoolCreate`. A pool located on a device is charged there.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemPoolCreate(
+    pool: *mut CUmemoryPool,
+    props: *const CUmemPoolProps,
+) -> u32 {
+    let real = real_call!(cuMemPoolCreate: fn(*mut CUmemoryPool, *const CUmemPoolProps)(pool, props), else CUDA_ERROR_NOT_FOUND);
+    let rc = guarded(OnPanic::Real, real, |call| call());
+    if rc != 0 || pool.is_null() || props.is_null() {
+        return rc;
+    }
+    // SAFETY: `props` is the caller's CUmemPoolProps; the location type is read as its u32 (never
+    // as a Rust enum a foreign value could make invalid), the id as a plain int. `pool` is the
+    // caller's out pointer, written by the driver on success.
+    let (ty, id, handle) = unsafe {
+        (
+            std::ptr::addr_of!((*props).location.type_)
+                .cast::<u32>()
+                .read(),
+            std::ptr::addr_of!((*props).location.id).read(),
+            pool.read() as u64,
+        )
+    };
+    on_success(rc, |rt| {
+        if ty == CU_MEM_LOCATION_TYPE_DEVICE && id >= 0 {
+            rt.pool_created(handle, id as usize);
+        }
     })
+}
+
+/// # Safety
+/// cuda.h contract of `cuMemPoolDestroy`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> u32 {
+    let real = real_call!(cuMemPoolDestroy: fn(CUmemoryPool)(pool), else CUDA_ERROR_NOT_FOUND);
+    let rc = guarded(OnPanic::Real, real, |call| call());
+    on_success(rc, |rt| rt.pool_destroyed(pool as u64))
 }
 
 /// # Safety
@@ -318,11 +375,64 @@ pub unsafe extern "C" fn cuMemCreate(
 }
 
 /// # Safety
-/// cuda.h contract of `cuMemRelease`.
+/// cuda.h contract of `cuMemRelease`. Drops one reference to the handle; the physical memory is
+/// credited once no reference and no mapping is left (the driver frees it only then).
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn cuMemRelease(handle: u64) -> u32 {
     let real = real_call!(cuMemRelease: fn(u64)(handle), else CUDA_ERROR_NOT_FOUND);
     freed(real(), Kind::Vmm, handle)
+}
+
+/// Runs `f` on the enforcing runtime after a successful driver call.
+#[inline(always)]
+fn on_success(rc: u32, f: impl FnOnce(&runtime::Runtime)) -> u32 {
+    if rc == 0 {
+        after(|| {
+            if let Some(rt) = runtime::enforcing() {
+                f(rt);
+            }
+        });
+    }
+    rc
+}
+
+/// # Safety
+/// cuda.h contract of `cuMemMap`. A mapping keeps the handle's physical memory alive.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: u64,
+    flags: u64,
+) -> u32 {
+    let real = real_call!(cuMemMap: fn(CUdeviceptr, usize, usize, u64, u64)(ptr, size, offset, handle, flags), else CUDA_ERROR_NOT_FOUND);
+    let rc = guarded(OnPanic::Real, real, |call| call());
+    on_success(rc, |rt| rt.ledger.vmm_mapped(ptr, size as u64, handle))
+}
+
+/// # Safety
+/// cuda.h contract of `cuMemUnmap`. Credits a handle whose last mapping this was, if it was
+/// released already.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> u32 {
+    let real = real_call!(cuMemUnmap: fn(CUdeviceptr, usize)(ptr, size), else CUDA_ERROR_NOT_FOUND);
+    let rc = guarded(OnPanic::Real, real, |call| call());
+    on_success(rc, |rt| {
+        rt.ledger.vmm_unmapped(ptr, size as u64);
+    })
+}
+
+/// # Safety
+/// cuda.h contract of `cuMemRetainAllocationHandle`. Each retained handle needs one more
+/// `cuMemRelease` before the driver frees the memory.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) -> u32 {
+    let real = real_call!(cuMemRetainAllocationHandle: fn(*mut u64, *mut c_void)(handle, addr), else CUDA_ERROR_NOT_FOUND);
+    let rc = guarded(OnPanic::Real, real, |call| call());
+    // SAFETY: `handle` is the caller's out pointer, written by the driver on success.
+    let key = unsafe { out(rc, handle) };
+    on_success(rc, |rt| rt.ledger.vmm_retained(key))
 }
 
 /// Charges an array of the given extents around `real`.
@@ -419,6 +529,49 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         }
     });
     alloc_array(arr, dims, real)
+}
+
+/// # Safety
+/// cuda.h contract of `cuMipmappedArrayCreate`: charged every level's bytes.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    arr: *mut CUmipmappedArray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    levels: c_uint,
+) -> u32 {
+    let real = real_call!(cuMipmappedArrayCreate: fn(*mut CUmipmappedArray, *const CUDA_ARRAY3D_DESCRIPTOR, c_uint)(arr, desc, levels), else CUDA_ERROR_NOT_FOUND);
+    if desc.is_null() {
+        // The driver refuses it; nothing to charge.
+        return guarded(OnPanic::Real, real, |call| call());
+    }
+    // SAFETY: the caller's descriptor; fields read one by one, the format as its u32.
+    let bytes = unsafe {
+        runtime::mipmap_bytes(
+            (*desc).Width as u64,
+            (*desc).Height as u64,
+            (*desc).Depth as u64,
+            std::ptr::addr_of!((*desc).Format).cast::<u32>().read(),
+            (*desc).NumChannels,
+            levels,
+        )
+    };
+    alloc(None, bytes, Kind::Mipmap, real, |rc| {
+        if rc == 0 && !arr.is_null() {
+            // SAFETY: the caller's out pointer, written by the driver on success.
+            unsafe { arr.read() as u64 }
+        } else {
+            0
+        }
+    })
+}
+
+/// # Safety
+/// cuda.h contract of `cuMipmappedArrayDestroy`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(arr: CUmipmappedArray) -> u32 {
+    let real =
+        real_call!(cuMipmappedArrayDestroy: fn(CUmipmappedArray)(arr), else CUDA_ERROR_NOT_FOUND);
+    freed(real(), Kind::Mipmap, arr as u64)
 }
 
 /// # Safety

@@ -3,8 +3,8 @@
 //! [`hook_addr`]).
 //!
 //! The top layer: thin entry points, split by API family — [`memory`] (allocations and frees),
-//! [`info`] (memory information), [`context`] (context footprint), [`launch`] (kernel and graph
-//! launches), [`resolution`] (`cuGetProcAddress`, `dlsym`). They decide nothing themselves: the
+//! [`info`] (memory information), [`context`] (context footprint), [`graph`] (graph memory
+//! nodes), [`launch`] (kernel and graph launches), [`resolution`] (`cuGetProcAddress`, `dlsym`). They decide nothing themselves: the
 //! runtime does; a hook turns C arguments into Rust values and back.
 //!
 //! Each hook forwards to the real export of exactly its own name and ABI (`real_call!`, resolved
@@ -25,6 +25,7 @@
 #![allow(non_snake_case)]
 
 pub mod context;
+pub mod graph;
 mod guard;
 pub mod info;
 pub mod launch;

@@ -11,6 +11,7 @@
 //! panic across the trampoline.
 
 use super::context::*;
+use super::graph::*;
 use super::guard::{after, real_call, CUDA_ERROR_NOT_FOUND};
 use super::info::*;
 use super::launch::*;
@@ -193,11 +194,16 @@ hook_table!(
     cuMemFreeAsync_ptsz,
     cuMemCreate,
     cuMemRelease,
+    cuMemMap,
+    cuMemUnmap,
+    cuMemRetainAllocationHandle,
     cuArrayCreate,
     cuArrayCreate_v2,
     cuArray3DCreate,
     cuArray3DCreate_v2,
     cuArrayDestroy,
+    cuMipmappedArrayCreate,
+    cuMipmappedArrayDestroy,
     cuMemGetInfo,
     cuMemGetInfo_v2,
     cuDeviceTotalMem,
@@ -210,6 +216,14 @@ hook_table!(
     cuLaunchCooperativeKernel_ptsz,
     cuGraphLaunch,
     cuGraphLaunch_ptsz,
+    cuLaunchCooperativeKernelMultiDevice,
+    cuGraphAddMemAllocNode,
+    cuGraphInstantiate,
+    cuGraphInstantiate_v2,
+    cuGraphInstantiateWithFlags,
+    cuGraphInstantiateWithParams,
+    cuGraphExecDestroy,
+    cuGraphDestroy,
     cuGetProcAddress,
     cuGetProcAddress_v2,
     cuDevicePrimaryCtxRetain,
@@ -217,6 +231,14 @@ hook_table!(
     cuCtxCreate_v2,
     cuCtxCreate_v3,
     cuCtxCreate_v4,
+    cuCtxDestroy,
+    cuCtxDestroy_v2,
+    cuDevicePrimaryCtxRelease,
+    cuDevicePrimaryCtxRelease_v2,
+    cuDevicePrimaryCtxReset,
+    cuDevicePrimaryCtxReset_v2,
+    cuMemPoolCreate,
+    cuMemPoolDestroy,
     nvmlDeviceGetMemoryInfo,
     nvmlDeviceGetMemoryInfo_v2,
 );

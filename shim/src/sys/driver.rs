@@ -142,6 +142,66 @@ pub fn ctx_device() -> Option<usize> {
     (rc == 0 && d >= 0).then_some(d as usize)
 }
 
+/// Whether the primary context of CUDA ordinal `dev` exists (`cuDevicePrimaryCtxGetState`);
+/// `None` when the driver cannot say.
+pub fn primary_ctx_active(dev: usize) -> Option<bool> {
+    let f = helper_fn!(cuDevicePrimaryCtxGetState: fn(c_int, *mut c_uint, *mut c_int) -> u32, else None);
+    let dev = c_int::try_from(dev).ok()?;
+    let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+    // SAFETY: valid out-pointers; an invalid ordinal is an error code, not UB.
+    let rc = unsafe { f(dev, &mut flags, &mut active) };
+    (rc == 0).then_some(active != 0)
+}
+
+/// The current memory pool of CUDA ordinal `dev` (`cuDeviceGetMemPool`: what
+/// `cuMemAllocAsync` allocates from).
+pub fn device_mem_pool(dev: usize) -> Option<u64> {
+    let f = helper_fn!(cuDeviceGetMemPool: fn(*mut *mut c_void, c_int) -> u32, else None);
+    let dev = c_int::try_from(dev).ok()?;
+    let mut pool: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; an invalid ordinal is an error code.
+    let rc = unsafe { f(&mut pool, dev) };
+    (rc == 0 && !pool.is_null()).then_some(pool as u64)
+}
+
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` (cuda.h): bytes of device memory a pool holds.
+const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+/// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` (cuda.h): bytes of a pool's allocations not yet freed.
+const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
+
+fn pool_attr(pool: u64, attr: c_int) -> Option<u64> {
+    let f =
+        helper_fn!(cuMemPoolGetAttribute: fn(*mut c_void, c_int, *mut c_void) -> u32, else None);
+    let mut v: u64 = 0;
+    // SAFETY: both attributes are `cuuint64_t`; `pool` is a pool handle the driver handed out
+    // (an invalid one is an error code).
+    let rc = unsafe { f(pool as *mut c_void, attr, (&mut v as *mut u64).cast()) };
+    (rc == 0).then_some(v)
+}
+
+/// Bytes of device memory `pool` reserves now.
+pub fn pool_reserved(pool: u64) -> Option<u64> {
+    pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+}
+
+/// Bytes `pool` reserves beyond its live allocations (what an allocation may reuse).
+pub fn pool_idle(pool: u64) -> Option<u64> {
+    let reserved = pool_reserved(pool)?;
+    Some(reserved.saturating_sub(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?))
+}
+
+/// Frees a stream-ordered allocation the shim itself must give back (one whose pool grew past
+/// the cap), in `stream`'s order.
+pub fn mem_free_async(ptr: u64, stream: usize, ptsz: bool) -> u32 {
+    let f = if ptsz {
+        helper_fn!(cuMemFreeAsync_ptsz: fn(u64, *mut c_void) -> u32, else 999)
+    } else {
+        helper_fn!(cuMemFreeAsync: fn(u64, *mut c_void) -> u32, else 999)
+    };
+    // SAFETY: `ptr` is an allocation the driver just returned on `stream`.
+    unsafe { f(ptr, stream as *mut c_void) }
+}
+
 /// The calling thread's current context (0 if none).
 pub fn ctx_current() -> Option<usize> {
     let f = helper_fn!(cuCtxGetCurrent: fn(*mut *mut c_void) -> u32, else None);

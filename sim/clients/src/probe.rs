@@ -6,11 +6,17 @@
 //!
 //! | op | effect |
 //! |---|---|
-//! | `alloc:<kind>:<size>` | kind = v2, pitch, managed, async, pool, vmm, array, array3d |
+//! | `alloc:<kind>:<size>` | kind = v2, pitch, managed, async, pool (the default pool), mypool (the `pool-create` pool), vmm, vmm-released, array, array3d, mipmap (2 levels of 1024 floats × size/4 KiB rows: 1.25 × size), graph (a captured graph plus one memory-allocation node of size, instantiated and launched; freed by destroying the executable graph) |
+//! | `pool-create` / `pool-destroy` | cuMemPoolCreate on the device (then `mypool`) / cuMemPoolDestroy of it |
+//! | `pool-threshold:<size\|max>` / `pool-trim` | release threshold / cuMemPoolTrimTo(0) of `mypool` if created, else of the default pool |
 //! | `free` / `free-all` | frees the newest / every live allocation through the matching path |
+//! | `vmm-retain` / `vmm-release-retained` | cuMemRetainAllocationHandle on the newest VMM mapping / cuMemRelease of every retained handle |
+//! | `procmem` | device memory NVML attributes to this process (the driver's own ledger) |
+//! | `primary-retain` / `primary-release` | cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRelease of the probe's device (the last release destroys the probe's own context) |
+//! | `ctx-create` / `ctx-destroy` | cuCtxCreate_v2 on the device (the probe's context stays current) / cuCtxDestroy_v2 of the newest (both through `dlsym`) |
 //! | `meminfo` / `totalmem` | cuMemGetInfo / cuDeviceTotalMem |
 //! | `nvml-meminfo` | nvmlDeviceGetMemoryInfo of the same device via dlopen(libnvidia-ml.so.1) |
-//! | `launch:<us>[:<count>[:<via>]]` | enqueue kernels, via = kernel, ex, coop, graph |
+//! | `launch:<us>[:<count>[:<via>]]` | enqueue kernels, via = kernel, ex, coop, coop-multi (cuLaunchCooperativeKernelMultiDevice, one device), graph |
 //! | `run:<us>:<count>[:<via>]` | launch then sync; prints wall time |
 //! | `stream` | create a stream and use it from now on |
 //! | `sync` / `sleep:<ms>` / `ready` | stream sync / sleep / print a marker line |
@@ -39,8 +45,19 @@ pub struct Args {
 enum Live {
     Device(u64),
     Async(u64),
-    Vmm { va: u64, size: usize, handle: u64 },
+    Vmm {
+        va: u64,
+        size: usize,
+        handle: u64,
+    },
+    /// Mapped, handle already released (the CUDA idiom: the mapping keeps the memory).
+    VmmMapped {
+        va: u64,
+        size: usize,
+    },
     Array(Ptr),
+    Mipmap(Ptr),
+    GraphExec(Ptr),
 }
 
 /// CUmemAllocationProp for a pinned device allocation on `dev` (layout of cuda.h, 32 bytes).
@@ -84,6 +101,12 @@ struct Probe {
     s: Session,
     stream: Ptr,
     live: Vec<Live>,
+    /// Handles from `vmm-retain`, each owing one cuMemRelease.
+    retained: Vec<u64>,
+    /// Contexts from `ctx-create`.
+    contexts: Vec<Ptr>,
+    /// The pool from `pool-create`.
+    pool: Ptr,
     spin: Ptr,
 }
 
@@ -119,7 +142,30 @@ impl Probe {
                         (d.cuMemAllocFromPoolAsync)(&mut ptr, size_us, pool, self.stream)
                     }
                 }
-                "vmm" => return self.alloc_vmm(size_us),
+                "mypool" => (d.cuMemAllocFromPoolAsync)(&mut ptr, size_us, self.pool, self.stream),
+                "vmm" => return self.alloc_vmm(size_us, false),
+                "vmm-released" => return self.alloc_vmm(size_us, true),
+                "graph" => return self.alloc_graph(size_us),
+                "mipmap" => {
+                    let mut arr = std::ptr::null_mut();
+                    let desc = Array3DDesc {
+                        width: 1024,
+                        height: size_us.div_ceil(4 * 1024).max(1),
+                        depth: 0,
+                        format: 0x20,
+                        channels: 1,
+                        flags: 0,
+                    };
+                    let rc = (d.cuMipmappedArrayCreate)(
+                        &mut arr,
+                        &desc as *const Array3DDesc as *const c_void,
+                        2,
+                    );
+                    if rc == 0 {
+                        self.live.push(Live::Mipmap(arr));
+                    }
+                    return Ok(format!("rc={rc}"));
+                }
                 "array" | "array3d" => {
                     let mut arr = std::ptr::null_mut();
                     let floats = size_us.div_ceil(4).max(1);
@@ -151,16 +197,19 @@ impl Probe {
             }
         };
         if rc == 0 {
-            self.live.push(if matches!(kind, "async" | "pool") {
-                Live::Async(ptr)
-            } else {
-                Live::Device(ptr)
-            });
+            self.live
+                .push(if matches!(kind, "async" | "pool" | "mypool") {
+                    Live::Async(ptr)
+                } else {
+                    Live::Device(ptr)
+                });
         }
         Ok(format!("rc={rc} ptr={ptr:#x}"))
     }
 
-    fn alloc_vmm(&mut self, size: usize) -> Result<String> {
+    /// cuMemCreate → reserve → map → set access; with `release`, the handle is released at once
+    /// (the mapping alone keeps the memory, as PyTorch's expandable segments do).
+    fn alloc_vmm(&mut self, size: usize, release: bool) -> Result<String> {
         let d = &self.s.drv;
         let gran = 2usize << 20;
         let size = size.div_ceil(gran) * gran;
@@ -202,9 +251,93 @@ impl Probe {
                 flags: 3,
             };
             let rc = (d.cuMemSetAccess)(va, size, &desc as *const AccessDesc as *const c_void, 1);
+            if release {
+                let rel = (d.cuMemRelease)(handle);
+                self.live.push(Live::VmmMapped { va, size });
+                return Ok(format!("rc={} ptr={va:#x} release_rc={rel}", rc.max(rel)));
+            }
             self.live.push(Live::Vmm { va, size, handle });
             Ok(format!("rc={rc} ptr={va:#x}"))
         }
+    }
+
+    /// A graph with one memory-allocation node of `size` bytes on this device: captured (empty)
+    /// on the probe's stream, the node added, instantiated, launched and synchronised.
+    fn alloc_graph(&mut self, size: usize) -> Result<String> {
+        if self.stream.is_null() {
+            self.stream = self.s.new_stream()?;
+        }
+        let d = &self.s.drv;
+        /// CUDA_MEM_ALLOC_NODE_PARAMS (cuda.h).
+        #[repr(C)]
+        struct Params {
+            pool_props: [u8; 88],
+            access: *const c_void,
+            access_count: usize,
+            bytesize: usize,
+            dptr: u64,
+        }
+        let mut params = Params {
+            pool_props: [0; 88],
+            access: std::ptr::null(),
+            access_count: 0,
+            bytesize: size,
+            dptr: 0,
+        };
+        // Pinned allocation (1) located on device (1) `self.s.device`.
+        params.pool_props[0..4].copy_from_slice(&1u32.to_ne_bytes());
+        params.pool_props[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        params.pool_props[12..16].copy_from_slice(&self.s.device.to_ne_bytes());
+        // SAFETY: handles of this driver; out-pointers to locals; `params` has the cuda.h layout.
+        unsafe {
+            let rc = (d.cuStreamBeginCapture)(self.stream, 0);
+            if rc != 0 {
+                return Ok(format!("rc={rc} step=capture"));
+            }
+            let mut g = std::ptr::null_mut();
+            let rc = (d.cuStreamEndCapture)(self.stream, &mut g);
+            if rc != 0 {
+                return Ok(format!("rc={rc} step=capture"));
+            }
+            let mut node = std::ptr::null_mut();
+            let rc = (d.cuGraphAddMemAllocNode)(
+                &mut node,
+                g,
+                std::ptr::null(),
+                0,
+                (&mut params as *mut Params).cast(),
+            );
+            if rc != 0 {
+                (d.cuGraphDestroy)(g);
+                return Ok(format!("rc={rc} step=node"));
+            }
+            let mut exec = std::ptr::null_mut();
+            let rc = (d.cuGraphInstantiate)(&mut exec, g, 0);
+            (d.cuGraphDestroy)(g);
+            if rc != 0 {
+                return Ok(format!("rc={rc} step=instantiate"));
+            }
+            self.live.push(Live::GraphExec(exec));
+            let rc = (d.cuGraphLaunch)(exec, self.stream);
+            let sync = (d.cuStreamSynchronize)(self.stream);
+            Ok(format!(
+                "rc={} step=launch ptr={:#x}",
+                rc.max(sync),
+                params.dptr
+            ))
+        }
+    }
+
+    /// The `pool-create` pool, else the device's default pool.
+    fn pool_or_default(&self) -> Result<Ptr> {
+        if !self.pool.is_null() {
+            return Ok(self.pool);
+        }
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        let rc = unsafe { (self.s.drv.cuDeviceGetDefaultMemPool)(&mut pool, self.s.device) };
+        self.s.drv.check(rc, "cuDeviceGetDefaultMemPool")?;
+        Ok(pool)
     }
 
     fn free_one(&mut self, l: Live) -> u32 {
@@ -224,7 +357,14 @@ impl Probe {
                     let c = (d.cuMemRelease)(handle);
                     a.max(b).max(c)
                 }
+                Live::VmmMapped { va, size } => {
+                    let a = (d.cuMemUnmap)(va, size);
+                    let b = (d.cuMemAddressFree)(va, size);
+                    a.max(b)
+                }
                 Live::Array(a) => (d.cuArrayDestroy)(a),
+                Live::Mipmap(a) => (d.cuMipmappedArrayDestroy)(a),
+                Live::GraphExec(e) => (d.cuGraphExecDestroy)(e),
             }
         }
     }
@@ -271,6 +411,26 @@ impl Probe {
                             self.stream,
                             params,
                         );
+                        if rc != 0 {
+                            return Ok(rc);
+                        }
+                    }
+                }
+                "coop-multi" => {
+                    let mut p = cudarc::driver::sys::CUDA_LAUNCH_PARAMS {
+                        function: self.spin as _,
+                        gridDimX: 1,
+                        gridDimY: 1,
+                        gridDimZ: 1,
+                        blockDimX: 128,
+                        blockDimY: 1,
+                        blockDimZ: 1,
+                        sharedMemBytes: 0,
+                        hStream: self.stream as _,
+                        kernelParams: params,
+                    };
+                    for _ in 0..count {
+                        let rc = (d.cuLaunchCooperativeKernelMultiDevice)(&mut p, 1, 0);
                         if rc != 0 {
                             return Ok(rc);
                         }
@@ -334,7 +494,9 @@ impl Probe {
                     (d.cuGraphDestroy)(g);
                     return Ok(rc);
                 }
-                other => bail!("unknown launch path {other:?}: expected kernel, ex, coop or graph"),
+                other => bail!(
+                    "unknown launch path {other:?}: expected kernel, ex, coop, coop-multi or graph"
+                ),
             }
         }
         Ok(0)
@@ -375,6 +537,107 @@ impl Probe {
                 format!("op=totalmem rc={rc} total={total}")
             }
             ["nvml-meminfo"] => nvml_meminfo(self.s.device as u32)?,
+            ["procmem"] => nvml_procmem(self.s.device as u32)?,
+            ["vmm-retain"] => {
+                let va = self.live.iter().rev().find_map(|l| match l {
+                    Live::Vmm { va, .. } | Live::VmmMapped { va, .. } => Some(*va),
+                    _ => None,
+                });
+                let Some(va) = va else {
+                    bail!("vmm-retain: no live VMM mapping")
+                };
+                let mut h = 0u64;
+                // SAFETY: out-pointer to a local; `va` is a mapped address of this driver.
+                let rc = unsafe { (d.cuMemRetainAllocationHandle)(&mut h, va as *mut c_void) };
+                if rc == 0 {
+                    self.retained.push(h);
+                }
+                format!("op=vmm-retain rc={rc}")
+            }
+            ["pool-create"] => {
+                // CUmemPoolProps (cuda.h, 88 bytes): pinned allocations on this device.
+                let mut props = [0u8; 88];
+                props[0..4].copy_from_slice(&1u32.to_ne_bytes());
+                props[8..12].copy_from_slice(&1u32.to_ne_bytes());
+                props[12..16].copy_from_slice(&self.s.device.to_ne_bytes());
+                let mut pool = std::ptr::null_mut();
+                // SAFETY: out-pointer to a local; `props` has the CUmemPoolProps layout.
+                let rc = unsafe { (d.cuMemPoolCreate)(&mut pool, props.as_ptr().cast()) };
+                if rc == 0 {
+                    self.pool = pool;
+                }
+                format!("op=pool-create rc={rc}")
+            }
+            ["pool-destroy"] => {
+                // SAFETY: the pool this probe created.
+                let rc = unsafe { (d.cuMemPoolDestroy)(self.pool) };
+                self.pool = std::ptr::null_mut();
+                format!("op=pool-destroy rc={rc}")
+            }
+            ["pool-threshold", size] => {
+                let mut v: u64 = if *size == "max" {
+                    u64::MAX
+                } else {
+                    parse_size(size)?
+                };
+                let pool = self.pool_or_default()?;
+                // SAFETY: CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (4) takes a cuuint64_t.
+                let rc = unsafe {
+                    (d.cuMemPoolSetAttribute)(pool, 4, &mut v as *mut u64 as *mut c_void)
+                };
+                format!("op=pool-threshold rc={rc}")
+            }
+            ["pool-trim"] => {
+                let pool = self.pool_or_default()?;
+                // SAFETY: a pool handle of this driver.
+                let rc = unsafe { (d.cuMemPoolTrimTo)(pool, 0) };
+                format!("op=pool-trim rc={rc}")
+            }
+            ["primary-retain"] => {
+                let mut ctx = std::ptr::null_mut();
+                // SAFETY: out-pointer to a local; the probe's device.
+                let rc = unsafe { (d.cuDevicePrimaryCtxRetain)(&mut ctx, self.s.device) };
+                format!("op=primary-retain rc={rc}")
+            }
+            ["primary-release"] => {
+                // SAFETY: the probe's device, whose primary context it retained.
+                let rc = unsafe { (d.cuDevicePrimaryCtxRelease)(self.s.device) };
+                format!("op=primary-release rc={rc}")
+            }
+            ["ctx-create"] => {
+                type Create = unsafe extern "C" fn(*mut Ptr, u32, c_int) -> u32;
+                let f: Create = libcuda_fn(c"cuCtxCreate_v2")?;
+                let mut ctx: Ptr = std::ptr::null_mut();
+                // SAFETY: out-pointer to a local; the probe's device; the probe's own context is
+                // made current again (cuCtxCreate makes the new one current).
+                let rc = unsafe {
+                    let rc = f(&mut ctx, 0, self.s.device);
+                    (d.cuCtxSetCurrent)(self.s.ctx);
+                    rc
+                };
+                if rc == 0 {
+                    self.contexts.push(ctx);
+                }
+                format!("op=ctx-create rc={rc}")
+            }
+            ["ctx-destroy"] => {
+                type Destroy = unsafe extern "C" fn(Ptr) -> u32;
+                let f: Destroy = libcuda_fn(c"cuCtxDestroy_v2")?;
+                let Some(ctx) = self.contexts.pop() else {
+                    bail!("ctx-destroy: no context from ctx-create")
+                };
+                // SAFETY: a context this driver created and nobody else uses.
+                let rc = unsafe { f(ctx) };
+                format!("op=ctx-destroy rc={rc}")
+            }
+            ["vmm-release-retained"] => {
+                let mut worst = 0;
+                for h in std::mem::take(&mut self.retained) {
+                    // SAFETY: a handle the driver returned from cuMemRetainAllocationHandle.
+                    worst = worst.max(unsafe { (d.cuMemRelease)(h) });
+                }
+                format!("op=vmm-release-retained rc={worst}")
+            }
             ["pool-info"] => {
                 let mut pool = std::ptr::null_mut();
                 let (mut reserved, mut used) = (0u64, 0u64);
@@ -462,6 +725,70 @@ fn procaddr_matches(name: &str, version: c_int, flags: u64, expect: &str) -> Res
     }
 }
 
+/// `dlsym(libcuda.so.1, name)` as a function of type `F` (an `unsafe extern "C" fn`).
+fn libcuda_fn<F: Copy>(name: &std::ffi::CStr) -> Result<F> {
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<Ptr>());
+    let h = crate::driver::libcuda_handle()?;
+    // SAFETY: dlsym on a valid handle with a NUL-terminated name.
+    let p = unsafe { libc::dlsym(h, name.as_ptr()) };
+    if p.is_null() {
+        bail!("dlsym({name:?}) found nothing");
+    }
+    // SAFETY: `F` is a function pointer type (size checked) with the export's C prototype, as
+    // the caller declares it.
+    Ok(unsafe { std::mem::transmute_copy::<Ptr, F>(&p) })
+}
+
+/// `nvmlProcessInfo_t` (v2/v3 layout, nvml.h).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct NvmlProcessInfo {
+    pid: u32,
+    used: u64,
+    _gpu_instance: u32,
+    _compute_instance: u32,
+}
+type NvmlProcs = unsafe extern "C" fn(Ptr, *mut u32, *mut NvmlProcessInfo) -> u32;
+
+/// Device memory NVML attributes to this process on NVML index `index` (0 when not listed).
+fn nvml_procmem(index: u32) -> Result<String> {
+    // SAFETY: dlopen/dlsym with valid names; the NVML entry points have these signatures.
+    unsafe {
+        let h = libc::dlopen(
+            c"libnvidia-ml.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL,
+        );
+        if h.is_null() {
+            bail!("dlopen(libnvidia-ml.so.1) failed");
+        }
+        let sym = |n: &std::ffi::CStr| {
+            let p = libc::dlsym(h, n.as_ptr());
+            if p.is_null() {
+                bail!("dlsym({n:?}) failed")
+            }
+            Ok(p)
+        };
+        let init: NvmlInit = std::mem::transmute(sym(c"nvmlInit_v2")?);
+        let handle: NvmlHandle = std::mem::transmute(sym(c"nvmlDeviceGetHandleByIndex_v2")?);
+        let procs: NvmlProcs =
+            std::mem::transmute(sym(c"nvmlDeviceGetComputeRunningProcesses_v3")?);
+        let mut dev = std::ptr::null_mut();
+        let rc = init().max(handle(index, &mut dev));
+        if rc != 0 {
+            return Ok(format!("op=procmem rc={rc}"));
+        }
+        let mut buf = [NvmlProcessInfo::default(); 64];
+        let mut n = buf.len() as u32;
+        let rc = procs(dev, &mut n, buf.as_mut_ptr());
+        let me = std::process::id();
+        let used = buf[..(n as usize).min(buf.len())]
+            .iter()
+            .find(|p| p.pid == me)
+            .map_or(0, |p| p.used);
+        Ok(format!("op=procmem rc={rc} used={used}"))
+    }
+}
+
 type NvmlInit = unsafe extern "C" fn() -> u32;
 type NvmlHandle = unsafe extern "C" fn(u32, *mut Ptr) -> u32;
 type NvmlMem = unsafe extern "C" fn(Ptr, *mut [u64; 3]) -> u32;
@@ -526,6 +853,9 @@ pub fn main_with(direct: Option<&dyn Fn(bool) -> DirectTable>) -> Result<()> {
         s,
         stream: std::ptr::null_mut(),
         live: Vec::new(),
+        retained: Vec::new(),
+        contexts: Vec::new(),
+        pool: std::ptr::null_mut(),
         spin,
     };
     for op in &args.ops {

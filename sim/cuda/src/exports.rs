@@ -4,7 +4,7 @@
 use crate::state::*;
 use cudarc::driver::sys::{
     cudaError_enum as E, CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraph,
-    CUgraphExec, CUlaunchConfig, CUmemoryPool, CUmodule, CUstream, CUuuid,
+    CUgraphExec, CUlaunchConfig, CUmemoryPool, CUmodule, CUstream, CUuuid, CUDA_LAUNCH_PARAMS,
 };
 use smore_simgpu::EventStatus;
 use std::collections::HashMap;
@@ -233,6 +233,19 @@ fn graph_launch(exec: CUgraphExec, h: CUstream, ptsz: bool) -> Res {
     let e =
         unsafe { obj(exec as *const GraphExec, EXEC_MAGIC) }.ok_or(E::CUDA_ERROR_INVALID_HANDLE)?;
     let t = stream_target(h, ptsz)?;
+    if !e.allocs.is_empty() && !e.backed.swap(true, AcqRel) {
+        // The graph's allocations get physical memory when it first runs (and keep it).
+        let d = driver()?;
+        for (i, &(dev, bytes)) in e.allocs.iter().enumerate() {
+            if let Err(err) = d.charge(dev, bytes) {
+                for &(dev, bytes) in &e.allocs[..i] {
+                    d.node.credit(dev, bytes);
+                }
+                e.backed.store(false, Release);
+                return Err(err);
+            }
+        }
+    }
     if e.kernels == 0 {
         return Ok(());
     }
@@ -413,6 +426,17 @@ fn array_create(
     let handle = new_va(bytes) as usize;
     d.tables().arrays.insert(handle, (ctx.dev, bytes));
     out(out_arr, handle as *mut c_void)
+}
+
+/// Bytes of a mipmapped array: every level, each halving the extents of the one before (down to
+/// 1; a 0 extent — a 1D or 2D array — stays 0).
+fn mipmap_bytes(w: u64, h: u64, depth: u64, elem: u64, channels: u64, levels: u32) -> u64 {
+    (0..levels.min(64))
+        .map(|l| {
+            let e = |x: u64| if x == 0 { 0 } else { (x >> l).max(1) };
+            e(w) * e(h).max(1) * e(depth).max(1) * elem * channels
+        })
+        .sum()
 }
 
 fn info(free: &mut u64, total: &mut u64) -> Res {
@@ -627,6 +651,7 @@ fn end_capture(h: CUstream, g: *mut CUgraph) -> Res {
     let graph = Box::leak(Box::new(Graph {
         magic: AtomicU64::new(GRAPH_MAGIC),
         kernels,
+        allocs: Mutex::new(Vec::new()),
     }));
     out(g, graph as *const Graph as CUgraph)
 }
@@ -645,6 +670,12 @@ fn instantiate(exec: *mut CUgraphExec, g: CUgraph) -> Res {
         magic: AtomicU64::new(EXEC_MAGIC),
         total_ns: graph.kernels.iter().sum(),
         kernels: graph.kernels.len(),
+        allocs: graph
+            .allocs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone(),
+        backed: AtomicBool::new(false),
     }));
     out(exec, e as *const GraphExec as CUgraphExec)
 }
@@ -1354,7 +1385,7 @@ api! {
         let mut t = d.tables();
         t.next_vmm += 1;
         let h = 0x5000_0000_0000 + t.next_vmm;
-        t.vmm.insert(h, VmmHandle { dev, size: size as u64, maps: 0, released: false });
+        t.vmm.insert(h, VmmHandle { dev, size: size as u64, maps: 0, refs: 1 });
         out(handle, h)
     }
 
@@ -1362,10 +1393,10 @@ api! {
         let d = driver()?;
         let mut t = d.tables();
         let h = t.vmm.get_mut(&handle).ok_or(E::CUDA_ERROR_INVALID_VALUE)?;
-        if h.released { return Err(E::CUDA_ERROR_INVALID_VALUE); }
-        h.released = true;
-        // Physical memory goes back once the handle is released and unmapped everywhere.
-        if h.maps == 0 {
+        if h.refs == 0 { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        h.refs -= 1;
+        // Physical memory goes back once every reference is released and nothing maps it.
+        if h.refs == 0 && h.maps == 0 {
             let h = t.vmm.remove(&handle).expect("present");
             drop(t);
             d.node.credit(h.dev, h.size);
@@ -1397,7 +1428,7 @@ api! {
         let inside = t.reservations.iter().any(|(&b, &s)| ptr >= b && ptr + size as u64 <= b + s);
         if !inside || t.mappings.contains_key(&ptr) { return Err(E::CUDA_ERROR_INVALID_VALUE); }
         let h = t.vmm.get_mut(&handle).ok_or(E::CUDA_ERROR_INVALID_HANDLE)?;
-        if h.released || size as u64 > h.size { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        if h.refs == 0 || size as u64 > h.size { return Err(E::CUDA_ERROR_INVALID_VALUE); }
         h.maps += 1;
         t.mappings.insert(ptr, (handle, size as u64));
         Ok(())
@@ -1414,13 +1445,27 @@ api! {
         let mut freed = None;
         if let Some(h) = t.vmm.get_mut(&handle) {
             h.maps -= 1;
-            if h.maps == 0 && h.released {
+            if h.maps == 0 && h.refs == 0 {
                 freed = t.vmm.remove(&handle).map(|h| (h.dev, h.size));
             }
         }
         drop(t);
         if let Some((dev, size)) = freed { d.node.credit(dev, size); }
         Ok(())
+    }
+
+    fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) {
+        let d = driver()?;
+        if handle.is_null() { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        let mut t = d.tables();
+        let va = addr as u64;
+        let h = t.mappings.iter()
+            .find(|(&b, &(_, s))| va >= b && va < b + s)
+            .map(|(_, &(h, _))| h)
+            .ok_or(E::CUDA_ERROR_INVALID_VALUE)?;
+        let v = t.vmm.get_mut(&h).ok_or(E::CUDA_ERROR_INVALID_VALUE)?;
+        v.refs += 1;
+        out(handle, h)
     }
 
     fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const c_void, count: usize) {
@@ -1451,6 +1496,26 @@ api! {
     fn cuArrayDestroy(arr: *mut c_void) {
         let d = driver()?;
         let (dev, bytes) = d.tables().arrays.remove(&(arr as usize)).ok_or(E::CUDA_ERROR_INVALID_HANDLE)?;
+        d.node.credit(dev, bytes);
+        Ok(())
+    }
+
+    fn cuMipmappedArrayCreate(arr: *mut *mut c_void, desc: *const Array3DDesc, levels: c_uint) {
+        if desc.is_null() || arr.is_null() || levels == 0 { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        let x = &*desc;
+        let elem = format_bytes(x.format).ok_or(E::CUDA_ERROR_INVALID_VALUE)?;
+        if x.width == 0 || !matches!(x.channels, 1 | 2 | 4) { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        let bytes = mipmap_bytes(x.width as u64, x.height as u64, x.depth as u64, elem, x.channels as u64, levels);
+        let d = driver()?;
+        let ctx = ctx_ok()?;
+        d.charge(ctx.dev, bytes)?;
+        let handle = new_va(bytes) as usize;
+        d.tables().mipmaps.insert(handle, (ctx.dev, bytes));
+        out(arr, handle as *mut c_void)
+    }
+    fn cuMipmappedArrayDestroy(arr: *mut c_void) {
+        let d = driver()?;
+        let (dev, bytes) = d.tables().mipmaps.remove(&(arr as usize)).ok_or(E::CUDA_ERROR_INVALID_HANDLE)?;
         d.node.credit(dev, bytes);
         Ok(())
     }
@@ -1497,6 +1562,34 @@ api! {
         launch(f, [gx, gy, gz], [bx, by, bz], h, params, true)
     }
 
+    fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, n: c_uint, _flags: c_uint) {
+        if list.is_null() || n == 0 { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        for p in std::slice::from_raw_parts(list, n as usize) {
+            launch(p.function, [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ],
+                p.hStream, p.kernelParams, false)?;
+        }
+        Ok(())
+    }
+
+    /// Host work in stream order. The simulator runs `f` on the calling thread once the stream has
+    /// drained (the real driver runs it on a driver thread without blocking the caller); either
+    /// way it runs after the stream's earlier work and before its later work, and uses no GPU
+    /// time.
+    fn cuLaunchHostFunc(h: CUstream, f: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void) {
+        let f = f.ok_or(E::CUDA_ERROR_INVALID_VALUE)?;
+        let t = stream_target(h, false)?;
+        driver()?.node.stream_sync(t.dev, t.local).map_err(sim_err)?;
+        f(data);
+        Ok(())
+    }
+    fn cuLaunchHostFunc_ptsz(h: CUstream, f: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void) {
+        let f = f.ok_or(E::CUDA_ERROR_INVALID_VALUE)?;
+        let t = stream_target(h, true)?;
+        driver()?.node.stream_sync(t.dev, t.local).map_err(sim_err)?;
+        f(data);
+        Ok(())
+    }
+
     // ----- graphs -----
 
     fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, g: CUgraph, _flags: u64) { instantiate(exec, g) }
@@ -1511,7 +1604,32 @@ api! {
     fn cuGraphExecDestroy(exec: CUgraphExec) {
         let e = obj(exec as *const GraphExec, EXEC_MAGIC).ok_or(E::CUDA_ERROR_INVALID_HANDLE)?;
         e.magic.store(0, Release);
+        if e.backed.swap(false, AcqRel) {
+            let d = driver()?;
+            for &(dev, bytes) in &e.allocs {
+                d.node.credit(dev, bytes);
+            }
+        }
         Ok(())
+    }
+    fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, g: CUgraph, _params: *mut c_void) { instantiate(exec, g) }
+
+    /// A memory-allocation node (CUDA_MEM_ALLOC_NODE_PARAMS: poolProps @0 (88 bytes, location id
+    /// @12), accessDescs @88, accessDescCount @96, bytesize @104, dptr @112). The node's address
+    /// range is assigned now; its memory when the instantiated graph first runs.
+    fn cuGraphAddMemAllocNode(node: *mut *mut c_void, g: CUgraph, _deps: *const *mut c_void, _n: usize, params: *mut c_void) {
+        let d = driver()?;
+        let graph = obj(g as *const Graph, GRAPH_MAGIC).ok_or(E::CUDA_ERROR_INVALID_HANDLE)?;
+        if params.is_null() || node.is_null() { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        let base = params as *mut u8;
+        let id = *base.add(12).cast::<c_int>();
+        let bytes = *base.add(104).cast::<usize>() as u64;
+        if bytes == 0 { return Err(E::CUDA_ERROR_INVALID_VALUE); }
+        let dev = dev_ok(d, id)?;
+        graph.allocs.lock().unwrap_or_else(|e| e.into_inner()).push((dev, bytes));
+        *base.add(112).cast::<u64>() = new_va(bytes);
+        // Nodes are opaque to the simulator's users: a unique non-null token.
+        out(node, new_va(1) as *mut c_void)
     }
     fn cuGraphDestroy(g: CUgraph) {
         let graph = obj(g as *const Graph, GRAPH_MAGIC).ok_or(E::CUDA_ERROR_INVALID_HANDLE)?;

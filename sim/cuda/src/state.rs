@@ -69,6 +69,8 @@ pub struct Function {
 pub struct Graph {
     pub magic: AtomicU64,
     pub kernels: Vec<u64>,
+    /// Memory-allocation nodes: (node device, bytes).
+    pub allocs: Mutex<Vec<(u32, u64)>>,
 }
 
 #[repr(C)]
@@ -76,6 +78,10 @@ pub struct GraphExec {
     pub magic: AtomicU64,
     pub total_ns: u64,
     pub kernels: usize,
+    /// The graph's memory-allocation nodes: backed with device memory at the first launch
+    /// (charged once, `backed`) and given back when the executable graph is destroyed.
+    pub allocs: Vec<(u32, u64)>,
+    pub backed: AtomicBool,
 }
 
 #[repr(C)]
@@ -103,11 +109,15 @@ pub struct Alloc {
     pub kind: AllocKind,
 }
 
+/// A physical VMM allocation: freed (credited to the node) when `refs` — the creation plus every
+/// `cuMemRetainAllocationHandle`, minus every `cuMemRelease` — and `maps` are both zero, as the
+/// real driver does (cuda.h, `cuMemRelease`: "freed when all outstanding mappings to the memory
+/// are unmapped and when all outstanding references to the handle … are also released").
 pub struct VmmHandle {
     pub dev: u32,
     pub size: u64,
     pub maps: u32,
-    pub released: bool,
+    pub refs: u32,
 }
 
 #[derive(Default)]
@@ -119,6 +129,8 @@ pub struct Tables {
     /// Mapped VA → (physical handle, size).
     pub mappings: HashMap<u64, (u64, u64)>,
     pub arrays: HashMap<usize, (u32, u64)>,
+    /// Mipmapped arrays: handle → (device, bytes of every level).
+    pub mipmaps: HashMap<usize, (u32, u64)>,
     pub primary: [usize; MAX_DEVICES],
     pub primary_refs: [u32; MAX_DEVICES],
     pub primary_flags: [u32; MAX_DEVICES],
