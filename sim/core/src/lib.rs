@@ -42,6 +42,7 @@ pub mod config;
 mod layout;
 mod lock;
 pub mod node;
+pub mod pidns;
 mod timeline;
 
 pub use config::{SchedMode, SimConfig};

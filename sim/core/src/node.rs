@@ -119,6 +119,9 @@ pub struct Node {
     pub(crate) state: &'static NodeState,
     pub(crate) slot: u32,
     pub(crate) pid: u32,
+    /// This process's pid namespace (crate::pidns): slots of other namespaces are translated.
+    pub(crate) ns: u64,
+    pub(crate) xlate: crate::pidns::Translator,
 }
 
 fn proc_start_time(pid: u32) -> Option<(u64, char)> {
@@ -165,7 +168,7 @@ impl Node {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u32;
         let slot = claim_slot(state, pid)?;
-        Ok(Node { state, slot, pid })
+        Ok(Node::with(state, slot, pid))
     }
 
     /// Opens the node without claiming a process slot (NVML readers, test assertions), creating
@@ -175,11 +178,7 @@ impl Node {
         let state = map_state(path, &cfg)?;
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u32;
-        Ok(Node {
-            state,
-            slot: NONE,
-            pid,
-        })
+        Ok(Node::with(state, NONE, pid))
     }
 
     /// Maps the node at `path`, creating it from `cfg` if it does not exist, without claiming a
@@ -188,11 +187,28 @@ impl Node {
         let state = map_state(path, cfg)?;
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u32;
-        Ok(Node {
+        Ok(Node::with(state, NONE, pid))
+    }
+
+    pub(crate) fn with(state: &'static NodeState, slot: u32, pid: u32) -> Node {
+        Node {
             state,
-            slot: NONE,
+            slot,
             pid,
-        })
+            ns: crate::pidns::own_ns(),
+            xlate: Default::default(),
+        }
+    }
+
+    /// The pid of slot `p`'s process as this process sees it (its own namespace's pid), or
+    /// None when it lives in a pid namespace this process cannot see into (crate::pidns).
+    fn local_pid(&self, p: &ProcSlot) -> Option<u32> {
+        let c = crate::pidns::Claimed {
+            ns: p.pidns.load(Acquire),
+            pid: p.pid.load(Acquire),
+            start: p.start_time.load(Acquire),
+        };
+        self.xlate.local_pid(self.ns, c)
     }
 
     /// Process id of the process this handle was opened in.
@@ -347,7 +363,11 @@ impl Node {
         let mut out = Vec::new();
         for p in self.state.procs.iter() {
             let pid = p.pid.load(Acquire);
-            if pid != 0 && p.ctx_mask.load(Acquire) & (1 << d) != 0 {
+            if pid != 0 && pid != u32::MAX && p.ctx_mask.load(Acquire) & (1 << d) != 0 {
+                // As the caller's pid namespace sees it; processes it cannot see are left out.
+                let Some(pid) = self.local_pid(p) else {
+                    continue;
+                };
                 out.push(ProcUsage {
                     pid,
                     used_mem: p.mem_used[d as usize].load(Acquire),
@@ -364,11 +384,20 @@ impl Node {
         for (i, p) in self.state.procs.iter().enumerate() {
             let pid = p.pid.load(Acquire);
             // u32::MAX: being reaped by someone else; start time 0: being claimed right now.
-            if pid == 0 || pid == u32::MAX || pid == self.pid {
+            if pid == 0 || pid == u32::MAX || (pid == self.pid && p.pidns.load(Acquire) == self.ns)
+            {
                 continue;
             }
             let start = p.start_time.load(Acquire);
-            if start == 0 || slot_alive(pid, start) {
+            if start == 0 {
+                continue;
+            }
+            let alive = match self.local_pid(p) {
+                Some(local) => slot_alive(local, start),
+                // In a namespace this process cannot see: dead only if it sees every process.
+                None => !crate::pidns::Translator::sees_everything(self.ns),
+            };
+            if alive {
                 continue;
             }
             // Claim the right to clean this slot exactly once.
@@ -480,6 +509,15 @@ impl Node {
                 if pid == 0 || pid == u32::MAX {
                     continue;
                 }
+                // The slot's process as the caller sees it (left out if it cannot, or if the
+                // slot changed hands since the snapshot).
+                let slot = &self.state.procs[i];
+                let Some(seen) = (slot.pid.load(Acquire) == pid)
+                    .then(|| self.local_pid(slot))
+                    .flatten()
+                else {
+                    continue;
+                };
                 let before = if first.pids[i] == pid {
                     first.proc_gpu_ns[i]
                 } else {
@@ -490,7 +528,7 @@ impl Node {
                     continue;
                 }
                 out.push(UtilSample {
-                    pid,
+                    pid: seen,
                     timestamp_us: self.epoch_us(last.time_ns),
                     sm_util: ((ran * 100 + window / 2) / window).min(100) as u32,
                 });
@@ -506,7 +544,7 @@ impl Node {
         self.state
             .procs
             .iter()
-            .find(|p| p.pid.load(Acquire) == pid)
+            .find(|p| p.pid.load(Acquire) != 0 && self.local_pid(p) == Some(pid))
             .map(|p| p.gpu_time_ns[d as usize].load(Acquire))
             .unwrap_or(0)
     }
@@ -521,7 +559,7 @@ impl Node {
             .state
             .procs
             .iter()
-            .find(|p| p.pid.load(Acquire) == pid)?;
+            .find(|p| p.pid.load(Acquire) != 0 && self.local_pid(p) == Some(pid))?;
         Some(ProcTruth {
             gpu_active_ns: p.gpu_time_ns[d as usize].load(Acquire),
             work_ns: p.work_ns[d as usize].load(Acquire),
@@ -671,14 +709,20 @@ pub(crate) fn claim_slot_for_test(state: &'static NodeState, pid: u32) -> u32 {
 
 fn claim_slot(state: &'static NodeState, pid: u32) -> Result<u32, SimError> {
     let start = proc_start_time(pid).map(|(s, _)| s).unwrap_or(0);
+    let ns = crate::pidns::own_ns();
     for round in 0..2 {
         for (i, p) in state.procs.iter().enumerate() {
-            if p.pid.load(Acquire) == pid && p.start_time.load(Acquire) == start {
+            if p.pid.load(Acquire) == pid
+                && p.start_time.load(Acquire) == start
+                && p.pidns.load(Acquire) == ns
+            {
                 return Ok(i as u32);
             }
         }
         for (i, p) in state.procs.iter().enumerate() {
             if p.pid.compare_exchange(0, pid, AcqRel, Acquire).is_ok() {
+                // The namespace before the start time: a non-zero start publishes the claim.
+                p.pidns.store(ns, Release);
                 p.start_time.store(start, Release);
                 p.ctx_mask.store(0, Release);
                 for d in 0..MAX_DEVICES {
@@ -691,11 +735,7 @@ fn claim_slot(state: &'static NodeState, pid: u32) -> Result<u32, SimError> {
             }
         }
         if round == 0 {
-            let observer = Node {
-                state,
-                slot: NONE,
-                pid,
-            };
+            let observer = Node::with(state, NONE, pid);
             observer.reap_dead();
         }
     }
