@@ -19,6 +19,7 @@
 
 use crate::config::FailurePolicy;
 use serde::{Deserialize, Serialize};
+use smore_protocol::wire::ENV_GPUS;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -189,6 +190,9 @@ pub enum CdiError {
     /// Two devices share a name.
     #[error("device {0:?} appears twice in the spec")]
     DuplicateDevice(String),
+    /// A device changes nothing in the container (runtimes refuse such a spec whole).
+    #[error("device {0:?} has no container edits: its GPU has no /dev/nvidia<index> node — is the NVIDIA driver loaded?")]
+    EmptyDevice(String),
     /// The spec has no device.
     #[error("the spec has no device: the arbiter manages no GPU (check `smore status` or [gpus] indices)")]
     NoDevices,
@@ -262,7 +266,8 @@ fn node(p: &Path) -> Result<DeviceNode, CdiError> {
 /// and preloaded, the socket's directory mounted at [`CONTAINER_SOCKET_DIR`] with
 /// `SMORE_ARBITER_SOCKET` naming the socket there, `SMORE_FAILURE`, the shared device nodes, and
 /// on the simulated GPU its libraries (`LD_LIBRARY_PATH`) and state directory (`SMORE_SIM_STATE`).
-/// Per device: the GPU's node, and on the simulated GPU (which has no nodes to hide GPUs by)
+/// Per device: the GPUs it gives in `SMORE_GPUS` (the arbiter places the function among them
+/// alone), their nodes, and on the simulated GPU (which has no nodes to hide GPUs by)
 /// `CUDA_VISIBLE_DEVICES`.
 pub fn generate(inp: &Inputs) -> Result<Spec, CdiError> {
     exists(
@@ -364,32 +369,43 @@ pub fn generate(inp: &Inputs) -> Result<Spec, CdiError> {
             .env
             .push(format!("SMORE_SIM_STATE={}", text(&sim.state)?));
     }
-    let per_gpu = |i: u32| -> Result<ContainerEdits, CdiError> {
-        let mut e = ContainerEdits::default();
-        if let Some(p) = inp.nodes.per_gpu.get(&i) {
-            e.device_nodes.push(node(p)?);
+    let nodes_of = |i: u32| -> Result<Vec<DeviceNode>, CdiError> {
+        inp.nodes
+            .per_gpu
+            .get(&i)
+            .map(|p| node(p))
+            .into_iter()
+            .collect()
+    };
+    // The GPUs a device gives, in the order the container sees them as CUDA ordinals: the
+    // shim sends them with its registration, and the arbiter places it among them alone.
+    let given = |gpus: &[u32]| -> Result<ContainerEdits, CdiError> {
+        let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        let mut e = ContainerEdits {
+            env: vec![format!("{ENV_GPUS}={}", list.join(","))],
+            ..Default::default()
+        };
+        for &i in gpus {
+            e.device_nodes.extend(nodes_of(i)?);
+        }
+        if inp.sim.is_some() {
+            // The simulated GPU has no nodes to hide GPUs by: its driver reads this.
+            e.env
+                .push(format!("CUDA_VISIBLE_DEVICES={}", list.join(",")));
         }
         Ok(e)
     };
     let mut devices = Vec::new();
     for &i in &inp.gpus {
-        let mut e = per_gpu(i)?;
-        if inp.sim.is_some() {
-            e.env.push(format!("CUDA_VISIBLE_DEVICES={i}"));
-        }
         devices.push(Device {
             name: i.to_string(),
-            container_edits: e,
+            container_edits: given(&[i])?,
         });
     }
     if !inp.gpus.is_empty() {
-        let mut all = ContainerEdits::default();
-        for &i in &inp.gpus {
-            all.device_nodes.extend(per_gpu(i)?.device_nodes);
-        }
         devices.push(Device {
             name: ALL_DEVICES.into(),
-            container_edits: all,
+            container_edits: given(&inp.gpus)?,
         });
     }
     let spec = Spec {
@@ -502,6 +518,9 @@ pub fn validate(spec: &Spec) -> Result<(), CdiError> {
         if !seen.insert(d.name.as_str()) {
             return Err(CdiError::DuplicateDevice(d.name.clone()));
         }
+        if d.container_edits == ContainerEdits::default() {
+            return Err(CdiError::EmptyDevice(d.name.clone()));
+        }
         validate_edits(&d.container_edits)?;
     }
     validate_edits(&spec.container_edits)
@@ -612,6 +631,14 @@ mod tests {
         assert_eq!(shim.options, ["ro", "nosuid", "nodev", "bind"]);
         assert_eq!(e.mounts[1].host_path, h.p("run/smore").to_str().unwrap());
         assert_eq!(e.mounts[1].container_path, "/run/smore");
+        assert_eq!(
+            env_of(&spec.devices[1].container_edits, "SMORE_GPUS"),
+            Some("1")
+        );
+        assert_eq!(
+            env_of(&spec.devices[2].container_edits, "SMORE_GPUS"),
+            Some("0,1")
+        );
         // A real GPU is hidden by its nodes: no CUDA_VISIBLE_DEVICES.
         assert!(spec
             .devices
@@ -659,7 +686,7 @@ mod tests {
         );
         assert_eq!(
             env_of(&spec.devices[2].container_edits, "CUDA_VISIBLE_DEVICES"),
-            None,
+            Some("0,1"),
             "all: every GPU"
         );
     }
@@ -744,6 +771,11 @@ mod tests {
             broken(&|s| s.devices.clear()),
             CdiError::NoDevices
         ));
+        assert_eq!(
+            broken(&|s| s.devices[1].container_edits = ContainerEdits::default()),
+            CdiError::EmptyDevice("1".into()),
+            "runtimes refuse a device without edits"
+        );
         // Device names CDI allows since 0.5.0 (a leading digit) and with its other characters.
         let mut s = ok.clone();
         s.devices[0].name = "0:mig-1.a_b".into();

@@ -295,6 +295,7 @@ fn an_arbiter_restart_loses_nothing_and_counts_nothing_twice() {
             resume: Some(g.instance),
             gpu: Some(g.gpu_index),
             exec: true,
+            gpus: None,
         }))
         .unwrap();
     let Reply::Granted(g2) = reply else {

@@ -155,6 +155,46 @@ pub struct Register {
     /// GPU's NVML index (the process must then order devices by PCI bus id).
     #[serde(default)]
     pub exec: bool,
+    /// The GPUs (NVML indices, in the order the process sees them as CUDA ordinals 0, 1, …)
+    /// the process was given — a container that got some GPUs through CDI
+    /// (`SMORE_GPUS`, docs/kubernetes.md). The arbiter places the instance on one of them only
+    /// and, unless `exec`, writes the grant to the page slot of its position in this list.
+    /// None: any GPU of the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<Vec<u32>>,
+}
+
+impl Register {
+    /// The grant page slot of an instance placed on NVML index `gpu` (the one rule the arbiter
+    /// writes by and the shim reads by): 0 under `smore run` (`exec`: the command sees only its
+    /// GPU), else the GPU's position in [`Register::gpus`] (the process's CUDA ordinal for it),
+    /// else the NVML index itself; capped to the page's last slot.
+    pub fn slot_for(&self, gpu: u32) -> usize {
+        let slot = match &self.gpus {
+            _ if self.exec => 0,
+            Some(only) => only.iter().position(|&i| i == gpu).unwrap_or(0),
+            None => gpu as usize,
+        };
+        slot.min(crate::grant::MAX_DEVICES - 1)
+    }
+}
+
+/// Environment variable naming the GPUs a container was given (comma-separated NVML indices,
+/// e.g. `0` or `0,1`): set by the CDI spec of `smore cdi generate`, read by the shim into
+/// [`Register::gpus`].
+pub const ENV_GPUS: &str = "SMORE_GPUS";
+
+/// Parses a [`ENV_GPUS`] value: comma-separated NVML indices, at least one, no duplicates.
+pub fn parse_gpu_list(s: &str) -> Option<Vec<u32>> {
+    let mut out: Vec<u32> = Vec::new();
+    for f in s.split(',') {
+        let i: u32 = f.trim().parse().ok()?;
+        if out.contains(&i) {
+            return None;
+        }
+        out.push(i);
+    }
+    Some(out)
 }
 
 /// Why a registration was refused (also the exit code `smore run` uses, see `docs/cli.md`).
@@ -415,6 +455,7 @@ mod tests {
             resume: None,
             gpu: None,
             exec: false,
+            gpus: Some(vec![1, 3]),
         })));
         roundtrip(Reply::Hints {
             hints: vec![Hint {
@@ -554,5 +595,33 @@ mod tests {
         s.sort();
         s.dedup();
         assert_eq!(s.len(), codes.len());
+    }
+
+    #[test]
+    fn gpu_lists_parse_and_an_absent_list_stays_off_the_wire() {
+        assert_eq!(parse_gpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_gpu_list(" 3, 1"), Some(vec![3, 1]));
+        let mut r = Register {
+            gpus: Some(vec![3, 1]),
+            ..Default::default()
+        };
+        assert_eq!((r.slot_for(1), r.slot_for(3)), (1, 0));
+        r.exec = true;
+        assert_eq!(r.slot_for(1), 0);
+        r.exec = false;
+        r.gpus = None;
+        assert_eq!((r.slot_for(5), r.slot_for(99)), (5, 15));
+        for bad in ["", "a", "0,,1", "1,1", "-1"] {
+            assert_eq!(parse_gpu_list(bad), None, "{bad:?}");
+        }
+        let r = Envelope::new(Request::Register(Register {
+            function: "f".into(),
+            ..Default::default()
+        }));
+        let text = String::from_utf8(encode(&r)[4..].to_vec()).unwrap();
+        assert!(
+            !text.contains("gpus"),
+            "older arbiters refuse unknown fields: {text}"
+        );
     }
 }

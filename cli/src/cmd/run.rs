@@ -159,6 +159,7 @@ fn try_run(a: RunArgs) -> Result<i32> {
             resume: None,
             gpu: None,
             exec: true,
+            gpus: None,
         }))
         .with_context(|| format!("registering with the arbiter at {}", socket.display()))?;
     let grant = match reply {

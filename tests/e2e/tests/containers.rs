@@ -11,7 +11,7 @@
 use smore_e2e::*;
 use smore_protocol::wire::{Reply, Request};
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -276,8 +276,8 @@ fn cdi_generate_describes_the_simulated_node() {
     );
     assert_eq!(host_of("/run/smore"), arb.socket.parent().unwrap());
     assert_eq!(
-        spec["devices"][1]["containerEdits"]["env"][0],
-        "CUDA_VISIBLE_DEVICES=1"
+        spec["devices"][1]["containerEdits"]["env"],
+        serde_json::json!(["SMORE_GPUS=1", "CUDA_VISIBLE_DEVICES=1"])
     );
     // A kind CDI would reject is refused before anything is written.
     let r = arb
@@ -288,4 +288,180 @@ fn cdi_generate_describes_the_simulated_node() {
         .unwrap();
     assert!(!r.status.success());
     assert!(String::from_utf8_lossy(&r.stderr).contains("<vendor>/<class>"));
+}
+
+/// A podman set up for this test alone: its own storage, run root and containers.conf (runc,
+/// `default_ulimits = []` — without it podman fails to set the default ulimits here), an image
+/// imported from a minimal rootfs, and a CDI spec of a kind no other spec uses. Removed on drop.
+struct Podman {
+    dir: tempfile::TempDir,
+    spec: PathBuf,
+    kind: String,
+    containers: Vec<String>,
+}
+
+/// The image's name.
+const IMAGE: &str = "localhost/smore-e2e-function:1";
+
+impl Podman {
+    /// None (with the reason printed) when podman cannot run containers here.
+    fn new() -> Option<Podman> {
+        let skip = |why: String| {
+            eprintln!("SKIPPED the podman variant: {why}");
+            None
+        };
+        match Command::new("podman").arg("--version").output() {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => return skip(format!("`podman --version` failed: {}", o.status)),
+            Err(e) => {
+                return skip(format!(
+                    "no podman ({e}); Debian: apt-get install podman runc"
+                ))
+            }
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return skip("podman runs rootful in this test; run it as root".into());
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("smore-podman-")
+            .tempdir()
+            .ok()?;
+        std::fs::write(
+            dir.path().join("containers.conf"),
+            "[containers]\ndefault_ulimits = []\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n",
+        )
+        .ok()?;
+        let kind = format!("e2e{}.smore.dev/gpu", std::process::id());
+        let spec = PathBuf::from(format!(
+            "/var/run/cdi/smore-e2e-{}.json",
+            std::process::id()
+        ));
+        Some(Podman {
+            dir,
+            spec,
+            kind,
+            containers: Vec::new(),
+        })
+    }
+
+    /// `podman` with this test's storage and configuration.
+    fn cmd(&self) -> Command {
+        let d = self.dir.path();
+        let mut c = Command::new("podman");
+        c.env("CONTAINERS_CONF", d.join("containers.conf"))
+            .arg("--root")
+            .arg(d.join("storage"))
+            .arg("--runroot")
+            .arg(d.join("run"))
+            .args(["--storage-driver", "vfs"]);
+        c
+    }
+
+    /// Imports an image holding only the shared libraries `programs` need (the programs
+    /// themselves and smore's files come in through mounts: `-v` and the CDI spec).
+    fn import(&self, programs: &[PathBuf]) {
+        let root = self.dir.path().join("rootfs");
+        for p in programs {
+            let out = run_ok(Command::new("ldd").arg(p)).unwrap();
+            for lib in out
+                .split_whitespace()
+                .filter(|w| w.starts_with('/') && Path::new(w).exists())
+            {
+                let dst = root.join(lib.trim_start_matches('/'));
+                std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+                std::fs::copy(lib, &dst).unwrap();
+            }
+        }
+        for d in ["tmp", "proc", "dev", "sys", "run"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        let tar = self.dir.path().join("rootfs.tar");
+        run_ok(
+            Command::new("tar")
+                .arg("-C")
+                .arg(&root)
+                .arg("-cf")
+                .arg(&tar)
+                .arg("."),
+        )
+        .unwrap();
+        run_ok(self.cmd().arg("import").arg(&tar).arg(IMAGE)).unwrap();
+    }
+
+    /// `podman run` of `program` (mounted read-only at /usr/local/bin) in a container named
+    /// `name` with `<kind>=<device>`.
+    fn run(&mut self, name: &str, device: &str, program: &Path, env: &[(&str, &str)]) -> Command {
+        self.containers.push(name.into());
+        let target = format!(
+            "/usr/local/bin/{}",
+            program.file_name().unwrap().to_string_lossy()
+        );
+        let mut c = self.cmd();
+        c.args(["run", "--rm", "--network", "none", "--name", name])
+            .arg("--device")
+            .arg(format!("{}={device}", self.kind))
+            .arg("--volume")
+            .arg(format!("{}:{target}:ro", program.display()));
+        for (k, v) in env {
+            c.arg("--env").arg(format!("{k}={v}"));
+        }
+        c.arg(IMAGE).arg(target);
+        c
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        for name in &self.containers {
+            let _ = self
+                .cmd()
+                .args(["rm", "--force", "--time", "0", name])
+                .output();
+        }
+        let _ = self.cmd().args(["rmi", "--force", IMAGE]).output();
+        let _ = std::fs::remove_file(&self.spec);
+    }
+}
+
+#[test]
+fn a_function_in_a_podman_container_gets_the_shim_through_cdi_and_is_capped_gated_and_attributed() {
+    let Some(mut podman) = Podman::new() else {
+        return;
+    };
+    let t0 = std::time::Instant::now();
+    let sim = SimGpu::exact(1, "8GiB");
+    let arb = Arbiter::new(&sim, "");
+    let probe = bin("sim-probe");
+    podman.import(&[
+        probe.clone(),
+        shim_lib(),
+        sim.lib_dir().join("libcuda.so.1"),
+        sim.lib_dir().join("libnvidia-ml.so.1"),
+    ]);
+    let r = arb
+        .smore()
+        .args(["cdi", "generate", "--kind", &podman.kind, "--config"])
+        .arg(&arb.cfg)
+        .arg("--output")
+        .arg(&podman.spec)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let name = format!("smore-e2e-{}", std::process::id());
+    let mut run = podman.run(
+        &name,
+        "0",
+        &probe,
+        &[("SMORE_MEMORY_LIMIT", CAP), ("SMORE_FUNCTION", "in-podman")],
+    );
+    run.args(script());
+    let (seen, child) = scenario(&arb, "in-podman", run);
+    // The container's command is pid 1 of its namespace.
+    assert_capped_gated_attributed(&seen, Some(1), "podman");
+    finish(child);
+    eprintln!(
+        "podman variant: {:?} including the image import",
+        t0.elapsed()
+    );
 }
