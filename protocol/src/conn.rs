@@ -201,6 +201,7 @@ mod tests {
             predicted_train: None,
             predicted_fn: None,
             rule: String::new(),
+            pid: None,
         });
         send_with_fd(&a, &reply, Some(file.as_fd())).unwrap();
         let (got, fd): (Reply, _) = recv_with_fd(&b, MAX_FRAME).unwrap();

@@ -184,6 +184,18 @@ impl Register {
 /// [`Register::gpus`].
 pub const ENV_GPUS: &str = "SMORE_GPUS";
 
+/// Environment variable through which `smore run` tells the exec'd command the pid the arbiter
+/// knows it by: `<pid in its own namespace>:<pid as the arbiter sees it>` (they differ in a
+/// container). The first field lets a descendant that inherited the variable tell it is not
+/// about itself.
+pub const ENV_KNOWN_AS: &str = "SMORE_KNOWN_AS";
+
+/// Parses a [`ENV_KNOWN_AS`] value into (own pid, pid as the arbiter sees it).
+pub fn parse_known_as(s: &str) -> Option<(u32, u32)> {
+    let (own, theirs) = s.trim().split_once(':')?;
+    Some((own.parse().ok()?, theirs.parse().ok()?))
+}
+
 /// Parses a [`ENV_GPUS`] value: comma-separated NVML indices, at least one, no duplicates.
 pub fn parse_gpu_list(s: &str) -> Option<Vec<u32>> {
     let mut out: Vec<u32> = Vec::new();
@@ -273,6 +285,12 @@ pub struct Grant {
     /// The rule that admitted the instance (shown by `status`).
     #[serde(default)]
     pub rule: String,
+    /// The instance's process as the arbiter knows it (`SO_PEERCRED`): its host pid when the
+    /// arbiter runs in the host pid namespace — the pid NVML reports. A process in a container
+    /// knows itself by another pid, and matches NVML's entries with this one
+    /// (docs/kubernetes.md). None from arbiters before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
 }
 
 /// What the prewarm policy advises for a function this minute (the arbiter converts
@@ -499,6 +517,7 @@ mod tests {
             predicted_train: Some(0.05),
             predicted_fn: None,
             rule: "fit".into(),
+            pid: Some(4242),
         }));
         roundtrip(Reply::Refused {
             code: RefuseCode::NoMemory,
@@ -601,6 +620,9 @@ mod tests {
     fn gpu_lists_parse_and_an_absent_list_stays_off_the_wire() {
         assert_eq!(parse_gpu_list("0"), Some(vec![0]));
         assert_eq!(parse_gpu_list(" 3, 1"), Some(vec![3, 1]));
+        assert_eq!(parse_known_as("1:4242"), Some((1, 4242)));
+        assert_eq!(parse_known_as("1"), None);
+        assert_eq!(parse_known_as("x:1"), None);
         let mut r = Register {
             gpus: Some(vec![3, 1]),
             ..Default::default()

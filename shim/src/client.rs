@@ -23,8 +23,8 @@ use crate::limits::GrantPage;
 use crate::sys::grant;
 use smore_protocol::conn::Client;
 use smore_protocol::wire::{
-    parse_gpu_list, Grant, Register, Reply, Request, ENV_CONN_FD, ENV_GPUS, ENV_GRANT_FD,
-    ENV_SOCKET,
+    parse_gpu_list, parse_known_as, Grant, Register, Reply, Request, ENV_CONN_FD, ENV_GPUS,
+    ENV_GRANT_FD, ENV_KNOWN_AS, ENV_SOCKET,
 };
 use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -150,6 +150,13 @@ fn inherited_resume(get: &impl Fn(&str) -> Option<String>, config: &Config) -> O
         );
         None
     };
+    // `smore run` says which pid the arbiter knows the process it exec'd by; a descendant that
+    // inherited the variable has another pid of its own and ignores it.
+    if let Some((own, theirs)) = get(ENV_KNOWN_AS).and_then(|v| parse_known_as(&v)) {
+        if own == crate::sys::os::pid() {
+            crate::sys::os::set_known_as(theirs);
+        }
+    }
     let Some(instance) = get(ENV_INSTANCE).and_then(|v| v.trim().parse::<u64>().ok()) else {
         return why_not(format!("{ENV_INSTANCE} is not set to an instance id"));
     };
@@ -194,6 +201,9 @@ fn register(path: &str, req: Request) -> Result<(&'static GrantPage, Resume), St
             let page = grant::map_fd(fd.as_raw_fd())?;
             // The mapping keeps the memfd alive; the fd itself can go.
             drop(fd);
+            if let Some(p) = g.pid {
+                crate::sys::os::set_known_as(p);
+            }
             // Held for the process lifetime: its raw fd goes to the watcher and is never closed
             // while it lives (closing it releases the grant). Close-on-exec, so exec'd programs
             // do not hold the grant.
@@ -302,7 +312,8 @@ pub fn reregister(r: &Resume, last_cap: u64, visible: Option<&str>) -> Rejoin {
             Ok(other) => return Rejoin::Refused(format!("status request answered {other:?}")),
             Err(e) => return Rejoin::Unreachable(format!("status request failed: {e}")),
         };
-        let me = crate::sys::os::pid();
+        // The arbiter lists processes by the pid it sees (the host pid, in a container).
+        let me = crate::sys::os::known_as();
         match find_listed(&snapshot, r.instance, visible) {
             None => {
                 return Rejoin::NotOurs(format!(

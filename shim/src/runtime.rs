@@ -488,7 +488,8 @@ impl Runtime {
         if flag.swap(true, AcqRel) {
             return;
         }
-        match driver::nvml_process_mem(dev, os::pid()) {
+        let (me, known) = (os::pid(), os::known_as());
+        match driver::nvml_process_mem(dev, |p| p == me || p == known) {
             Some(mem) => {
                 let footprint = mem.saturating_sub(self.ledger.used(dev));
                 self.ledger.force_charge(dev, footprint);
@@ -737,7 +738,7 @@ impl Runtime {
 
     /// Compares the estimated GPU time of `dev` with the driver's per-process accounting at most
     /// once per [`CALIBRATION_PERIOD_NS`], and folds the ratio into the device's calibration.
-    /// Needs NVML; without it (or when NVML does not list this process, e.g. in a PID namespace)
+    /// Needs NVML; without it (or when NVML does not list this process under a pid it knows)
     /// the estimates stay uncalibrated.
     fn calibrate(&self, s: &mut Sampler, dev: usize, now: u64) {
         if now < s.calibrate_next[dev] {
@@ -752,11 +753,13 @@ impl Runtime {
             s.calibrated[dev] = None;
             return;
         };
-        let me = os::pid();
+        // NVML names this process by its own pid or, in a container, by the host pid the
+        // arbiter knows it by (drivers differ: docs/kubernetes.md).
+        let (me, known) = (os::pid(), os::known_as());
         let mut mine: Vec<driver::ProcessUtilization> = buf[..n]
             .iter()
             .copied()
-            .filter(|u| u.pid == me && u.ts_us > since)
+            .filter(|u| (u.pid == me || u.pid == known) && u.ts_us > since)
             .collect();
         mine.sort_by_key(|u| u.ts_us);
         let Some(last) = mine.last().map(|u| u.ts_us) else {

@@ -193,6 +193,9 @@ fn watch(
                 grant.instance, grant.gpu_index, grant.memory_cap, grant.sm_share
             ),
         );
+        if let Some(p) = grant.pid {
+            os::set_known_as(p);
+        }
         r.conn = conn;
         r.instance = grant.instance;
         r.gpu = Some(grant.gpu_index);

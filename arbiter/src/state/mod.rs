@@ -663,6 +663,7 @@ impl State {
             predicted_train: i.predicted_train,
             predicted_fn: i.predicted_fn,
             rule: i.rule.clone(),
+            pid: Some(i.rec.pid),
         }
     }
 

@@ -108,6 +108,7 @@ fn granted(cap: u64, share: u32) -> Reply {
         predicted_train: None,
         predicted_fn: None,
         rule: "test".into(),
+        pid: None,
     })
 }
 
