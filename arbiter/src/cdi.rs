@@ -312,6 +312,9 @@ pub fn generate(inp: &Inputs) -> Result<Spec, CdiError> {
                 smore_protocol::wire::ENV_SOCKET
             ),
             format!("SMORE_FAILURE={failure}"),
+            // CUDA's default order is "fastest first"; the grant's page slot is the GPU's
+            // position in SMORE_GPUS, which follows NVML (PCI bus) order (docs/protocol.md).
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID".into(),
         ],
         device_nodes: inp
             .nodes
@@ -623,6 +626,7 @@ mod tests {
             Some("/run/smore/arbiter.sock")
         );
         assert_eq!(env_of(e, "SMORE_FAILURE"), Some("closed"));
+        assert_eq!(env_of(e, "CUDA_DEVICE_ORDER"), Some("PCI_BUS_ID"));
         let shim = &e.mounts[0];
         assert_eq!(
             shim.host_path,
