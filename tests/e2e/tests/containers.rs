@@ -1,6 +1,7 @@
 //! Functions in containers (docs/kubernetes.md): `smore cdi generate` on the simulated node, and
 //! one scenario run three ways — on the host, in its own pid namespace (`unshare --pid`), and in
-//! a podman container that gets the shim through the CDI spec (`--device <kind>=0`). Each way the
+//! a podman container that gets the shim through the CDI spec (`--device <kind>=1` of two GPUs:
+//! it must land on GPU 1). Each way the
 //! function's allocations are capped, its launches are gated by the share the arbiter writes into
 //! its grant page, and the arbiter attributes it (NVML memory, the shim check in
 //! `/proc/<pid>/maps`) to the process's pid in the arbiter's namespace, never to training.
@@ -45,8 +46,8 @@ struct Seen {
     run_wall_ms: f64,
     /// The function's entry in the arbiter's status.
     function: serde_json::Value,
-    /// The GPU's training processes in the arbiter's status.
-    training: serde_json::Value,
+    /// Every GPU's training processes in the arbiter's status.
+    training: Vec<serde_json::Value>,
 }
 
 /// Reads `child`'s stdout lines until the `n`-th `op=ready`, collecting the `key=value` lines.
@@ -105,19 +106,18 @@ fn scenario(arb: &Arbiter, function: &str, mut cmd: Command) -> (Seen, Child) {
         },
     );
     let status = arb.status();
-    let gpu = &status["gpus"][0];
-    let function = gpu["functions"]
-        .as_array()
-        .unwrap()
+    let gpus = status["gpus"].as_array().unwrap();
+    let function = gpus
         .iter()
+        .flat_map(|g| g["functions"].as_array().unwrap())
         .find(|f| f["function"] == function)
         .cloned()
         .unwrap();
     let seen = Seen {
         allocs: ops(&lines, "alloc").into_iter().cloned().collect(),
         run_wall_ms: num(&run, "wall_ms"),
+        training: gpus.iter().map(|g| g["training"].clone()).collect(),
         function,
-        training: gpu["training"].clone(),
     };
     (seen, child)
 }
@@ -163,8 +163,10 @@ fn assert_capped_gated_attributed(s: &Seen, inner: Option<u32>, ctx: &str) {
         "{ctx}: pid {pid} is {exe:?}"
     );
     assert!(
-        s.training.as_array().is_some_and(|t| t.is_empty()),
-        "{ctx}: the function is not training: {}",
+        s.training
+            .iter()
+            .all(|t| t.as_array().is_some_and(|t| t.is_empty())),
+        "{ctx}: the function is not training: {:?}",
         s.training
     );
 }
@@ -430,7 +432,10 @@ fn a_function_in_a_podman_container_gets_the_shim_through_cdi_and_is_capped_gate
         return;
     };
     let t0 = std::time::Instant::now();
-    let sim = SimGpu::exact(1, "8GiB");
+    // Two GPUs, the container given the second: placement on an empty node would pick GPU 0
+    // (least loaded, first), so landing on GPU 1 — and being capped and gated there, through page
+    // slot 0, its only CUDA ordinal — shows SMORE_GPUS at work.
+    let sim = SimGpu::exact(2, "8GiB");
     let arb = Arbiter::new(&sim, "");
     let probe = bin("sim-probe");
     podman.import(&[
@@ -451,7 +456,7 @@ fn a_function_in_a_podman_container_gets_the_shim_through_cdi_and_is_capped_gate
     let name = format!("smore-e2e-{}", std::process::id());
     let mut run = podman.run(
         &name,
-        "0",
+        "1",
         &probe,
         &[("SMORE_MEMORY_LIMIT", CAP), ("SMORE_FUNCTION", "in-podman")],
     );
@@ -459,6 +464,10 @@ fn a_function_in_a_podman_container_gets_the_shim_through_cdi_and_is_capped_gate
     let (seen, child) = scenario(&arb, "in-podman", run);
     // The container's command is pid 1 of its namespace.
     assert_capped_gated_attributed(&seen, Some(1), "podman");
+    assert_eq!(
+        seen.function["gpu"], 1,
+        "placed on the GPU the container was given"
+    );
     finish(child);
     eprintln!(
         "podman variant: {:?} including the image import",
