@@ -145,6 +145,24 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) as f64 / rustix::param::clock_ticks_per_second() as f64)
 }
 
+/// Inode of the initial pid namespace: the kernel's `PROC_PID_INIT_INO` (0xEFFFFFFC,
+/// include/linux/proc_ns.h), the same on every Linux host. The arbiter must run there (or in the
+/// namespace every function and NVML report pids in): `SO_PEERCRED` gives it each peer's pid in
+/// its own namespace (0 for a peer outside it), and NVML reports pids of the initial namespace
+/// (docs/kubernetes.md, "Containers and pid namespaces").
+pub const INIT_PID_NS: u64 = 0xEFFF_FFFC;
+
+/// The pid namespace of `pid` (its inode, from the `/proc/<pid>/ns/pid` link `pid:[<inode>]`);
+/// None when it cannot be read.
+pub fn pid_namespace(pid: u32) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
+    link.to_str()?
+        .strip_prefix("pid:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
 /// A file as the kernel identifies it: device (major, minor) and inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FileId {
@@ -235,6 +253,19 @@ mod tests {
         assert!(is_descendant_of(me, parent));
         assert!(!is_descendant_of(parent, me));
         assert_eq!(maps_library(me, "definitely-not-mapped-lib"), Some(false));
+    }
+
+    #[test]
+    fn a_child_shares_this_process_pid_namespace() {
+        let me = pid_namespace(std::process::id()).expect("own pid namespace readable");
+        let mut c = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        assert_eq!(pid_namespace(c.id()), Some(me));
+        c.kill().unwrap();
+        c.wait().unwrap();
+        assert_eq!(pid_namespace(c.id()), None, "gone");
     }
 
     #[test]

@@ -202,6 +202,12 @@ impl Daemon {
         if gpus.is_empty() {
             tracing::warn!("NVML reports no GPU: every registration will be refused");
         }
+        match crate::proc::pid_namespace(std::process::id()) {
+            Some(ns) if ns != crate::proc::INIT_PID_NS => tracing::warn!(
+                "the arbiter runs in a pid namespace of its own (inode {ns}): NVML reports host pids and functions outside this namespace connect with pid 0, so they cannot be attributed; run it in the host pid namespace (Kubernetes: hostPID: true; podman/docker: --pid=host)"
+            ),
+            _ => {}
+        }
         std::fs::create_dir_all(&cfg.state_dir)
             .with_context(|| format!("creating state_dir {}", cfg.state_dir.display()))?;
         // Before reading or writing anything in it: a second arbiter on the same state would
@@ -510,6 +516,14 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
 
 type PageRef = Arc<crate::grantpage::PageHandle>;
 
+/// The answer to a registration from a peer whose pid the kernel reports as 0: it lives in a pid
+/// namespace the arbiter's does not contain, so neither its liveness nor its NVML entries could
+/// be told apart from anyone else's.
+pub const PEER_OUTSIDE_NAMESPACE: &str = "the arbiter cannot see this process's pid (SO_PEERCRED reports 0 for a peer outside the arbiter's pid namespace): run the arbiter in the host pid namespace (Kubernetes: hostPID: true; podman/docker: --pid=host)";
+
+// The error side of `need` is the wire's `Reply`, answered as is: boxing it for one local helper
+// would only move the allocation, not avoid it.
+#[allow(clippy::result_large_err)]
 fn handle(
     st: &mut State,
     peer: Peer,
@@ -518,6 +532,9 @@ fn handle(
     attached: &mut Option<u64>,
     req: Request,
 ) -> (Reply, Option<PageRef>) {
+    if peer.pid == 0 && matches!(req, Request::Register(_) | Request::Attach { .. }) {
+        return (error(ErrorCode::Forbidden, PEER_OUTSIDE_NAMESPACE), None);
+    }
     let current = registered.or(*attached);
     let need = |_: &Option<u64>| {
         current.ok_or_else(|| error(ErrorCode::NotRegistered, "register (or attach) first"))
@@ -692,6 +709,45 @@ mod tests {
         held.pop();
         let (c, _d) = UnixStream::pair().unwrap();
         assert!(count.claim(&c).is_some());
+    }
+
+    #[test]
+    fn a_peer_outside_the_pid_namespace_cannot_register_or_attach() {
+        let gpus = vec![crate::gpus::GpuInfo {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "sim".into(),
+            total: 8 << 30,
+        }];
+        let cfg = Config {
+            prewarm_policy: "off".into(),
+            ..Config::default()
+        };
+        let mut st = State::new(cfg, gpus, Box::new(FitPolicy));
+        let hidden = Peer { pid: 0, uid: 0 };
+        let (mut reg, mut att) = (None, None);
+        let register = Request::Register(smore_protocol::wire::Register {
+            function: "f".into(),
+            memory: Some(1 << 30),
+            ..Default::default()
+        });
+        for req in [register.clone(), Request::Attach { instance: 1 }] {
+            let (reply, page) = handle(&mut st, hidden, true, &mut reg, &mut att, req);
+            assert_eq!(reply, error(ErrorCode::Forbidden, PEER_OUTSIDE_NAMESPACE));
+            assert!(page.is_none());
+        }
+        assert!(st.instances.is_empty());
+        // Status still answers (an operator tool in a container may read it).
+        let (reply, _) = handle(&mut st, hidden, true, &mut reg, &mut att, Request::Status);
+        assert!(matches!(reply, Reply::Status { .. }));
+        // The same request from a visible peer registers.
+        let me = Peer {
+            pid: std::process::id(),
+            uid: 0,
+        };
+        let (reply, page) = handle(&mut st, me, true, &mut reg, &mut att, register);
+        assert!(matches!(reply, Reply::Granted(_)), "{reply:?}");
+        assert!(page.is_some());
     }
 
     #[test]

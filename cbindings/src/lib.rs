@@ -318,6 +318,7 @@ pub unsafe extern "C" fn smore_register(
                 resume: None,
                 gpu: None,
                 exec: false,
+                gpus: None,
             }),
         };
         match inner.client.call(req.clone()) {
@@ -397,6 +398,7 @@ impl Inner {
                 resume: Some(instance),
                 gpu: Some(gpu),
                 exec: false,
+                gpus: None,
             }),
             _ => return Err(WireError::Closed),
         };

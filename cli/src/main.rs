@@ -2,7 +2,7 @@
 #![forbid(unsafe_code)]
 use clap::{CommandFactory, Parser, Subcommand};
 mod cmd;
-use cmd::{run, status};
+use cmd::{cdi, run, status};
 use std::path::PathBuf;
 
 /// `smore --version`: the crate version, the git commit and the build date (cli/build.rs).
@@ -58,6 +58,10 @@ enum Cmd {
     Top(status::TopArgs),
     /// Change a function instance's SM share live (operator).
     Share(status::ShareArgs),
+    /// Container Device Interface: `smore cdi generate` writes the spec that lets containers
+    /// ask for `--device smore.dev/gpu=<index>` (docs/kubernetes.md).
+    #[command(subcommand)]
+    Cdi(cdi::CdiCmd),
     /// End-to-end demo: an arbiter, a training job and functions under `smore run` replaying a
     /// request trace on the simulated GPU (or `--gpu`), with a summary and a plot.
     Demo(smore_demo::demo::DemoArgs),
@@ -154,6 +158,7 @@ fn main() {
         Cmd::Status(a) => status::status(a),
         Cmd::Top(a) => status::top(a),
         Cmd::Share(a) => status::share(a),
+        Cmd::Cdi(c) => cdi::run(c),
         Cmd::Demo(a) => smore_demo::demo::run(a),
         Cmd::Bench(BenchCmd::Shim(a)) => smore_demo::bench::shim(a),
         Cmd::Bench(BenchCmd::Arbiter(a)) => smore_demo::bench::arbiter(a),

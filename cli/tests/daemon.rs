@@ -295,6 +295,7 @@ fn an_arbiter_restart_loses_nothing_and_counts_nothing_twice() {
             resume: Some(g.instance),
             gpu: Some(g.gpu_index),
             exec: true,
+            gpus: None,
         }))
         .unwrap();
     let Reply::Granted(g2) = reply else {
@@ -328,7 +329,9 @@ fn two_hundred_concurrent_registrations_are_served() {
     let done: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     let last = done.iter().map(|(_, t)| *t).max().unwrap() - t0;
     eprintln!("200 concurrent registrations served in {last:?}");
-    assert!(last < Duration::from_secs(2), "took {last:?}");
+    // Served, not timed: figures belong to `smore bench arbiter`. The bound only catches a
+    // serialised or stuck accept loop (200 × the 10 s client timeout), not a slow machine.
+    assert!(last < Duration::from_secs(60), "took {last:?}");
     assert_eq!(arb.functions().len(), 200);
     drop(done);
     wait_until("all released", Duration::from_secs(5), || {

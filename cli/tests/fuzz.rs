@@ -83,6 +83,7 @@ fn the_arbiter_survives_arbitrary_input() {
             resume: None,
             gpu: None,
             exec: true,
+            gpus: None,
         }))
         .unwrap();
     assert!(matches!(r, Reply::Granted(_)), "{r:?}");

@@ -167,6 +167,7 @@ fn register(
         resume: None,
         gpu: None,
         exec: true,
+        gpus: None,
     }))?;
     match r {
         Reply::Granted(g) => Ok((g, fd)),

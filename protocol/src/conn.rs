@@ -237,6 +237,7 @@ mod tests {
             predicted_fn: None,
             rule: String::new(),
             failure_policy: None,
+            pid: None,
         });
         send_with_fd(&a, &reply, Some(file.as_fd())).unwrap();
         let (got, fd): (Reply, _) = recv_with_fd(&b, MAX_FRAME).unwrap();

@@ -155,6 +155,58 @@ pub struct Register {
     /// GPU's NVML index (the process must then order devices by PCI bus id).
     #[serde(default)]
     pub exec: bool,
+    /// The GPUs (NVML indices, in the order the process sees them as CUDA ordinals 0, 1, …)
+    /// the process was given — a container that got some GPUs through CDI
+    /// (`SMORE_GPUS`, docs/kubernetes.md). The arbiter places the instance on one of them only
+    /// and, unless `exec`, writes the grant to the page slot of its position in this list.
+    /// None: any GPU of the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<Vec<u32>>,
+}
+
+impl Register {
+    /// The grant page slot of an instance placed on NVML index `gpu` (the one rule the arbiter
+    /// writes by and the shim reads by): 0 under `smore run` (`exec`: the command sees only its
+    /// GPU), else the GPU's position in [`Register::gpus`] (the process's CUDA ordinal for it),
+    /// else the NVML index itself; capped to the page's last slot.
+    pub fn slot_for(&self, gpu: u32) -> usize {
+        let slot = match &self.gpus {
+            _ if self.exec => 0,
+            Some(only) => only.iter().position(|&i| i == gpu).unwrap_or(0),
+            None => gpu as usize,
+        };
+        slot.min(crate::grant::MAX_DEVICES - 1)
+    }
+}
+
+/// Environment variable naming the GPUs a container was given (comma-separated NVML indices,
+/// e.g. `0` or `0,1`): set by the CDI spec of `smore cdi generate`, read by the shim into
+/// [`Register::gpus`].
+pub const ENV_GPUS: &str = "SMORE_GPUS";
+
+/// Environment variable through which `smore run` tells the exec'd command the pid the arbiter
+/// knows it by: `<pid in its own namespace>:<pid as the arbiter sees it>` (they differ in a
+/// container). The first field lets a descendant that inherited the variable tell it is not
+/// about itself.
+pub const ENV_KNOWN_AS: &str = "SMORE_KNOWN_AS";
+
+/// Parses a [`ENV_KNOWN_AS`] value into (own pid, pid as the arbiter sees it).
+pub fn parse_known_as(s: &str) -> Option<(u32, u32)> {
+    let (own, theirs) = s.trim().split_once(':')?;
+    Some((own.parse().ok()?, theirs.parse().ok()?))
+}
+
+/// Parses a [`ENV_GPUS`] value: comma-separated NVML indices, at least one, no duplicates.
+pub fn parse_gpu_list(s: &str) -> Option<Vec<u32>> {
+    let mut out: Vec<u32> = Vec::new();
+    for f in s.split(',') {
+        let i: u32 = f.trim().parse().ok()?;
+        if out.contains(&i) {
+            return None;
+        }
+        out.push(i);
+    }
+    Some(out)
 }
 
 /// Why a registration was refused (also the exit code `smore run` uses, see `docs/cli.md`).
@@ -238,6 +290,12 @@ pub struct Grant {
     /// `SMORE_FAILURE=open` (docs/shim.md, "Failure policy"). `None` from an older arbiter.
     #[serde(default)]
     pub failure_policy: Option<FailurePolicy>,
+    /// The instance's process as the arbiter knows it (`SO_PEERCRED`): its host pid when the
+    /// arbiter runs in the host pid namespace — the pid NVML reports. A process in a container
+    /// knows itself by another pid, and matches NVML's entries with this one
+    /// (docs/kubernetes.md). None from arbiters before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
 }
 
 /// What a function's shim does while the arbiter cannot be reached: the node's
@@ -441,6 +499,7 @@ mod tests {
             resume: None,
             gpu: None,
             exec: false,
+            gpus: Some(vec![1, 3]),
         })));
         roundtrip(Reply::Hints {
             hints: vec![Hint {
@@ -485,6 +544,7 @@ mod tests {
             predicted_fn: None,
             rule: "fit".into(),
             failure_policy: Some(FailurePolicy::FailClosed),
+            pid: Some(4242),
         }));
         roundtrip(Reply::Refused {
             code: RefuseCode::NoMemory,
@@ -581,5 +641,36 @@ mod tests {
         s.sort();
         s.dedup();
         assert_eq!(s.len(), codes.len());
+    }
+
+    #[test]
+    fn gpu_lists_parse_and_an_absent_list_stays_off_the_wire() {
+        assert_eq!(parse_gpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_gpu_list(" 3, 1"), Some(vec![3, 1]));
+        assert_eq!(parse_known_as("1:4242"), Some((1, 4242)));
+        assert_eq!(parse_known_as("1"), None);
+        assert_eq!(parse_known_as("x:1"), None);
+        let mut r = Register {
+            gpus: Some(vec![3, 1]),
+            ..Default::default()
+        };
+        assert_eq!((r.slot_for(1), r.slot_for(3)), (1, 0));
+        r.exec = true;
+        assert_eq!(r.slot_for(1), 0);
+        r.exec = false;
+        r.gpus = None;
+        assert_eq!((r.slot_for(5), r.slot_for(99)), (5, 15));
+        for bad in ["", "a", "0,,1", "1,1", "-1"] {
+            assert_eq!(parse_gpu_list(bad), None, "{bad:?}");
+        }
+        let r = Envelope::new(Request::Register(Register {
+            function: "f".into(),
+            ..Default::default()
+        }));
+        let text = String::from_utf8(encode(&r)[4..].to_vec()).unwrap();
+        assert!(
+            !text.contains("gpus"),
+            "older arbiters refuse unknown fields: {text}"
+        );
     }
 }

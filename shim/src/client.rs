@@ -23,7 +23,8 @@ use crate::limits::GrantPage;
 use crate::sys::grant;
 use smore_protocol::conn::Client;
 use smore_protocol::wire::{
-    Grant, Register, Reply, Request, ENV_CONN_FD, ENV_GRANT_FD, ENV_SOCKET,
+    parse_gpu_list, parse_known_as, Grant, Register, Reply, Request, ENV_CONN_FD, ENV_GPUS,
+    ENV_GRANT_FD, ENV_KNOWN_AS, ENV_SOCKET,
 };
 use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -70,8 +71,19 @@ pub fn register_request(get: &impl Fn(&str) -> Option<String>, config: &Config) 
         gpu: None,
         // Not exec'd by `smore run`: the arbiter writes the grant to the slot of the GPU's NVML
         // index (the shim indexes slots by CUDA ordinal: equal unless CUDA_VISIBLE_DEVICES or
-        // CUDA_DEVICE_ORDER reorder devices; see docs/shim.md).
+        // CUDA_DEVICE_ORDER reorder devices; see docs/shim.md) — or, in a container given some
+        // GPUs (SMORE_GPUS, from the CDI spec), of its position among them.
         exec: false,
+        gpus: get(ENV_GPUS).and_then(|v| {
+            let list = parse_gpu_list(&v);
+            if list.is_none() {
+                crate::log::line(
+                    crate::config::Level::Warn,
+                    format_args!("{ENV_GPUS}={v:?} is not a comma-separated list of GPU indices: ignored (any GPU)"),
+                );
+            }
+            list
+        }),
     })
 }
 
@@ -150,6 +162,13 @@ fn inherited_resume(get: &impl Fn(&str) -> Option<String>, config: &Config) -> O
         );
         None
     };
+    // `smore run` says which pid the arbiter knows the process it exec'd by; a descendant that
+    // inherited the variable has another pid of its own and ignores it.
+    if let Some((own, theirs)) = get(ENV_KNOWN_AS).and_then(|v| parse_known_as(&v)) {
+        if own == crate::sys::os::pid() {
+            crate::sys::os::set_known_as(theirs);
+        }
+    }
     let Some(instance) = get(ENV_INSTANCE).and_then(|v| v.trim().parse::<u64>().ok()) else {
         return why_not(format!("{ENV_INSTANCE} is not set to an instance id"));
     };
@@ -196,6 +215,9 @@ fn register(path: &str, req: Request) -> Result<(&'static GrantPage, Resume), St
             let page = grant::map_fd(fd.as_raw_fd())?;
             // The mapping keeps the memfd alive; the fd itself can go.
             drop(fd);
+            if let Some(p) = g.pid {
+                crate::sys::os::set_known_as(p);
+            }
             // Held for the process lifetime: its raw fd goes to the watcher and is never closed
             // while it lives (closing it releases the grant). Close-on-exec, so exec'd programs
             // do not hold the grant.
@@ -213,7 +235,10 @@ fn register(path: &str, req: Request) -> Result<(&'static GrantPage, Resume), St
                 instance: g.instance,
                 gpu: Some(g.gpu_index),
                 exec: false,
-                slot: (g.gpu_index as usize).min(crate::limits::MAX_DEVICES - 1),
+                slot: match &req {
+                    Request::Register(r) => r.slot_for(g.gpu_index),
+                    _ => (g.gpu_index as usize).min(crate::limits::MAX_DEVICES - 1),
+                },
                 request: req,
                 policy: g.failure_policy.map(policy_of),
             };
@@ -302,7 +327,8 @@ pub fn reregister(r: &Resume, last_cap: u64, visible: Option<&str>) -> Rejoin {
             Ok(other) => return Rejoin::Refused(format!("status request answered {other:?}")),
             Err(e) => return Rejoin::Unreachable(format!("status request failed: {e}")),
         };
-        let me = crate::sys::os::pid();
+        // The arbiter lists processes by the pid it sees (the host pid, in a container).
+        let me = crate::sys::os::known_as();
         match find_listed(&snapshot, r.instance, visible) {
             None => {
                 return Rejoin::NotOurs(format!(
@@ -454,14 +480,22 @@ mod tests {
                 resume,
                 gpu,
                 exec,
+                gpus,
             }) => {
                 assert_eq!(function, "resnet");
                 assert_eq!(model.as_deref(), Some("resnet50"));
                 assert_eq!(slo_ms, Some(50.0));
                 assert_eq!(memory, Some(2 << 30));
-                assert_eq!((resume, gpu, exec), (None, None, false));
+                assert_eq!((resume, gpu, exec, gpus), (None, None, false, None));
             }
             other => panic!("{other:?}"),
+        }
+        // A container given GPUs 2 and 0 through CDI says so; a malformed list is not sent.
+        for (v, want) in [("2,0", Some(vec![2, 0])), ("two", None)] {
+            match register_request(&env(&[("SMORE_GPUS", v)]), &c) {
+                Request::Register(r) => assert_eq!(r.gpus, want, "{v}"),
+                other => panic!("{other:?}"),
+            }
         }
         // Defaults: the executable's name, no declared memory, a bad SLO is simply not sent.
         match register_request(&env(&[("SMORE_SLO_MS", "fast")]), &Config::default()) {

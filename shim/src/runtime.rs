@@ -635,7 +635,8 @@ impl Runtime {
         if flag.swap(true, AcqRel) {
             return;
         }
-        match driver::nvml_process_mem(dev, os::pid()) {
+        let (me, known) = (os::pid(), os::known_as());
+        match driver::nvml_process_mem(dev, |p| p == me || p == known) {
             Some(mem) => {
                 let footprint = mem.saturating_sub(self.ledger.used(dev));
                 self.ledger.force_charge(dev, footprint);
@@ -703,7 +704,8 @@ impl Runtime {
         self.ctx_charged[dev].store(true, Release);
         // What the driver holds for this process beyond the ledger (which counts `known` for this
         // context already).
-        let unexplained = driver::nvml_process_mem(dev, os::pid())
+        let (me, known_as) = (os::pid(), os::known_as());
+        let unexplained = driver::nvml_process_mem(dev, |p| p == me || p == known_as)
             .map(|mem| mem.saturating_sub(self.ledger.used(dev).saturating_sub(r.bytes())));
         let footprint = known.max(unexplained.unwrap_or(0));
         if known == 0 {
@@ -980,7 +982,7 @@ impl Runtime {
 
     /// Compares the estimated GPU time of `dev` with the driver's per-process accounting at most
     /// once per [`CALIBRATION_PERIOD_NS`], and folds the ratio into the device's calibration.
-    /// Needs NVML; without it (or when NVML does not list this process, e.g. in a PID namespace)
+    /// Needs NVML; without it (or when NVML does not list this process under a pid it knows)
     /// the estimates stay uncalibrated.
     fn calibrate(&self, s: &mut Sampler, dev: usize, now: u64) {
         if now < s.calibrate_next[dev] {
@@ -995,11 +997,13 @@ impl Runtime {
             s.calibrated[dev] = None;
             return;
         };
-        let me = os::pid();
+        // NVML names this process by its own pid or, in a container, by the host pid the
+        // arbiter knows it by (drivers differ: docs/kubernetes.md).
+        let (me, known) = (os::pid(), os::known_as());
         let mut mine: Vec<driver::ProcessUtilization> = buf[..n]
             .iter()
             .copied()
-            .filter(|u| u.pid == me && u.ts_us > since)
+            .filter(|u| (u.pid == me || u.pid == known) && u.ts_us > since)
             .collect();
         mine.sort_by_key(|u| u.ts_us);
         let Some(last) = mine.last().map(|u| u.ts_us) else {

@@ -31,6 +31,7 @@ use crate::harvest::Usage;
 use crate::limits::{GrantPage, MAX_DEVICES};
 use crate::log;
 use crate::sys::os::{self, StaticRef};
+use smore_protocol::wire::Request;
 use std::time::Duration;
 
 /// First retry delay after the connection is lost: 50 ms (reasoning: a restarting arbiter binds
@@ -200,6 +201,9 @@ fn watch(
                 grant.instance, grant.gpu_index, grant.memory_cap, grant.sm_share
             ),
         );
+        if let Some(p) = grant.pid {
+            os::set_known_as(p);
+        }
         r.conn = conn;
         r.instance = grant.instance;
         if !r.exec {
@@ -207,7 +211,10 @@ fn watch(
         }
         r.gpu = Some(grant.gpu_index);
         if !r.exec {
-            r.slot = (grant.gpu_index as usize).min(MAX_DEVICES - 1);
+            r.slot = match &r.request {
+                Request::Register(reg) => reg.slot_for(grant.gpu_index),
+                _ => (grant.gpu_index as usize).min(MAX_DEVICES - 1),
+            };
         }
     }
 }

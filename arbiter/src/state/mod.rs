@@ -35,7 +35,6 @@ use facts::{Clock, LiveProcs, ProcFacts, SystemClock};
 pub use instance::Instance;
 pub use persist::{PersistFile, Persisted, Record, PERSIST_VERSION};
 use serde::Serialize;
-use smore_protocol::grant::MAX_DEVICES;
 use smore_protocol::size::format_size;
 use smore_protocol::wire::{Grant, Hint, HintAction, RefuseCode, Register, MAX_NAME};
 use std::collections::BTreeMap;
@@ -534,7 +533,19 @@ impl State {
                 format!("SLO of {} ms", ask.slo_ms),
             ));
         }
-        let views = self.views();
+        let mut views = self.views();
+        if let Some(only) = &args.gpus {
+            // A container given some GPUs (CDI) can use no other: place among them alone.
+            views.retain(|v| only.contains(&v.index));
+            if views.is_empty() {
+                return Err(refuse(
+                    RefuseCode::NoGpu,
+                    format!(
+                        "none of the GPUs this process was given ({only:?}, SMORE_GPUS) is managed by the arbiter: regenerate the CDI spec (`smore cdi generate`) after changing [gpus]"
+                    ),
+                ));
+            }
+        }
         let decision = self.policy.place(&self.cfg, &views, &ask);
         let (gpu, cap, pt, pf, rule) = match decision {
             Decision::Admit {
@@ -578,11 +589,7 @@ impl State {
         })?);
         let id = self.next_id;
         self.next_id += 1;
-        let slot = if args.exec {
-            0
-        } else {
-            gpu.min(MAX_DEVICES as u32 - 1)
-        };
+        let slot = args.slot_for(gpu) as u32;
         let mut inst = Instance::new(
             Record {
                 id,
@@ -678,6 +685,7 @@ impl State {
             predicted_fn: i.predicted_fn,
             rule: i.rule.clone(),
             failure_policy: Some(self.cfg.failure_policy),
+            pid: Some(i.rec.pid),
         }
     }
 
@@ -1378,6 +1386,31 @@ mod tests {
             exec: true,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_process_given_some_gpus_is_placed_among_them_and_its_slot_is_its_ordinal() {
+        let mut s = state();
+        let given = |gpus: Vec<u32>| RegisterArgs {
+            exec: false,
+            gpus: Some(gpus),
+            ..args(1 << 30)
+        };
+        // Least-loaded placement would alternate between the two GPUs; given GPU 1 alone, every
+        // instance lands there, in page slot 0 (the container's only CUDA ordinal).
+        for _ in 0..3 {
+            let (g, _page) = s.register(me(), given(vec![1])).unwrap();
+            assert_eq!(g.gpu_index, 1);
+            assert_eq!(s.instances[&g.instance].rec.slot, 0);
+        }
+        // Given GPUs 1 and 0 in that order: GPU 0 (less loaded) is the process's ordinal 1.
+        let (g, _page) = s.register(me(), given(vec![1, 0])).unwrap();
+        assert_eq!(g.gpu_index, 0);
+        assert_eq!(s.instances[&g.instance].rec.slot, 1);
+        // None of the GPUs it was given is managed: refused, saying what to do.
+        let r = s.register(me(), given(vec![7])).unwrap_err();
+        assert_eq!(r.code, RefuseCode::NoGpu);
+        assert!(r.reason.contains("smore cdi generate"), "{}", r.reason);
     }
 
     #[test]

@@ -158,6 +158,10 @@ fn try_run(a: RunArgs) -> Result<i32> {
             resume: None,
             gpu: None,
             exec: true,
+            // In a container given some GPUs through CDI: place among them (slot 0 regardless).
+            gpus: std::env::var(wire::ENV_GPUS)
+                .ok()
+                .and_then(|v| wire::parse_gpu_list(&v)),
         }))
         .with_context(|| format!("registering with the arbiter at {}", socket.display()))?;
     let grant = match reply {
@@ -202,6 +206,14 @@ fn try_run(a: RunArgs) -> Result<i32> {
         .env(wire::ENV_CONN_FD, stream.as_raw_fd().to_string())
         .env(wire::ENV_GRANT_FD, page.as_raw_fd().to_string())
         .env("SMORE_INSTANCE", grant.instance.to_string())
+        .env(
+            wire::ENV_KNOWN_AS,
+            format!(
+                "{}:{}",
+                std::process::id(),
+                grant.pid.unwrap_or(std::process::id())
+            ),
+        )
         .env("SMORE_FUNCTION", &function);
     if grant.failure_policy == Some(wire::FailurePolicy::FailClosed) {
         // A node that fails closed does so whatever the caller's SMORE_FAILURE says (what the

@@ -378,8 +378,10 @@ pub fn cuda_ordinal_of_nvml(handle: usize) -> Option<usize> {
     nvml_index(handle)
 }
 
-/// Device memory NVML attributes to process `pid` on CUDA ordinal `dev`.
-pub fn nvml_process_mem(dev: usize, pid: u32) -> Option<u64> {
+/// Device memory NVML attributes on CUDA ordinal `dev` to the process whose NVML pid `is_me`
+/// accepts (NVML may report a containerised process by its host pid or by its own: see
+/// `os::known_as`).
+pub fn nvml_process_mem(dev: usize, is_me: impl Fn(u32) -> bool) -> Option<u64> {
     if !nvml_ready() {
         return None;
     }
@@ -412,7 +414,7 @@ pub fn nvml_process_mem(dev: usize, pid: u32) -> Option<u64> {
     }
     buf[..(n as usize).min(buf.len())]
         .iter()
-        .find(|p| p.pid == pid)
+        .find(|p| is_me(p.pid))
         .map(|p| p.used)
 }
 

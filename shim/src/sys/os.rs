@@ -8,7 +8,7 @@
 //! only), or take a lock in the fork-child handler.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 
 /// CLOCK_MONOTONIC in ns (a vDSO read, no syscall on Linux x86-64/aarch64).
 #[inline]
@@ -150,6 +150,29 @@ pub fn pid() -> u32 {
     std::process::id()
 }
 
+/// The pid the arbiter knows this process by, packed with the pid it was learnt under:
+/// `(own pid << 32) | arbiter's pid`; 0 = not known. A forked child inherits the value but not
+/// the pid it was learnt under, so it falls back to its own pid.
+static KNOWN_AS: AtomicU64 = AtomicU64::new(0);
+
+/// Records that the arbiter knows this process as `theirs` (the grant's pid, from
+/// `SO_PEERCRED`): in a container, its host pid — the one NVML reports.
+pub fn set_known_as(theirs: u32) {
+    KNOWN_AS.store((u64::from(pid()) << 32) | u64::from(theirs), Release);
+}
+
+/// The pid the arbiter (and NVML) knows this process by: the recorded one if it was recorded in
+/// this very process, else this process's own pid.
+pub fn known_as() -> u32 {
+    let me = pid();
+    let v = KNOWN_AS.load(Acquire);
+    if v != 0 && (v >> 32) as u32 == me {
+        v as u32
+    } else {
+        me
+    }
+}
+
 /// Blocks until the peer of the stream socket `fd` hangs up (or `fd` errs or is not open), without
 /// reading from it: `poll(POLLRDHUP)` never consumes data another holder of the connection may be
 /// waiting for, and does not wake for data (`POLLIN` is not asked for). Retries on EINTR.
@@ -238,5 +261,21 @@ pub fn block_signals() {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut set);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pid_the_arbiter_knows_holds_in_this_process_and_not_in_a_forked_child() {
+        assert_eq!(known_as(), pid(), "not known yet: this process's own pid");
+        set_known_as(pid() + 1_000_000);
+        assert_eq!(known_as(), pid() + 1_000_000);
+        // As a forked child sees the inherited value: learnt under another pid, so not its own.
+        KNOWN_AS.store((u64::from(pid() + 1) << 32) | 77, Release);
+        assert_eq!(known_as(), pid());
+        KNOWN_AS.store(0, Release);
     }
 }

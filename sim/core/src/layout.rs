@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// "SMORESIM" — set last by the creator; a reader that does not see it waits for initialisation.
 pub const MAGIC: u64 = 0x534d_4f52_4553_494d;
 /// Bumped whenever this layout changes, so a stale state file is refused instead of misread.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Devices per simulated node (a DGX has 8).
 pub const MAX_DEVICES: usize = 8;
@@ -60,6 +60,9 @@ pub struct ProcSlot {
     pub ctx_mask: AtomicU32,
     /// Process start time (clock ticks since boot, /proc/<pid>/stat field 22): detects pid reuse.
     pub start_time: AtomicU64,
+    /// Inode of the process's pid namespace (`/proc/<pid>/ns/pid`; 0 = unknown): `pid` is the
+    /// pid in that namespace, translated by each observer into its own (crate::pidns).
+    pub pidns: AtomicU64,
     pub mem_used: [AtomicU64; MAX_DEVICES],
     /// Cumulative time this process's kernels were running on the device (SM activity, what NVML's
     /// per-process utilization reports), per device (written under the device lock). In MPS mode

@@ -43,6 +43,7 @@ mod layout;
 mod liveness;
 mod lock;
 pub mod node;
+pub mod pidns;
 mod timeline;
 
 pub use config::{SchedMode, SimConfig};

@@ -121,6 +121,9 @@ pub struct Node {
     pub(crate) pid: u32,
     /// Pidfds of the slot holders this handle has looked at (`reap_dead`).
     pub(crate) liveness: crate::liveness::Liveness,
+    /// This process's pid namespace (crate::pidns): slots of other namespaces are translated.
+    pub(crate) ns: u64,
+    pub(crate) xlate: crate::pidns::Translator,
 }
 
 fn proc_start_time(pid: u32) -> Option<(u64, char)> {
@@ -167,12 +170,7 @@ impl Node {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u32;
         let slot = claim_slot(state, pid)?;
-        Ok(Node {
-            state,
-            slot,
-            pid,
-            liveness: Default::default(),
-        })
+        Ok(Node::with(state, slot, pid))
     }
 
     /// Opens the node without claiming a process slot (NVML readers, test assertions), creating
@@ -182,12 +180,7 @@ impl Node {
         let state = map_state(path, &cfg)?;
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u32;
-        Ok(Node {
-            state,
-            slot: NONE,
-            pid,
-            liveness: Default::default(),
-        })
+        Ok(Node::with(state, NONE, pid))
     }
 
     /// Maps the node at `path`, creating it from `cfg` if it does not exist, without claiming a
@@ -196,12 +189,29 @@ impl Node {
         let state = map_state(path, cfg)?;
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u32;
-        Ok(Node {
+        Ok(Node::with(state, NONE, pid))
+    }
+
+    pub(crate) fn with(state: &'static NodeState, slot: u32, pid: u32) -> Node {
+        Node {
             state,
-            slot: NONE,
+            slot,
             pid,
             liveness: Default::default(),
-        })
+            ns: crate::pidns::own_ns(),
+            xlate: Default::default(),
+        }
+    }
+
+    /// The pid of slot `p`'s process as this process sees it (its own namespace's pid), or
+    /// None when it lives in a pid namespace this process cannot see into (crate::pidns).
+    fn local_pid(&self, p: &ProcSlot) -> Option<u32> {
+        let c = crate::pidns::Claimed {
+            ns: p.pidns.load(Acquire),
+            pid: p.pid.load(Acquire),
+            start: p.start_time.load(Acquire),
+        };
+        self.xlate.local_pid(self.ns, c)
     }
 
     /// Process id of the process this handle was opened in.
@@ -356,7 +366,11 @@ impl Node {
         let mut out = Vec::new();
         for p in self.state.procs.iter() {
             let pid = p.pid.load(Acquire);
-            if pid != 0 && p.ctx_mask.load(Acquire) & (1 << d) != 0 {
+            if pid != 0 && pid != u32::MAX && p.ctx_mask.load(Acquire) & (1 << d) != 0 {
+                // As the caller's pid namespace sees it; processes it cannot see are left out.
+                let Some(pid) = self.local_pid(p) else {
+                    continue;
+                };
                 out.push(ProcUsage {
                     pid,
                     used_mem: p.mem_used[d as usize].load(Acquire),
@@ -373,11 +387,20 @@ impl Node {
         for (i, p) in self.state.procs.iter().enumerate() {
             let pid = p.pid.load(Acquire);
             // u32::MAX: being reaped by someone else; start time 0: being claimed right now.
-            if pid == 0 || pid == u32::MAX || pid == self.pid {
+            if pid == 0 || pid == u32::MAX || (pid == self.pid && p.pidns.load(Acquire) == self.ns)
+            {
                 continue;
             }
             let start = p.start_time.load(Acquire);
-            if start == 0 || self.liveness.alive(i, pid, start) {
+            if start == 0 {
+                continue;
+            }
+            let alive = match self.local_pid(p) {
+                Some(local) => self.liveness.alive(i, local, start),
+                // In a namespace this process cannot see: dead only if it sees every process.
+                None => !crate::pidns::Translator::sees_everything(self.ns),
+            };
+            if alive {
                 continue;
             }
             // Claim the right to clean this slot exactly once.
@@ -489,6 +512,15 @@ impl Node {
                 if pid == 0 || pid == u32::MAX {
                     continue;
                 }
+                // The slot's process as the caller sees it (left out if it cannot, or if the
+                // slot changed hands since the snapshot).
+                let slot = &self.state.procs[i];
+                let Some(seen) = (slot.pid.load(Acquire) == pid)
+                    .then(|| self.local_pid(slot))
+                    .flatten()
+                else {
+                    continue;
+                };
                 let before = if first.pids[i] == pid {
                     first.proc_gpu_ns[i]
                 } else {
@@ -499,7 +531,7 @@ impl Node {
                     continue;
                 }
                 out.push(UtilSample {
-                    pid,
+                    pid: seen,
                     timestamp_us: self.epoch_us(last.time_ns),
                     sm_util: ((ran * 100 + window / 2) / window).min(100) as u32,
                 });
@@ -515,7 +547,7 @@ impl Node {
         self.state
             .procs
             .iter()
-            .find(|p| p.pid.load(Acquire) == pid)
+            .find(|p| p.pid.load(Acquire) != 0 && self.local_pid(p) == Some(pid))
             .map(|p| p.gpu_time_ns[d as usize].load(Acquire))
             .unwrap_or(0)
     }
@@ -530,7 +562,7 @@ impl Node {
             .state
             .procs
             .iter()
-            .find(|p| p.pid.load(Acquire) == pid)?;
+            .find(|p| p.pid.load(Acquire) != 0 && self.local_pid(p) == Some(pid))?;
         Some(ProcTruth {
             gpu_active_ns: p.gpu_time_ns[d as usize].load(Acquire),
             work_ns: p.work_ns[d as usize].load(Acquire),
@@ -680,14 +712,20 @@ pub(crate) fn claim_slot_for_test(state: &'static NodeState, pid: u32) -> u32 {
 
 fn claim_slot(state: &'static NodeState, pid: u32) -> Result<u32, SimError> {
     let start = proc_start_time(pid).map(|(s, _)| s).unwrap_or(0);
+    let ns = crate::pidns::own_ns();
     for round in 0..2 {
         for (i, p) in state.procs.iter().enumerate() {
-            if p.pid.load(Acquire) == pid && p.start_time.load(Acquire) == start {
+            if p.pid.load(Acquire) == pid
+                && p.start_time.load(Acquire) == start
+                && p.pidns.load(Acquire) == ns
+            {
                 return Ok(i as u32);
             }
         }
         for (i, p) in state.procs.iter().enumerate() {
             if p.pid.compare_exchange(0, pid, AcqRel, Acquire).is_ok() {
+                // The namespace before the start time: a non-zero start publishes the claim.
+                p.pidns.store(ns, Release);
                 p.start_time.store(start, Release);
                 p.ctx_mask.store(0, Release);
                 for d in 0..MAX_DEVICES {
@@ -700,12 +738,7 @@ fn claim_slot(state: &'static NodeState, pid: u32) -> Result<u32, SimError> {
             }
         }
         if round == 0 {
-            let observer = Node {
-                state,
-                slot: NONE,
-                pid,
-                liveness: Default::default(),
-            };
+            let observer = Node::with(state, NONE, pid);
             observer.reap_dead();
         }
     }

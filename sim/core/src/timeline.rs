@@ -807,12 +807,7 @@ mod tests {
         // SAFETY: getppid has no preconditions.
         let ppid = unsafe { libc::getppid() } as u32;
         let b_slot = crate::node::claim_slot_for_test(a.state, ppid);
-        let b = Node {
-            state: a.state,
-            slot: b_slot,
-            pid: ppid,
-            liveness: Default::default(),
-        };
+        let b = Node::with(a.state, b_slot, ppid);
         (a, b, dir)
     }
 

@@ -217,5 +217,6 @@ pub fn registration(function: &str, model: Option<&str>, slo_ms: f64, memory: u6
         resume: None,
         gpu: None,
         exec: true,
+        gpus: None,
     })
 }

@@ -109,6 +109,7 @@ fn granted(cap: u64, share: u32) -> Reply {
         predicted_fn: None,
         rule: "test".into(),
         failure_policy: None,
+        pid: None,
     })
 }
 
