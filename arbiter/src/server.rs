@@ -500,6 +500,16 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
 
 type PageRef = Arc<crate::grantpage::PageHandle>;
 
+/// `Preempted` for a preempted instance (None: it is not).
+fn preempted(st: &State, id: u64) -> Option<Reply> {
+    st.preemption(id)
+        .map(|(reason, message, grace_ms)| Reply::Preempted {
+            reason,
+            message,
+            grace_ms,
+        })
+}
+
 fn handle(
     st: &mut State,
     peer: Peer,
@@ -588,12 +598,18 @@ fn handle(
                         },
                     );
                 }
-                (Reply::Ok, None)
+                // A preempted instance learns it from its next report too (runtimes that only
+                // report, and the C ABI's poll).
+                (preempted(st, id).unwrap_or(Reply::Ok), None)
             }
             Err(e) => (e, None),
         },
         Request::Admit { .. } => match need(registered) {
             Ok(id) => {
+                if let Some(r) = preempted(st, id) {
+                    st.counters.preempted_requests += 1;
+                    return (r, None);
+                }
                 let a = st.admit_request(id);
                 (
                     Reply::Admission {
