@@ -56,8 +56,10 @@ pub struct Ledger {
     pub total: u64,
     /// Training's current NVML memory.
     pub training_now: u64,
-    /// Training's reservation (high-water mark + headroom).
-    pub training_reserved: u64,
+    /// Training's high-water mark.
+    pub training_peak: u64,
+    /// The headroom kept above it (0 without training).
+    pub headroom: u64,
     /// Σ caps of live (not preempted) instances.
     pub caps: u64,
     /// Σ caps of preempted instances whose processes have not exited yet (memory on its way
@@ -66,17 +68,21 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Whether training memory + every cap crossed the reclaim line (`line` × capacity).
+    /// Whether training's memory and its next step (the headroom) plus every cap crossed the
+    /// reclaim line (`line` × capacity). Counting the headroom is what keeps training's next
+    /// allocation below capacity: after any sample under the line, training may still take a
+    /// step of up to its headroom before the functions could be in its way.
     pub fn crossed(&self, line: f64) -> bool {
         let line = (self.total as f64 * line) as u64;
-        self.training_now + self.caps + self.leaving > line
+        self.training_now + self.headroom + self.caps + self.leaving > line
     }
 
-    /// Bytes to take from live instances so that their caps and training's reservation fit
-    /// under σ again (memory already leaving counts as taken).
+    /// Bytes to take from live instances so that their caps and training's reservation (peak +
+    /// headroom) fit under σ again (memory already leaving counts as taken).
     pub fn need(&self, sigma: f64) -> u64 {
         let budget = (self.total as f64 * sigma) as u64;
-        (self.caps + self.training_reserved.max(self.training_now)).saturating_sub(budget)
+        (self.caps + self.training_peak.max(self.training_now) + self.headroom)
+            .saturating_sub(budget)
     }
 }
 
@@ -148,10 +154,12 @@ impl State {
             return;
         };
         let on = || self.instances.values().filter(move |i| i.rec.gpu == gpu);
+        let reserved = self.training_reserved(g);
         let ledger = Ledger {
             total: g.info.total,
             training_now: g.training_used,
-            training_reserved: self.training_reserved(g),
+            training_peak: g.memory.peak(),
+            headroom: reserved.saturating_sub(g.memory.peak()),
             caps: on()
                 .filter(|i| i.rec.preempt.is_none())
                 .map(|i| i.rec.cap)
@@ -181,10 +189,10 @@ impl State {
             return;
         }
         let why = format!(
-            "training on GPU {gpu} uses {} (high-water mark {}, reserved with headroom {}) and function caps {} (+{} leaving) crossed the reclaim line {}",
+            "training on GPU {gpu} uses {} (high-water mark {}, headroom {}) and function caps {} (+{} leaving) crossed the reclaim line {}",
             format_size(ledger.training_now),
-            format_size(g.memory.peak()),
-            format_size(ledger.training_reserved),
+            format_size(ledger.training_peak),
+            format_size(ledger.headroom),
             format_size(ledger.caps),
             format_size(ledger.leaving),
             format_size((ledger.total as f64 * self.cfg.reclaim_line) as u64),
@@ -314,11 +322,12 @@ mod tests {
         let l = Ledger {
             total: 10 * GIB,
             training_now: 4 * GIB,
-            training_reserved: 6 * GIB,
+            training_peak: 4 * GIB,
+            headroom: 2 * GIB,
             caps: 5 * GIB,
             leaving: GIB,
         };
-        assert!(l.crossed(0.97), "4 + 5 + 1 GiB > 9.7 GiB");
+        assert!(l.crossed(0.97), "4 + 2 + 5 + 1 GiB > 9.7 GiB");
         // σ·10 = 9.5 GiB; caps 5 + reserved 6 = 11: 1.5 GiB to take from live instances.
         assert_eq!(l.need(0.95), 11 * GIB - ((10 * GIB) as f64 * 0.95) as u64);
         let calm = Ledger {
@@ -326,6 +335,15 @@ mod tests {
             leaving: 0,
             ..l
         };
+        let edge = Ledger {
+            caps: 3 * GIB + GIB / 2,
+            leaving: 0,
+            ..l
+        };
+        assert!(
+            !edge.crossed(0.97),
+            "4 + 2 + 3.5 = 9.5 GiB: admitted up to σ, not crossed"
+        );
         assert!(!calm.crossed(0.97));
         assert_eq!(calm.need(0.95), 0);
     }
