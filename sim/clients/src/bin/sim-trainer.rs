@@ -225,9 +225,9 @@ fn main() -> Result<()> {
         let text = String::from_utf8_lossy(&out.stdout);
         let theirs = text
             .split_whitespace()
+            .rev()
             .filter_map(|f| f.strip_prefix("ooms="))
-            .filter_map(|n| n.parse::<u64>().ok())
-            .last();
+            .find_map(|n| n.parse::<u64>().ok());
         mem.ooms += theirs.unwrap_or(1);
     }
     let total = start.elapsed().as_secs_f64();
