@@ -701,7 +701,8 @@ impl State {
             instance: id,
             gpu_index: i.rec.gpu,
             gpu_uuid: g.map(|g| g.info.uuid.clone()).unwrap_or_default(),
-            memory_cap: i.rec.cap,
+            // What the page says: 0 once preempted.
+            memory_cap: i.page_cap(),
             sm_share: i.rec.share,
             generation: i
                 .page

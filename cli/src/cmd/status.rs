@@ -421,9 +421,9 @@ pub fn render(s: &Value, width: Option<u16>) -> String {
             };
             let _ = writeln!(
                 o,
-                "  training peak {}  headroom {}  reclaim line {}{hold}",
-                sz(&g["training_peak"]),
+                "  headroom {} above the training high-water mark {}  reclaim line {}{hold}",
                 sz(&g["training_headroom"]),
+                sz(&g["training_peak"]),
                 sz(&g["reclaim_line"]),
             );
         }

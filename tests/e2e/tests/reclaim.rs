@@ -308,3 +308,161 @@ fn a_second_training_process_is_a_growth_event_and_takes_memory_back() {
         "second process holds 2 GiB: {node:?}"
     );
 }
+
+#[test]
+fn a_cap_lowered_for_training_refuses_the_functions_next_allocation_at_once() {
+    let sim = SimGpu::exact(1, "8GiB");
+    let arb = Arbiter::with_policy(&sim, POLICY);
+    let start = sim.dir().join("grow");
+    let mut t = sim.command(bin("sim-trainer"));
+    t.args([
+        "--memory-mib",
+        "1024",
+        "--grow-mib",
+        "1024",
+        "--grow-steps",
+        "1",
+    ])
+    .args(["--grow-every-ms", "100", "--seconds", "60", "--quiet"])
+    .args(["--kernels", "2", "--kernel-us", "2000", "--host-ms", "10"])
+    .arg("--grow-start-file")
+    .arg(&start);
+    let trainer = Proc::spawn(t);
+    arb.wait_for_training(0, Duration::from_secs(30));
+    // A function holding 1 GiB of a 5 GiB cap (shim-client: allocations on command).
+    let mut c = arb.smore();
+    c.args(["run", "--function", "holder", "--memory", "5GiB", "--shim"])
+        .arg(shim_lib())
+        .arg("--")
+        .arg(bin("shim-client"))
+        .arg("hold");
+    let f = Proc::spawn(c);
+    f.wait_line("op=ready", Duration::from_secs(30));
+    let mut stdin = {
+        let mut f = f;
+        let s = f.child.stdin.take().unwrap();
+        (f, s)
+    };
+    let ask = |p: &mut (Proc, ChildStdin), cmd: &str| -> String {
+        let before = p.0.lines().len();
+        writeln!(p.1, "{cmd}").unwrap();
+        p.1.flush().unwrap();
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Some(l) = p.0.lines().get(before) {
+                return l.clone();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "no answer to {cmd}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    assert!(ask(&mut stdin, "alloc 1GiB").contains("rc=0"));
+    wait_until("its 1 GiB seen", Duration::from_secs(10), || {
+        arb.functions()[0]["nvml_used"].as_u64() == Some(GIB)
+    });
+    std::fs::write(&start, b"").unwrap();
+    // 2 GiB training + 1 GiB headroom + 5 GiB > 7.76 GiB: the cap is lowered, nobody stops.
+    wait_until("the cap lowered", Duration::from_secs(20), || {
+        arb.functions()[0]["cap"].as_u64() < Some(5 * GIB)
+    });
+    let cap = arb.functions()[0]["cap"].as_u64().unwrap();
+    assert!(cap >= GIB, "never below what it holds: {cap}");
+    let over = cap - GIB + MIB;
+    let line = ask(&mut stdin, &format!("alloc {over}"));
+    assert!(
+        line.contains("rc=2"),
+        "the next allocation over the lowered cap is refused: {line}"
+    );
+    let fits = cap - GIB;
+    if fits > 0 {
+        assert!(ask(&mut stdin, &format!("alloc {fits}")).contains("rc=0"));
+    }
+    let st = arb.status();
+    assert_eq!(st["counters"]["preempted"], 0, "{st}");
+    assert_eq!(st["counters"]["caps_lowered"], 1, "{st}");
+    drop(trainer);
+}
+
+#[test]
+fn an_arbiter_restart_in_the_middle_of_a_reclaim_counts_nothing_twice() {
+    let sim = SimGpu::exact(1, "8GiB");
+    // A long grace: the restart happens while the unloaded instance is still leaving.
+    let policy = POLICY.replace("preempt_grace_ms = 1000", "preempt_grace_ms = 8000");
+    let mut arb = Arbiter::with_policy(&sim, &policy);
+    let start = sim.dir().join("second");
+    let mut t = sim.command(bin("sim-trainer"));
+    t.args([
+        "--memory-mib",
+        "1024",
+        "--second-after-ms",
+        "0",
+        "--second-mib",
+        "2048",
+    ])
+    .args([
+        "--seconds",
+        "60",
+        "--kernels",
+        "2",
+        "--kernel-us",
+        "2000",
+        "--host-ms",
+        "10",
+    ])
+    .args(["--quiet", "--grow-start-file"])
+    .arg(&start);
+    let trainer = Proc::spawn(t);
+    arb.wait_for_training(0, Duration::from_secs(30));
+    // Idle (no requests): unloaded, and it never asks, so only the deadline ends it.
+    let mut f = function(&arb, "idle", 5120, 4096);
+    std::thread::sleep(Duration::from_millis(1500));
+    std::fs::write(&start, b"").unwrap();
+    let second = trainer.wait_line("second pid=", Duration::from_secs(30));
+    wait_until("unloaded", Duration::from_secs(20), || {
+        arb.functions()
+            .first()
+            .is_some_and(|f| f["preempt"]["reason"] == "unload")
+    });
+    let before = arb.status();
+    let deadline = before["gpus"][0]["functions"][0]["preempt"]["deadline"].clone();
+    arb.restart();
+    wait_until("re-attached", Duration::from_secs(20), || {
+        arb.functions()
+            .first()
+            .is_some_and(|f| f["attached"] == true)
+    });
+    let st = arb.status();
+    let g = &st["gpus"][0];
+    assert_eq!(
+        g["functions"].as_array().unwrap().len(),
+        1,
+        "listed once: {st}"
+    );
+    let fun = &g["functions"][0];
+    assert_eq!(fun["preempt"]["reason"], "unload", "still leaving: {fun}");
+    assert_eq!(
+        fun["preempt"]["deadline"], deadline,
+        "the same deadline: {fun}"
+    );
+    assert_eq!(g["granted"], before["gpus"][0]["granted"], "counted once");
+    assert_eq!(g["training_peak"], 3 * GIB, "the high-water marks survive");
+    assert_eq!(
+        st["counters"]["reclaims"], 0,
+        "no second reclaim after the restart: {st}"
+    );
+    // The restarted arbiter enforces the deadline the first one set.
+    wait_until("killed at the deadline", Duration::from_secs(20), || {
+        matches!(f.child.try_wait(), Ok(Some(_)))
+    });
+    wait_until("released", Duration::from_secs(10), || {
+        arb.functions().is_empty()
+    });
+    if let Some(pid) = second
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("pid="))
+        .and_then(|p| p.parse::<i32>().ok())
+    {
+        // SAFETY: kill(2) on a pid this test's trainer started; no memory is touched.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
