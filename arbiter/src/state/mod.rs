@@ -4,11 +4,13 @@
 //! Pure over injected facts: sockets (`server`) and NVML (`gpus`) feed it samples, and the clock
 //! and process facts come through [`facts::Clock`] and [`facts::ProcFacts`], so every rule is
 //! unit-tested with fakes. The rules live in small modules: [`attribution`] (which process is
-//! whose), [`training`] (the training estimate), [`watchdog`] (the checks), [`crate::budget`]
-//! (the functions' time budget), [`events`], [`persist`], [`instance`].
+//! whose), [`training`] (the training estimate), [`memory`] (training's high-water marks and
+//! headroom), [`reclaim`] (taking memory back when training grows), [`watchdog`] (the checks),
+//! [`crate::budget`] (the functions' time budget), [`events`], [`persist`], [`instance`].
 //!
-//! Invariants: (1) for every GPU, Σ caps of grants + training memory ≤ σ·capacity at admission
-//! time; (2) every grant's page holds exactly the cap and share in this state (writes happen
+//! Invariants: (1) for every GPU, Σ caps of grants + training's reservation (high-water mark +
+//! headroom) ≤ σ·capacity at admission time, restored by a reclaim when training's growth pushes
+//! memory past the reclaim line; (2) every grant's page holds exactly the cap and share in this state (writes happen
 //! before the reply that announces them); (3) an instance is counted once — a re-registration
 //! with `resume` re-attaches the persisted instance instead of adding one.
 //!
