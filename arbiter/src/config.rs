@@ -92,6 +92,12 @@ struct RawPolicy {
     first_fit_queue: Option<Spanned<u32>>,
     catalog: Option<String>,
     model: Option<String>,
+    training_headroom: Option<Spanned<String>>,
+    training_headroom_fraction: Option<Spanned<f64>>,
+    reclaim_line: Option<Spanned<f64>>,
+    reclaim_hold_s: Option<Spanned<f64>>,
+    preempt_grace_ms: Option<Spanned<u64>>,
+    idle_after_s: Option<Spanned<f64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -215,6 +221,22 @@ pub struct Config {
     pub check_shim: bool,
     /// Prewarm policy the arbiter runs online over request reports (`off` disables hints).
     pub prewarm_policy: String,
+    /// Memory kept free above a GPU's training high-water mark, bytes (at least; see
+    /// `training_headroom_fraction`). docs/arbiter.md, "Memory headroom and reclaim".
+    pub training_headroom: u64,
+    /// Headroom as a fraction of the training high-water mark; the larger of the two applies.
+    pub training_headroom_fraction: f64,
+    /// Reclaim line: fraction of capacity that training memory + Σ function caps may not
+    /// cross; crossing it makes the arbiter take memory back from functions at once.
+    pub reclaim_line: f64,
+    /// Seconds a GPU's training memory must have been stable after a reclaim before functions
+    /// are admitted onto it again (hysteresis).
+    pub reclaim_hold_s: f64,
+    /// Time a preempted instance has to finish its request and exit before it is killed, ms.
+    pub preempt_grace_ms: u64,
+    /// An instance with no request admitted or reported for this long is idle (unloaded before
+    /// any busy instance is preempted), s.
+    pub idle_after_s: f64,
 }
 
 impl Default for Config {
@@ -257,6 +279,25 @@ impl Default for Config {
             check_shim: true,
             // HHP: the serverless industry baseline (Shahrad et al., ATC'20); needs no training.
             prewarm_policy: "hhp".into(),
+            // 2 GiB or 10 % of the high-water mark, whichever is larger: PyTorch's caching
+            // allocator reserves in 2 MiB/20 MiB blocks and grows over the first iterations;
+            // an evaluation pass, cuDNN workspaces or a checkpoint's staging buffers add a
+            // few hundred MiB to a few GiB beyond the steady state. 10 % scales that with the job
+            // (a 40 GiB job keeps 4 GiB). Reasoning, not measured on real jobs (docs/arbiter.md).
+            training_headroom: 2 << 30,
+            training_headroom_fraction: 0.10,
+            // 0.97: above σ = 0.95 so that a node admitted up to σ never sits on the line, and
+            // 3 % of capacity (2.4 GiB on 80 GB) below the wall: what training may still
+            // allocate between one NVML sample and the caps written after it.
+            reclaim_line: 0.97,
+            // 30 s: several iterations of a typical job (and one reconcile-driven reclaim
+            // cycle); re-admitting sooner would hand back memory a still-growing job takes
+            // again, each time costing a function a cold start.
+            reclaim_hold_s: 30.0,
+            // 2 s: one in-flight inference request (SLOs of 10–1000 ms) finishes well within it.
+            preempt_grace_ms: 2000,
+            // 10 s: ten report periods of the runtimes (they report every second).
+            idle_after_s: 10.0,
         }
     }
 }
@@ -496,6 +537,71 @@ impl Config {
         if let Some(v) = p.first_fit_queue {
             c.first_fit_queue = v.into_inner();
         }
+        if let Some(v) = p.training_headroom {
+            let span = v.span();
+            c.training_headroom = parse_size(v.get_ref()).map_err(|_| {
+                err(
+                    span,
+                    "policy.training_headroom",
+                    format!("{:?} is not a size like \"2GiB\"", v.get_ref()),
+                )
+            })?;
+        }
+        if let Some(v) = p.training_headroom_fraction {
+            let x = *v.get_ref();
+            if !(x.is_finite() && (0.0..1.0).contains(&x)) {
+                return Err(err(
+                    v.span(),
+                    "policy.training_headroom_fraction",
+                    format!("{x} is outside [0, 1): a fraction of the training high-water mark"),
+                ));
+            }
+            c.training_headroom_fraction = x;
+        }
+        if let Some(v) = p.reclaim_line {
+            c.reclaim_line = frac(v, "policy.reclaim_line", 0.0, 1.0)?;
+        }
+        if c.reclaim_line < c.memory_safety {
+            return Err(ConfigError(format!(
+                "{name}: [policy] reclaim_line = {} is below memory_safety = {}: a node filled up to σ would sit on the reclaim line; set reclaim_line ≥ memory_safety",
+                c.reclaim_line, c.memory_safety
+            )));
+        }
+        if let Some(v) = p.reclaim_hold_s {
+            let x = *v.get_ref();
+            if !(x.is_finite() && x >= 0.0) {
+                return Err(err(
+                    v.span(),
+                    "policy.reclaim_hold_s",
+                    format!("{x} must be a non-negative number of seconds"),
+                ));
+            }
+            c.reclaim_hold_s = x;
+        }
+        if let Some(v) = p.preempt_grace_ms {
+            if *v.get_ref() > 600_000 {
+                return Err(err(
+                    v.span(),
+                    "policy.preempt_grace_ms",
+                    format!(
+                        "{} ms is more than 10 minutes: training may not wait that long for memory",
+                        v.get_ref()
+                    ),
+                ));
+            }
+            c.preempt_grace_ms = v.into_inner();
+        }
+        if let Some(v) = p.idle_after_s {
+            let x = *v.get_ref();
+            if !(x.is_finite() && x > 0.0) {
+                return Err(err(
+                    v.span(),
+                    "policy.idle_after_s",
+                    format!("{x} must be a positive number of seconds"),
+                ));
+            }
+            c.idle_after_s = x;
+        }
         c.catalog = p.catalog.map(PathBuf::from);
         c.model = p.model.map(PathBuf::from);
         if let Some(v) = raw.functions.default_slo_ms {
@@ -704,5 +810,32 @@ mod tests {
         );
         let c = Config::parse("[functions]\ndefault_memory = \"80GiB\"\n", "n").unwrap();
         assert_eq!(c.default_memory, 80 << 30);
+    }
+
+    #[test]
+    fn headroom_and_reclaim_keys_are_validated() {
+        let c = Config::parse(
+            "[policy]\ntraining_headroom = \"1GiB\"\ntraining_headroom_fraction = 0.2\nreclaim_line = 0.99\nreclaim_hold_s = 5\npreempt_grace_ms = 500\nidle_after_s = 3\n",
+            "n",
+        )
+        .unwrap();
+        assert_eq!(c.training_headroom, 1 << 30);
+        assert_eq!(c.training_headroom_fraction, 0.2);
+        assert_eq!(c.reclaim_line, 0.99);
+        assert_eq!(c.reclaim_hold_s, 5.0);
+        assert_eq!(c.preempt_grace_ms, 500);
+        assert_eq!(c.idle_after_s, 3.0);
+        let e = error_of("[policy]\ntraining_headroom = \"lots\"\n");
+        assert!(
+            e.starts_with("node.toml:2:") && e.contains("training_headroom"),
+            "{e}"
+        );
+        let e = error_of("[policy]\nreclaim_line = 0.9\n");
+        assert!(
+            e.contains("reclaim_line") && e.contains("memory_safety"),
+            "{e}"
+        );
+        let e = error_of("[policy]\ntraining_headroom_fraction = 1.5\n");
+        assert!(e.contains("training_headroom_fraction"), "{e}");
     }
 }

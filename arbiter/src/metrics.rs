@@ -76,6 +76,11 @@ struct LatencyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
 }
@@ -191,6 +196,31 @@ pub fn render(snap: &Value) -> String {
         "Sum of function memory caps",
         Some(Unit::Bytes),
     );
+    // Memory headroom and reclaim (docs/arbiter.md): what training may come back for.
+    let training_peak = gauge(
+        &mut reg,
+        "smore_gpu_training_peak_memory",
+        "Sum of the training processes' high-water marks (NVML)",
+        Some(Unit::Bytes),
+    );
+    let training_headroom = gauge(
+        &mut reg,
+        "smore_gpu_training_headroom",
+        "Memory kept free above the training high-water mark",
+        Some(Unit::Bytes),
+    );
+    let reclaim_line = gauge(
+        &mut reg,
+        "smore_gpu_reclaim_line",
+        "Training memory + headroom + function caps above this make the arbiter take memory back",
+        Some(Unit::Bytes),
+    );
+    let held = gauge(
+        &mut reg,
+        "smore_gpu_admission_held",
+        "1 while admission is held after a reclaim (training not yet stable), else 0",
+        None,
+    );
     let util = gauge(
         &mut reg,
         "smore_gpu_utilization",
@@ -235,6 +265,19 @@ pub fn render(snap: &Value) -> String {
         used.get_or_create(&l).set(num(&g["used"]));
         training_mem.get_or_create(&l).set(num(&g["training_used"]));
         granted.get_or_create(&l).set(num(&g["granted"]));
+        training_peak
+            .get_or_create(&l)
+            .set(num(&g["training_peak"]));
+        training_headroom
+            .get_or_create(&l)
+            .set(num(&g["training_headroom"]));
+        reclaim_line.get_or_create(&l).set(num(&g["reclaim_line"]));
+        held.get_or_create(&l)
+            .set(if g["admission_hold_s"].is_number() {
+                1.0
+            } else {
+                0.0
+            });
         util.get_or_create(&l).set(num(&g["util"]) / PERCENT);
         training
             .get_or_create(&l)
@@ -373,10 +416,56 @@ pub fn render(snap: &Value) -> String {
             "deferred_requests",
             "Requests deferred (request-level admission)",
         ),
+        (
+            "growth_events",
+            "Training memory growth events (a new training process or a higher high-water mark)",
+        ),
+        (
+            "reclaims",
+            "Times memory was taken back from functions for training",
+        ),
+        (
+            "caps_lowered",
+            "Function caps lowered to what the function holds, for training",
+        ),
+        (
+            "preempt_kills",
+            "Preempted instances killed after their grace period",
+        ),
+        (
+            "preempted_requests",
+            "Requests refused because their instance was preempted",
+        ),
+        (
+            "held_refusals",
+            "Registrations refused while admission was held after a reclaim",
+        ),
     ] {
         let counter = Counter::<u64>::default();
         counter.inc_by(c[k].as_u64().unwrap_or(0));
         reg.register(format!("smore_{k}"), help, counter);
+    }
+    let lowered = Counter::<u64>::default();
+    lowered.inc_by(c["bytes_lowered"].as_u64().unwrap_or(0));
+    reg.register_with_unit(
+        "smore_reclaim_lowered",
+        "Cap bytes taken back from functions by lowering their caps",
+        Unit::Bytes,
+        lowered,
+    );
+    // Churn (instances stopped for training), by why: `unload` (idle) or `training_memory`.
+    let preemptions = Family::<ReasonLabels, Counter>::default();
+    reg.register(
+        "smore_preemptions",
+        "Instances stopped so training gets its memory, by reason",
+        preemptions.clone(),
+    );
+    for (reason, key) in [("unload", "unloaded"), ("training_memory", "preempted")] {
+        preemptions
+            .get_or_create(&ReasonLabels {
+                reason: reason.into(),
+            })
+            .inc_by(c[key].as_u64().unwrap_or(0));
     }
 
     let mut out = String::new();

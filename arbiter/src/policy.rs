@@ -34,6 +34,13 @@ pub struct GpuView {
     pub total: u64,
     /// Memory NVML attributes to training (unregistered) processes, bytes.
     pub training_used: u64,
+    /// Memory reserved for training: its processes' high-water marks plus the configured
+    /// headroom (docs/arbiter.md, "Memory headroom and reclaim"), at least `training_used`,
+    /// bytes. Admission counts this, not the current use.
+    pub training_reserved: u64,
+    /// Seconds admission onto this GPU stays held: memory was reclaimed from functions and
+    /// training has not been stable long enough since (None: open).
+    pub admission_hold_s: Option<f64>,
     /// Whether any training process runs on the GPU.
     pub has_training: bool,
     /// Training's GPU utilization when running alone (fraction 0..=1), if observed.
@@ -57,12 +64,21 @@ impl GpuView {
 }
 
 impl GpuView {
-    /// σ·capacity − training use − every grant's cap: what a new grant may take, bytes.
+    /// σ·capacity − training's reservation (high-water mark + headroom) − every grant's cap:
+    /// what a new grant may take, bytes; 0 while admission is held after a reclaim.
     pub fn free_for_functions(&self, sigma: f64) -> u64 {
+        if self.admission_hold_s.is_some() {
+            return 0;
+        }
+        self.room_for_grants(sigma)
+    }
+
+    /// σ·capacity − training's reservation − every grant's cap, ignoring any hold, bytes.
+    pub fn room_for_grants(&self, sigma: f64) -> u64 {
         let budget = (self.total as f64 * sigma) as u64;
         let granted: u64 = self.grants.iter().map(|g| g.cap).sum();
         budget
-            .saturating_sub(self.training_used)
+            .saturating_sub(self.training_used.max(self.training_reserved))
             .saturating_sub(granted)
     }
 }
@@ -313,6 +329,8 @@ mod tests {
             index,
             total,
             training_used,
+            training_reserved: training_used,
+            admission_hold_s: None,
             has_training: training_used > 0,
             training_solo_util: Some(0.6),
             budget_boost: 1.0,

@@ -521,6 +521,16 @@ type PageRef = Arc<crate::grantpage::PageHandle>;
 /// be told apart from anyone else's.
 pub const PEER_OUTSIDE_NAMESPACE: &str = "the arbiter cannot see this process's pid (SO_PEERCRED reports 0 for a peer outside the arbiter's pid namespace): run the arbiter in the host pid namespace (Kubernetes: hostPID: true; podman/docker: --pid=host)";
 
+/// `Preempted` for a preempted instance (None: it is not).
+fn preempted(st: &State, id: u64) -> Option<Reply> {
+    st.preemption(id)
+        .map(|(reason, message, grace_ms)| Reply::Preempted {
+            reason,
+            message,
+            grace_ms,
+        })
+}
+
 // The error side of `need` is the wire's `Reply`, answered as is: boxing it for one local helper
 // would only move the allocation, not avoid it.
 #[allow(clippy::result_large_err)]
@@ -615,12 +625,18 @@ fn handle(
                         },
                     );
                 }
-                (Reply::Ok, None)
+                // A preempted instance learns it from its next report too (runtimes that only
+                // report, and the C ABI's poll).
+                (preempted(st, id).unwrap_or(Reply::Ok), None)
             }
             Err(e) => (e, None),
         },
         Request::Admit { .. } => match need(registered) {
             Ok(id) => {
+                if let Some(r) = preempted(st, id) {
+                    st.counters.preempted_requests += 1;
+                    return (r, None);
+                }
                 let a = st.admit_request(id);
                 (
                     Reply::Admission {

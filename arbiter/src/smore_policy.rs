@@ -806,6 +806,8 @@ mod tests {
             index,
             total: 80 * GIB,
             training_used: if train_util.is_some() { 6 * GIB } else { 0 },
+            training_reserved: 0,
+            admission_hold_s: None,
             has_training: train_util.is_some(),
             training_solo_util: train_util,
             budget_boost: 1.0,

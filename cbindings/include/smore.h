@@ -46,6 +46,11 @@ typedef enum SmoreStatus {
    * A bug in the library (a caught panic); see the message.
    */
   SMORE_STATUS_INTERNAL = 7,
+  /**
+   * The arbiter preempted this instance (training needs its memory): fail the in-flight
+   * request with `smore_last_error()` and exit within the grace period.
+   */
+  SMORE_STATUS_PREEMPTED = 8,
 } SmoreStatus;
 
 /**
@@ -110,6 +115,24 @@ typedef struct SmoreAdmission {
    */
   double predicted_fn;
 } SmoreAdmission;
+
+/**
+ * What `smore_poll_preemption` found.
+ */
+typedef struct SmorePreemption {
+  /**
+   * 1 = preempted, 0 = not.
+   */
+  int32_t preempted;
+  /**
+   * 1 = an idle instance unloaded, 0 = a running one preempted (meaningful when preempted).
+   */
+  int32_t unload;
+  /**
+   * Milliseconds left before the arbiter kills the process (when preempted).
+   */
+  uint64_t grace_ms;
+} SmorePreemption;
 
 /**
  * A prewarm hint.
@@ -208,6 +231,17 @@ enum SmoreStatus smore_flush(struct SmoreClient *c);
 enum SmoreStatus smore_admit(struct SmoreClient *c,
                              uint64_t request_id,
                              struct SmoreAdmission *out);
+
+/**
+ * Asks the arbiter whether this instance was preempted (sending buffered latencies with the
+ * question) and writes the answer to `*out`. Returns `SMORE_STATUS_PREEMPTED` (message in
+ * `smore_last_error()`) when it was, `SMORE_STATUS_OK` when not. A runtime polls this between
+ * requests, or from a timer while idle (an idle instance is the first to be unloaded).
+ *
+ * # Safety
+ * `c` is a live handle; `out` is a valid pointer.
+ */
+enum SmoreStatus smore_poll_preemption(struct SmoreClient *c, struct SmorePreemption *out);
 
 /**
  * Fetches the arbiter's prewarm hints into `out[0..cap]`; `*count` receives how many there are.

@@ -14,11 +14,20 @@
 //! connection (the arbiter checks by `SO_PEERCRED` that the caller is that process or its child)
 //! instead of registering a second instance.
 //!
+//! **Preemption** (docs/arbiter.md, "Memory headroom and reclaim"): when training needs the
+//! memory back the arbiter preempts an instance. The runtime learns it from any call that talks
+//! to the arbiter — `smore_admit`, `smore_request_end`'s report, `smore_flush`, or the poll
+//! [`smore_poll_preemption`] — which then return `SMORE_STATUS_PREEMPTED` with the arbiter's
+//! reason in `smore_last_error()`; from then on every `smore_request_begin` and `smore_admit` on
+//! the handle is refused the same way, without asking the arbiter. The runtime should fail its
+//! in-flight request with that message and exit within the grace period; after it the arbiter
+//! kills the process.
+//!
 //! Must never: let a panic cross the ABI (every entry point runs under `catch_unwind`), write
 //! through a pointer it was not given, or block the runtime indefinitely.
 
 use smore_protocol::conn::Client;
-use smore_protocol::wire::{HintAction, Register, Reply, Request, WireError};
+use smore_protocol::wire::{HintAction, PreemptReason, Register, Reply, Request, WireError};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
@@ -47,6 +56,21 @@ pub enum SmoreStatus {
     BufferTooSmall = 6,
     /// A bug in the library (a caught panic); see the message.
     Internal = 7,
+    /// The arbiter preempted this instance (training needs its memory): fail the in-flight
+    /// request with `smore_last_error()` and exit within the grace period.
+    Preempted = 8,
+}
+
+/// What `smore_poll_preemption` found.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SmorePreemption {
+    /// 1 = preempted, 0 = not.
+    pub preempted: i32,
+    /// 1 = an idle instance unloaded, 0 = a running one preempted (meaningful when preempted).
+    pub unload: i32,
+    /// Milliseconds left before the arbiter kills the process (when preempted).
+    pub grace_ms: u64,
 }
 
 /// Prewarm action for a function.
@@ -130,6 +154,34 @@ struct Inner {
     open: HashMap<u64, Instant>,
     latencies: Vec<f64>,
     since: Instant,
+    /// Set once the arbiter answered `Preempted`: (unload?, message, grace ms, when learnt).
+    preempted: Option<(bool, String, u64, Instant)>,
+}
+
+impl Inner {
+    /// Records a `Preempted` answer and returns the status every call then gives.
+    fn preempted_by(
+        &mut self,
+        reason: PreemptReason,
+        message: String,
+        grace_ms: u64,
+    ) -> SmoreStatus {
+        let unload = reason == PreemptReason::Unload;
+        if self.preempted.is_none() {
+            self.preempted = Some((unload, message, grace_ms, Instant::now()));
+        }
+        self.refuse_preempted().unwrap_or(SmoreStatus::Preempted)
+    }
+
+    /// `Preempted` (with the arbiter's message as the last error) once preempted.
+    fn refuse_preempted(&self) -> Option<SmoreStatus> {
+        let (_, msg, grace, at) = self.preempted.as_ref()?;
+        let left = grace.saturating_sub(at.elapsed().as_millis() as u64);
+        Some(fail(
+            SmoreStatus::Preempted,
+            format!("{msg} (exit within {left} ms)"),
+        ))
+    }
 }
 
 /// Opaque client handle.
@@ -236,6 +288,7 @@ pub unsafe extern "C" fn smore_connect(
                 open: HashMap::new(),
                 latencies: Vec::new(),
                 since: Instant::now(),
+                preempted: None,
             }),
         });
         // SAFETY: `out` is non-null and valid per the contract.
@@ -423,6 +476,11 @@ fn flush(inner: &mut Inner) -> SmoreStatus {
     if inner.latencies.is_empty() || inner.instance.is_none() {
         return SmoreStatus::Ok;
     }
+    report(inner)
+}
+
+/// Sends the buffered latencies (possibly none); the answer may be `Preempted`.
+fn report(inner: &mut Inner) -> SmoreStatus {
     let lat = std::mem::take(&mut inner.latencies);
     inner.since = Instant::now();
     match inner.call(Request::Report {
@@ -434,6 +492,11 @@ fn flush(inner: &mut Inner) -> SmoreStatus {
         contention_ns: None,
     }) {
         Ok(Reply::Ok) => SmoreStatus::Ok,
+        Ok(Reply::Preempted {
+            reason,
+            message,
+            grace_ms,
+        }) => inner.preempted_by(reason, message, grace_ms),
         Ok(r) => fail(SmoreStatus::Protocol, format!("unexpected reply {r:?}")),
         Err(e) => wire_err(e),
     }
@@ -460,6 +523,9 @@ pub unsafe extern "C" fn smore_request_begin(
         let mut inner = lock(h);
         if inner.instance.is_none() {
             return fail(SmoreStatus::NotRegistered, "call smore_register first");
+        }
+        if let Some(s) = inner.refuse_preempted() {
+            return s;
         }
         let id = inner.next_request;
         inner.next_request += 1;
@@ -535,6 +601,16 @@ pub unsafe extern "C" fn smore_admit(
         if inner.instance.is_none() {
             return fail(SmoreStatus::NotRegistered, "call smore_register first");
         }
+        let refused = SmoreAdmission {
+            admitted: 0,
+            predicted_train: -1.0,
+            predicted_fn: -1.0,
+        };
+        if let Some(s) = inner.refuse_preempted() {
+            // SAFETY: non-null and valid per the contract.
+            unsafe { *out = refused };
+            return s;
+        }
         match inner.call(Request::Admit {
             request: Some(request_id),
         }) {
@@ -554,6 +630,15 @@ pub unsafe extern "C" fn smore_admit(
                 };
                 SmoreStatus::Ok
             }
+            Ok(Reply::Preempted {
+                reason,
+                message,
+                grace_ms,
+            }) => {
+                // SAFETY: non-null and valid per the contract.
+                unsafe { *out = refused };
+                inner.preempted_by(reason, message, grace_ms)
+            }
             Ok(Reply::Error { code, message }) => fail(
                 SmoreStatus::Protocol,
                 format!("arbiter error ({code:?}): {message}"),
@@ -561,6 +646,53 @@ pub unsafe extern "C" fn smore_admit(
             Ok(r) => fail(SmoreStatus::Protocol, format!("unexpected reply {r:?}")),
             Err(e) => wire_err(e),
         }
+    })
+}
+
+/// Asks the arbiter whether this instance was preempted (sending buffered latencies with the
+/// question) and writes the answer to `*out`. Returns `SMORE_STATUS_PREEMPTED` (message in
+/// `smore_last_error()`) when it was, `SMORE_STATUS_OK` when not. A runtime polls this between
+/// requests, or from a timer while idle (an idle instance is the first to be unloaded).
+///
+/// # Safety
+/// `c` is a live handle; `out` is a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn smore_poll_preemption(
+    c: *mut SmoreClient,
+    out: *mut SmorePreemption,
+) -> SmoreStatus {
+    guard(|| {
+        // SAFETY: `c` is null or a live handle per the contract.
+        let Some(h) = (unsafe { c.as_ref() }) else {
+            return fail(SmoreStatus::InvalidArgument, "client is null");
+        };
+        if out.is_null() {
+            return fail(SmoreStatus::InvalidArgument, "out is null");
+        }
+        let mut inner = lock(h);
+        if inner.instance.is_none() {
+            return fail(SmoreStatus::NotRegistered, "call smore_register first");
+        }
+        let status = if inner.preempted.is_some() {
+            inner.refuse_preempted().unwrap_or(SmoreStatus::Preempted)
+        } else {
+            report(&mut inner)
+        };
+        let info = match &inner.preempted {
+            Some((unload, _, grace, at)) => SmorePreemption {
+                preempted: 1,
+                unload: *unload as i32,
+                grace_ms: grace.saturating_sub(at.elapsed().as_millis() as u64),
+            },
+            None => SmorePreemption {
+                preempted: 0,
+                unload: 0,
+                grace_ms: 0,
+            },
+        };
+        // SAFETY: non-null and valid per the contract.
+        unsafe { *out = info };
+        status
     })
 }
 

@@ -100,6 +100,8 @@ enum BenchCmd {
     Shim(smore_demo::bench::BenchShimArgs),
     /// Registration latency and throughput, and grant-change propagation time.
     Arbiter(smore_demo::bench::BenchArbiterArgs),
+    /// A growing trainer beside capped functions: trainer OOMs, time to room, reclaim churn, DSR.
+    Reclaim(smore_demo::reclaim::BenchReclaimArgs),
     /// Decision latency of SMORE Algorithm 1 at 8–1024 GPUs, multi-way query latency.
     Predictor,
 }
@@ -162,6 +164,7 @@ fn main() {
         Cmd::Demo(a) => smore_demo::demo::run(a),
         Cmd::Bench(BenchCmd::Shim(a)) => smore_demo::bench::shim(a),
         Cmd::Bench(BenchCmd::Arbiter(a)) => smore_demo::bench::arbiter(a),
+        Cmd::Bench(BenchCmd::Reclaim(a)) => smore_demo::reclaim::run(a),
         Cmd::Bench(BenchCmd::Predictor) => smore_predictor::bench::run(),
         Cmd::Predictor(c) => smore_predictor::cli::run(c),
         Cmd::Prewarm(c) => smore_prewarm::cli::run(c),

@@ -253,6 +253,10 @@ fn metrics_parse_under_hostile_function_names_and_follow_the_conventions() {
         "smore_function_sm_used_ratio",
         "smore_function_collision_budget_ratio",
         "smore_function_collision_used_ratio",
+        "smore_gpu_training_peak_memory_bytes",
+        "smore_gpu_training_headroom_bytes",
+        "smore_gpu_reclaim_line_bytes",
+        "smore_gpu_admission_held",
         "smore_build_info",
     ] {
         assert_eq!(
@@ -271,6 +275,14 @@ fn metrics_parse_under_hostile_function_names_and_follow_the_conventions() {
         "smore_watchdog_actions",
         "smore_admitted_requests",
         "smore_deferred_requests",
+        "smore_growth_events",
+        "smore_reclaims",
+        "smore_caps_lowered",
+        "smore_reclaim_lowered_bytes",
+        "smore_preemptions",
+        "smore_preempt_kills",
+        "smore_preempted_requests",
+        "smore_held_refusals",
     ] {
         assert_eq!(
             types.get(fam).map(String::as_str),

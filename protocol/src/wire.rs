@@ -319,6 +319,28 @@ impl FailurePolicy {
     }
 }
 
+/// Why the arbiter preempts an instance (docs/arbiter.md, "Memory headroom and reclaim").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreemptReason {
+    /// The instance was idle and its memory is needed by training: the cheapest to take back
+    /// (its cost is one cold start later).
+    Unload,
+    /// Training on the instance's GPU grew past the reclaim line and caps lowered to what the
+    /// functions use were not enough: a running instance gives its memory back.
+    TrainingMemory,
+}
+
+impl PreemptReason {
+    /// The name in status, events and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreemptReason::Unload => "unload",
+            PreemptReason::TrainingMemory => "training_memory",
+        }
+    }
+}
+
 /// What the prewarm policy advises for a function this minute (the arbiter converts
 /// `smore_prewarm::policy::Action` into this; the protocol crate stays free of the prewarm stack).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -379,6 +401,18 @@ pub enum Reply {
     Status {
         /// The snapshot.
         snapshot: serde_json::Value,
+    },
+    /// The instance was preempted: every further request of it is refused. The runtime should
+    /// finish (or fail, with this message) its in-flight request and exit within `grace_ms`;
+    /// after that the arbiter kills its processes. New device allocations are already refused
+    /// (its cap on the grant page is 0).
+    Preempted {
+        /// Why.
+        reason: PreemptReason,
+        /// What happened, for a person (and the error an in-flight request ends with).
+        message: String,
+        /// Milliseconds left before the arbiter enforces (0: already due).
+        grace_ms: u64,
     },
     /// The request was carried out.
     Ok,
@@ -555,6 +589,11 @@ mod tests {
             message: "x".into(),
         });
         roundtrip(Reply::Ok);
+        roundtrip(Reply::Preempted {
+            reason: PreemptReason::TrainingMemory,
+            message: "training grew".into(),
+            grace_ms: 2000,
+        });
     }
 
     #[test]

@@ -31,6 +31,12 @@ pub enum EventKind {
     Memory,
     /// The watchdog acted.
     Watchdog,
+    /// Training memory grew on a GPU (a new training process or a higher high-water mark).
+    Growth,
+    /// Memory was taken back from functions (caps lowered, instances unloaded or preempted).
+    Reclaim,
+    /// An instance was preempted (or unloaded) to give training its memory.
+    Preempted,
     /// Something of the arbiter itself the operator must know (e.g. prewarm failed to start).
     Arbiter,
 }
@@ -47,6 +53,9 @@ impl EventKind {
             EventKind::Share => "share",
             EventKind::Memory => "memory",
             EventKind::Watchdog => "watchdog",
+            EventKind::Growth => "growth",
+            EventKind::Reclaim => "reclaim",
+            EventKind::Preempted => "preempted",
             EventKind::Arbiter => "arbiter",
         }
     }

@@ -35,6 +35,9 @@ pub struct Instance {
     pub rule: String,
     /// When it registered (or was restored), seconds since the epoch.
     pub registered_at: f64,
+    /// When it last asked for admission or reported a request, seconds since the epoch (idle
+    /// instances are unloaded first when training needs memory).
+    pub last_active: f64,
     /// NVML memory of the instance's processes (authority), bytes.
     pub nvml_used: u64,
     /// Memory the shim reports (hint), bytes.
@@ -88,6 +91,7 @@ impl Instance {
             predicted_fn: None,
             rule,
             registered_at: now,
+            last_active: now,
             nvml_used: 0,
             used_hint: None,
             throttled_ns: 0,
@@ -143,6 +147,22 @@ impl Instance {
         Some(v[i])
     }
 
+    /// Device memory it holds as far as the arbiter knows: NVML's figure or the shim's report,
+    /// whichever is larger, bytes.
+    pub fn held(&self) -> u64 {
+        self.nvml_used.max(self.used_hint.unwrap_or(0))
+    }
+
+    /// The cap its page carries: the grant's, or 0 once preempted (no new allocation; what it
+    /// holds stays counted in `rec.cap` until its processes exit).
+    pub fn page_cap(&self) -> u64 {
+        if self.rec.preempt.is_some() {
+            0
+        } else {
+            self.rec.cap
+        }
+    }
+
     /// Writes the grant (cap and share) into its slot; other slots get no memory.
     pub fn write_page(&self) {
         if let Some(p) = &self.page {
@@ -154,7 +174,7 @@ impl Instance {
                     if page.contention(d) != self.contention_ppm {
                         page.set_contention(d, self.contention_ppm);
                     }
-                    page.set(d, self.rec.cap, self.rec.share);
+                    page.set(d, self.page_cap(), self.rec.share);
                 } else if page.cap(d) != 0 {
                     // Devices the instance was not admitted to: no memory at all.
                     page.set(d, 0, 100);

@@ -4,11 +4,13 @@
 //! Pure over injected facts: sockets (`server`) and NVML (`gpus`) feed it samples, and the clock
 //! and process facts come through [`facts::Clock`] and [`facts::ProcFacts`], so every rule is
 //! unit-tested with fakes. The rules live in small modules: [`attribution`] (which process is
-//! whose), [`training`] (the training estimate), [`watchdog`] (the checks), [`crate::budget`]
-//! (the functions' time budget), [`events`], [`persist`], [`instance`].
+//! whose), [`training`] (the training estimate), [`memory`] (training's high-water marks and
+//! headroom), [`reclaim`] (taking memory back when training grows), [`watchdog`] (the checks),
+//! [`crate::budget`] (the functions' time budget), [`events`], [`persist`], [`instance`].
 //!
-//! Invariants: (1) for every GPU, Σ caps of grants + training memory ≤ σ·capacity at admission
-//! time; (2) every grant's page holds exactly the cap and share in this state (writes happen
+//! Invariants: (1) for every GPU, Σ caps of grants + training's reservation (high-water mark +
+//! headroom) ≤ σ·capacity at admission time, restored by a reclaim when training's growth pushes
+//! memory past the reclaim line; (2) every grant's page holds exactly the cap and share in this state (writes happen
 //! before the reply that announces them); (3) an instance is counted once — a re-registration
 //! with `resume` re-attaches the persisted instance instead of adding one.
 //!
@@ -18,7 +20,9 @@ pub mod attribution;
 pub mod events;
 pub mod facts;
 pub mod instance;
+pub mod memory;
 pub mod persist;
+pub mod reclaim;
 pub mod reload;
 pub mod training;
 pub mod watchdog;
@@ -33,7 +37,8 @@ use crate::policy::{Admission, Ask, Decision, GpuView, GrantView, Policy};
 use events::{Event, EventKind, EventLog};
 use facts::{Clock, LiveProcs, ProcFacts, SystemClock};
 pub use instance::Instance;
-pub use persist::{PersistFile, Persisted, Record, PERSIST_VERSION};
+pub use memory::TrainingMemory;
+pub use persist::{PersistFile, Persisted, Preemption, Record, PERSIST_VERSION};
 use serde::Serialize;
 use smore_protocol::size::format_size;
 use smore_protocol::wire::{Grant, Hint, HintAction, RefuseCode, Register, MAX_NAME};
@@ -119,6 +124,9 @@ pub struct Gpu {
     /// Training's utilization, alone and co-located.
     #[serde(flatten)]
     pub estimate: TrainingEstimate,
+    /// Training's memory: high-water marks, growth, reclaim hold.
+    #[serde(flatten)]
+    pub memory: TrainingMemory,
     /// The functions' time budget.
     #[serde(flatten)]
     pub budget: TimeBudget,
@@ -139,6 +147,7 @@ impl Gpu {
             training: Vec::new(),
             training_used: 0,
             estimate: TrainingEstimate::default(),
+            memory: TrainingMemory::default(),
             budget: TimeBudget::default(),
             meter: ContentionMeter::default(),
             harvest: Harvest::new(theta),
@@ -166,6 +175,24 @@ pub struct Counters {
     pub admitted_requests: u64,
     /// Requests deferred.
     pub deferred_requests: u64,
+    /// Training growth events (a new training process or a higher high-water mark).
+    pub growth_events: u64,
+    /// Reclaims: times memory was taken back from functions on a GPU.
+    pub reclaims: u64,
+    /// Caps lowered to what their function holds.
+    pub caps_lowered: u64,
+    /// Bytes of caps taken back by lowering.
+    pub bytes_lowered: u64,
+    /// Idle instances unloaded for training.
+    pub unloaded: u64,
+    /// Running instances preempted for training.
+    pub preempted: u64,
+    /// Preempted instances killed after their grace period.
+    pub preempt_kills: u64,
+    /// Requests refused because their instance was preempted.
+    pub preempted_requests: u64,
+    /// Registrations refused because admission was held after a reclaim.
+    pub held_refusals: u64,
 }
 
 /// A watchdog action for the caller to carry out.
@@ -390,6 +417,8 @@ impl State {
             index: g.info.index,
             total: g.info.total,
             training_used: g.training_used,
+            training_reserved: self.training_reserved(g),
+            admission_hold_s: g.memory.hold(self.clock.now(), self.cfg.reclaim_hold_s),
             has_training: !g.training.is_empty(),
             // Until enough solo samples are in (a job just starting looks idle), unknown: the
             // policy then assumes a fully busy trainer.
@@ -409,6 +438,14 @@ impl State {
                 })
                 .collect(),
         }
+    }
+
+    /// Memory reserved for `g`'s training: high-water mark + headroom, bytes.
+    fn training_reserved(&self, g: &Gpu) -> u64 {
+        g.memory.reserved(
+            self.cfg.training_headroom,
+            self.cfg.training_headroom_fraction,
+        )
     }
 
     /// Every GPU as policies see it.
@@ -555,8 +592,26 @@ impl State {
                 predicted_fn,
                 rule,
             } => (gpu, cap, predicted_train, predicted_fn, rule),
-            Decision::Refuse { code, reason } => {
+            Decision::Refuse { code, mut reason } => {
                 self.counters.refusals += 1;
+                // GPUs that would have had room but for the hold after a reclaim: say so (the
+                // function may retry once training is stable).
+                let held: Vec<String> = views
+                    .iter()
+                    .filter(|v| v.room_for_grants(self.cfg.memory_safety) >= ask.memory)
+                    .filter_map(|v| {
+                        v.admission_hold_s.map(|s| {
+                            format!(
+                                "GPU {}: admission held {s:.0} s more after memory was reclaimed for its training job (training must be stable for {} s)",
+                                v.index, self.cfg.reclaim_hold_s
+                            )
+                        })
+                    })
+                    .collect();
+                if code == RefuseCode::NoMemory && !held.is_empty() {
+                    self.counters.held_refusals += 1;
+                    reason = format!("{reason}; {}", held.join("; "));
+                }
                 self.event(
                     EventKind::Refused,
                     None,
@@ -604,6 +659,7 @@ impl State {
                 cap,
                 share: 100,
                 share_override: None,
+                preempt: None,
             },
             Some(page.clone()),
             rule.clone(),
@@ -675,7 +731,8 @@ impl State {
             instance: id,
             gpu_index: i.rec.gpu,
             gpu_uuid: g.map(|g| g.info.uuid.clone()).unwrap_or_default(),
-            memory_cap: i.rec.cap,
+            // What the page says: 0 once preempted.
+            memory_cap: i.page_cap(),
             sm_share: i.rec.share,
             generation: i
                 .page
@@ -822,7 +879,11 @@ impl State {
                 }
             }
         }
+        let now = self.clock.now();
         if let Some(i) = self.instances.get_mut(&id) {
+            if !latencies.is_empty() {
+                i.last_active = now;
+            }
             i.usage
                 .record_latencies(latencies, Some(i.rec.slo_ms).filter(|s| *s > 0.0));
             i.add_latencies(latencies);
@@ -933,9 +994,16 @@ impl State {
             predicted_fn: None,
             reason: reason.into(),
         };
-        let Some(inst) = self.instances.get(&id) else {
+        let now = self.clock.now();
+        let Some(inst) = self.instances.get_mut(&id) else {
             return refused("not registered");
         };
+        inst.last_active = now;
+        if let Some(p) = &inst.rec.preempt {
+            let why = p.message.clone();
+            self.counters.preempted_requests += 1;
+            return refused(&why);
+        }
         let gpu = inst.rec.gpu;
         let view = self
             .gpus
@@ -990,6 +1058,8 @@ impl State {
         }
         let mut actions = Vec::new();
         let mut reshare = Vec::new();
+        let mut growths = Vec::new();
+        let mut preempt_kills = 0;
         for (index, s) in samples {
             let Some(gi) = self.gpus.iter().position(|g| g.info.index == *index) else {
                 continue;
@@ -1028,6 +1098,16 @@ impl State {
                 g.budget.reset();
             }
             g.estimate.observe(&split.training, s.util, has_functions);
+            let procs = self.procs.as_ref();
+            let growth = g.memory.observe(
+                &split.training,
+                |pid| procs.start_time(pid),
+                |pid, start| procs.is_same_process(pid, start),
+                now,
+            );
+            if growth.is_growth() {
+                growths.push((*index, growth, g.memory.peak(), has_functions));
+            }
             g.training = std::mem::take(&mut split.training);
             if appeared || g.estimate.drifted() {
                 reshare.push(*index);
@@ -1036,6 +1116,36 @@ impl State {
                 let usage = split.instances.remove(&inst.rec.id).unwrap_or_default();
                 inst.nvml_used = usage.used;
                 inst.sm_used = (!usage.pids.is_empty()).then_some(usage.sm);
+                if let Some(p) = inst.rec.preempt.as_mut() {
+                    // Preempted: its page cap is 0 and its requests are refused; the only rule
+                    // left is the deadline. The watchdog's other checks do not apply (it is
+                    // leaving), and it is killed once, every process of it.
+                    if !p.enforced && now >= p.deadline && inst.life.is_some() {
+                        p.enforced = true;
+                        preempt_kills += 1;
+                        let violation = Violation::PreemptExpired { used: usage.used };
+                        let reason = watchdog::Described {
+                            violation: &violation,
+                            function: &inst.rec.function,
+                            gpu: *index,
+                        }
+                        .to_string();
+                        let mut pids = usage.pids.clone();
+                        if !pids.contains(&inst.rec.pid) {
+                            pids.push(inst.rec.pid);
+                        }
+                        for pid in pids {
+                            actions.push(Enforcement {
+                                pid,
+                                action: WatchdogAction::Sigkill,
+                                instance: inst.rec.id,
+                                violation: violation.clone(),
+                                reason: reason.clone(),
+                            });
+                        }
+                    }
+                    continue;
+                }
                 if usage.pids.is_empty() {
                     continue;
                 }
@@ -1105,6 +1215,37 @@ impl State {
                     }
                 }
             }
+        }
+        if preempt_kills > 0 {
+            self.counters.preempt_kills += preempt_kills;
+            self.dirty = true;
+        }
+        for (gpu, growth, peak, has_functions) in growths {
+            self.counters.growth_events += 1;
+            self.dirty = true;
+            if !has_functions {
+                // Worth the operator's attention only where functions may have to give memory
+                // back; the counter and the hold still see it.
+                continue;
+            }
+            let what = if growth.new_procs.is_empty() {
+                format!("high-water mark up {}", format_size(growth.grew_by))
+            } else {
+                format!("new training process(es) {:?}", growth.new_procs)
+            };
+            self.event(
+                EventKind::Growth,
+                None,
+                None,
+                format!(
+                    "GPU {gpu}: training memory grew ({what}); high-water mark {}",
+                    format_size(peak)
+                ),
+            );
+            self.dirty = true;
+        }
+        for (index, _) in samples {
+            self.reclaim(*index, now);
         }
         for gpu in reshare {
             self.reshare(gpu);
@@ -1190,6 +1331,11 @@ impl State {
             version: PERSIST_VERSION,
             next_id: self.next_id,
             instances: self.instances.values().map(|i| i.rec.clone()).collect(),
+            gpus: self
+                .gpus
+                .iter()
+                .map(|g| g.memory.record(g.info.index))
+                .collect(),
         }
     }
 
@@ -1197,6 +1343,13 @@ impl State {
     /// stays counted (no double counting when they re-register with `resume`).
     pub fn restore(&mut self, file: PersistFile) {
         self.next_id = self.next_id.max(file.next_id);
+        for r in file.gpus {
+            let procs = self.procs.as_ref();
+            if let Some(g) = self.gpus.iter_mut().find(|g| g.info.index == r.gpu) {
+                g.memory
+                    .restore(r, |pid, start| procs.is_same_process(pid, start));
+            }
+        }
         for p in file.instances {
             if !self.procs.is_same_process(p.pid, p.start)
                 || !self.gpus.iter().any(|g| g.info.index == p.gpu)
@@ -1243,6 +1396,14 @@ impl State {
                     "calibration": g.harvest.calibration(),
                 });
                 v["granted"] = serde_json::json!(view.grants.iter().map(|x| x.cap).sum::<u64>());
+                let peak = g.memory.peak();
+                v["training_peak"] = serde_json::json!(peak);
+                v["training_reserved"] = serde_json::json!(view.training_reserved);
+                v["training_headroom"] =
+                    serde_json::json!(view.training_reserved.saturating_sub(peak));
+                v["reclaim_line"] =
+                    serde_json::json!((g.info.total as f64 * self.cfg.reclaim_line) as u64);
+                v["admission_hold_s"] = serde_json::json!(view.admission_hold_s);
                 v["free_for_functions"] =
                     serde_json::json!(view.free_for_functions(self.cfg.memory_safety));
                 v["functions"] = serde_json::Value::Array(functions);
@@ -1900,5 +2061,222 @@ mod prewarm_tests {
         assert_eq!(s.warm_memory(), 1 << 30);
         let snap = s.snapshot();
         assert_eq!(snap["prewarm"]["hints"][0]["action"], "keep");
+    }
+}
+
+#[cfg(test)]
+mod reclaim_tests {
+    //! Headroom, reclaim and preemption over a fake process table and clock.
+    use super::facts::fake::{FakeClock, FakeProcs};
+    use super::*;
+    use crate::policy::FitPolicy;
+    use smore_protocol::wire::PreemptReason;
+
+    const GIB: u64 = 1 << 30;
+    const TRAINER: u32 = 200;
+
+    fn state(procs: &FakeProcs, clock: &FakeClock) -> State {
+        let gpus = vec![GpuInfo {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "sim".into(),
+            total: 10 * GIB,
+        }];
+        let cfg = Config {
+            prewarm_policy: "off".into(),
+            check_shim: false,
+            ..Config::default()
+        };
+        State::with_facts(
+            cfg,
+            gpus,
+            Box::new(FitPolicy),
+            Box::new(clock.clone()),
+            Box::new(procs.clone()),
+        )
+    }
+
+    fn register(s: &mut State, pid: u32, mem: u64) -> Result<InstanceId, Refusal> {
+        let args = RegisterArgs {
+            function: format!("f{pid}"),
+            memory: Some(mem),
+            exec: true,
+            ..Default::default()
+        };
+        s.register(Peer { pid, uid: 0 }, args).map(|g| g.0.instance)
+    }
+
+    /// The trainer holding `train` bytes and each function (pid, bytes).
+    fn sample(train: u64, fns: &[(u32, u64)]) -> GpuSample {
+        let mut s = GpuSample::default();
+        s.procs.insert(TRAINER, train);
+        for &(pid, b) in fns {
+            s.procs.insert(pid, b);
+        }
+        s.used = s.procs.values().sum();
+        s
+    }
+
+    fn node() -> (FakeProcs, FakeClock, State) {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        *clock.0.lock().unwrap() = 1000.0;
+        procs.spawn(TRAINER, 1, 5, false);
+        for pid in [100, 101, 102, 103] {
+            procs.spawn(pid, 1, pid as u64, true);
+        }
+        let s = state(&procs, &clock);
+        (procs, clock, s)
+    }
+
+    #[test]
+    fn admission_counts_the_training_peak_plus_headroom() {
+        let (_procs, _clock, mut s) = node();
+        s.reconcile(&[(0, sample(4 * GIB, &[]))]);
+        // The trainer drops to 2 GiB (an evaluation pass ended): its peak stays 4 GiB.
+        s.reconcile(&[(0, sample(2 * GIB, &[]))]);
+        assert_eq!(s.gpus[0].memory.peak(), 4 * GIB);
+        // σ·10 GiB = 9.5; reserved 4 + max(2 GiB, 0.4 GiB) = 6 ⇒ 3.5 GiB for functions.
+        assert_eq!(
+            s.views()[0].free_for_functions(0.95),
+            (9.5 * GIB as f64) as u64 - 6 * GIB
+        );
+        assert!(register(&mut s, 100, 3 * GIB).is_ok());
+        let e = register(&mut s, 101, GIB).unwrap_err();
+        assert_eq!(e.code, RefuseCode::NoMemory, "{e}");
+        assert_eq!(s.counters.growth_events, 1, "the trainer's appearance");
+        let snap = s.snapshot();
+        assert_eq!(snap["gpus"][0]["training_peak"], 4 * GIB);
+        assert_eq!(snap["gpus"][0]["training_reserved"], 6 * GIB);
+        assert_eq!(snap["gpus"][0]["training_headroom"], 2 * GIB);
+    }
+
+    /// Three functions beside a 2 GiB trainer: 100 holds 1 of 3 GiB, 101 (idle) 1 of 1 GiB,
+    /// 102 1.5 of 1.5 GiB (σ budget 9.5 − reserved 4 = 5.5 GiB, all taken).
+    fn loaded() -> (FakeProcs, FakeClock, State, [InstanceId; 3]) {
+        let (procs, clock, mut s) = node();
+        s.reconcile(&[(0, sample(2 * GIB, &[]))]);
+        let a = register(&mut s, 100, 3 * GIB).unwrap();
+        let b = register(&mut s, 101, GIB).unwrap();
+        let c = register(&mut s, 102, 3 * GIB / 2).unwrap();
+        clock.advance(11.0);
+        s.report(a, &[5.0], None, None, None);
+        s.report(c, &[5.0], None, None, None);
+        let fns = [(100, GIB), (101, GIB), (102, 3 * GIB / 2)];
+        s.reconcile(&[(0, sample(2 * GIB, &fns))]);
+        assert_eq!(s.counters.reclaims, 0, "under the line: nothing taken");
+        (procs, clock, s, [a, b, c])
+    }
+
+    #[test]
+    fn growth_lowers_caps_then_unloads_idle_instances_then_preempts_in_order() {
+        let (procs, clock, mut s, [a, b, c]) = loaded();
+        let fns = [(100, GIB), (101, GIB), (102, 3 * GIB / 2)];
+        // Training grows to 5 GiB: 5 + 5.5 > 9.7 (the line). Reserved 7 ⇒ need 3 GiB: 2 from
+        // 100's unused cap, then the idle 101 (1 GiB). 102 keeps running.
+        s.reconcile(&[(0, sample(5 * GIB, &fns))]);
+        assert_eq!(s.counters.reclaims, 1);
+        assert_eq!(s.counters.caps_lowered, 1);
+        assert_eq!(s.counters.bytes_lowered, 2 * GIB);
+        assert_eq!((s.counters.unloaded, s.counters.preempted), (1, 0));
+        let page = |id| s.instances[&id].page.clone().unwrap();
+        assert_eq!(
+            page(a).page().cap(0),
+            GIB,
+            "lowered to what it holds, on the page"
+        );
+        assert_eq!(page(b).page().cap(0), 0, "preempted: no new allocation");
+        assert_eq!(page(c).page().cap(0), 3 * GIB / 2, "untouched");
+        assert_eq!(
+            s.instances[&b].rec.preempt.as_ref().unwrap().reason,
+            PreemptReason::Unload
+        );
+        // Its requests are refused with the reason.
+        let adm = s.admit_request(b);
+        assert!(
+            !adm.admitted && adm.reason.contains("unloaded"),
+            "{}",
+            adm.reason
+        );
+        assert_eq!(s.counters.preempted_requests, 1);
+        let (_, msg, grace) = s.preemption(b).unwrap();
+        assert!(msg.contains("GPU 0") && grace == 2000, "{msg} {grace}");
+        // Readmission is held while training may still grow.
+        assert!(s.views()[0].admission_hold_s.is_some());
+        // The same sample again: 101's memory is leaving, nothing more is taken.
+        s.reconcile(&[(0, sample(5 * GIB, &fns))]);
+        assert_eq!(
+            s.counters.reclaims, 1,
+            "no double reclaim for memory already leaving"
+        );
+        // Training grows again (6.5 + 2.5 + 1 leaving > 9.7): running 102 is preempted (100
+        // holds all its cap; 102's is the larger).
+        s.reconcile(&[(0, sample(13 * GIB / 2, &fns))]);
+        assert_eq!(s.counters.preempted, 1);
+        assert_eq!(
+            s.instances[&c].rec.preempt.as_ref().unwrap().reason,
+            PreemptReason::TrainingMemory
+        );
+        // After the grace period a preempted process still alive is killed, once.
+        clock.advance(2.5);
+        let acts = s.reconcile(&[(0, sample(13 * GIB / 2, &fns))]);
+        let killed: Vec<u32> = acts.iter().map(|a| a.pid).collect();
+        assert!(killed.contains(&101) && killed.contains(&102), "{acts:?}");
+        assert!(acts.iter().all(|a| a.action == WatchdogAction::Sigkill));
+        assert_eq!(s.counters.preempt_kills, 2);
+        assert!(s.reconcile(&[(0, sample(13 * GIB / 2, &fns))]).is_empty());
+        // They exit (and 100 too): released; training stable for the hold: admission opens.
+        for pid in [100, 101, 102] {
+            procs.exit(pid);
+        }
+        s.reconcile(&[(0, sample(13 * GIB / 2, &[]))]);
+        assert!(s.instances.is_empty());
+        // Room again (9.5 − 8.5 reserved), but admission is held after the reclaim.
+        let e = register(&mut s, 103, GIB / 4).unwrap_err();
+        assert!(e.reason.contains("admission held"), "{e}");
+        assert_eq!(s.counters.held_refusals, 1);
+        clock.advance(31.0);
+        s.reconcile(&[(0, sample(13 * GIB / 2, &[]))]);
+        assert!(register(&mut s, 103, GIB / 4).is_ok());
+    }
+
+    #[test]
+    fn a_restart_in_the_middle_of_a_reclaim_counts_nothing_twice() {
+        let (procs, clock, mut s, [_a, b, _c]) = loaded();
+        let fns = [(100, GIB), (101, GIB), (102, 3 * GIB / 2)];
+        s.reconcile(&[(0, sample(5 * GIB, &fns))]);
+        assert!(s.instances[&b].rec.preempt.is_some());
+        let granted = |s: &State| s.views()[0].grants.iter().map(|g| g.cap).sum::<u64>();
+        let before = granted(&s);
+        let file: PersistFile =
+            serde_json::from_str(&serde_json::to_string(&s.persisted()).unwrap()).unwrap();
+        let mut s2 = state(&procs, &clock);
+        s2.restore(file);
+        assert_eq!(granted(&s2), before, "the same caps, counted once");
+        assert_eq!(
+            s2.gpus[0].memory.peak(),
+            5 * GIB,
+            "the high-water mark survives"
+        );
+        assert!(s2.preemption(b).is_some(), "still preempted, same deadline");
+        assert!(s2.views()[0].admission_hold_s.is_some(), "still held");
+        // The first sample after the restart: no growth event, no second reclaim.
+        s2.reconcile(&[(0, sample(5 * GIB, &fns))]);
+        assert_eq!((s2.counters.reclaims, s2.counters.growth_events), (0, 0));
+        // The deadline is the one the first arbiter set.
+        clock.advance(2.5);
+        let acts = s2.reconcile(&[(0, sample(5 * GIB, &fns))]);
+        assert_eq!(acts.iter().map(|a| a.pid).collect::<Vec<_>>(), vec![101]);
+    }
+
+    #[test]
+    fn a_second_training_process_is_a_growth_event_that_reclaims() {
+        let (procs, _clock, mut s, _) = loaded();
+        procs.spawn(201, 1, 6, false);
+        let mut smp = sample(2 * GIB, &[(100, GIB), (101, GIB), (102, 3 * GIB / 2)]);
+        smp.procs.insert(201, 3 * GIB);
+        s.reconcile(&[(0, smp)]);
+        assert_eq!(s.counters.growth_events, 2);
+        assert_eq!(s.counters.reclaims, 1);
+        assert_eq!(s.gpus[0].memory.peak(), 5 * GIB);
     }
 }

@@ -5,7 +5,9 @@
 //! never: replace a good file with an empty or partial one (serialize first, write a temp file,
 //! rename), or start silently from a file it cannot read.
 
+use super::memory::GpuMemoryRecord;
 use serde::{Deserialize, Serialize};
+use smore_protocol::wire::PreemptReason;
 use std::path::{Path, PathBuf};
 
 /// Version of the persisted state file.
@@ -38,6 +40,27 @@ pub struct Record {
     pub share: u32,
     /// A share the operator fixed.
     pub share_override: Option<u32>,
+    /// Set once the instance is preempted (kept across restarts: a restarted arbiter still
+    /// refuses its requests and enforces the same deadline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempt: Option<Preemption>,
+}
+
+/// A preemption in progress.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Preemption {
+    /// Why.
+    pub reason: PreemptReason,
+    /// What happened, for a person.
+    pub message: String,
+    /// When, seconds since the epoch.
+    pub at: f64,
+    /// When the arbiter kills the instance's processes if they still live, seconds since the
+    /// epoch.
+    pub deadline: f64,
+    /// The kill was sent.
+    #[serde(default)]
+    pub enforced: bool,
 }
 
 /// The old name of [`Record`].
@@ -52,6 +75,10 @@ pub struct PersistFile {
     pub next_id: u64,
     /// The instances.
     pub instances: Vec<Record>,
+    /// Training memory per GPU: high-water marks, last growth and reclaim (absent in files of
+    /// arbiters before headroom tracking: read as none).
+    #[serde(default)]
+    pub gpus: Vec<GpuMemoryRecord>,
 }
 
 /// Why the state could not be saved or loaded.
@@ -148,6 +175,7 @@ mod tests {
             version: PERSIST_VERSION,
             next_id: 3,
             instances: vec![],
+            gpus: vec![],
         };
         save(&path, &f).unwrap();
         assert_eq!(load(&path).unwrap().unwrap().next_id, 3);

@@ -42,6 +42,12 @@ pub enum Violation {
         /// The process.
         pid: u32,
     },
+    /// A preempted instance still runs after its grace period (docs/arbiter.md, "Memory
+    /// headroom and reclaim"): it is killed so training gets the memory.
+    PreemptExpired {
+        /// Device memory NVML still shows for it, bytes.
+        used: u64,
+    },
     /// NVML shows more memory than the cap (+ slack).
     OverCap {
         /// NVML memory of its processes, bytes.
@@ -78,6 +84,11 @@ impl fmt::Display for Described<'_> {
             Violation::AfterRelease { pid } => write!(
                 f,
                 "process {pid} of function {function} uses GPU {gpu} after releasing its grant"
+            ),
+            Violation::PreemptExpired { used } => write!(
+                f,
+                "function {function} was preempted on GPU {gpu} and still holds {} after its grace period",
+                format_size(used)
             ),
             Violation::OverCap { used, cap, slack } => write!(
                 f,

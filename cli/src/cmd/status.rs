@@ -294,7 +294,13 @@ fn share_of(f: &Value) -> String {
 }
 
 fn state_of(f: &Value) -> &'static str {
-    if f["attached"].as_bool() == Some(false) {
+    if let Some(r) = f["preempt"]["reason"].as_str() {
+        if r == "unload" {
+            "UNLOADING (training needs memory)"
+        } else {
+            "PREEMPTED (training needs memory)"
+        }
+    } else if f["attached"].as_bool() == Some(false) {
         "detached (arbiter restarted)"
     } else if f["shim_loaded"].as_bool() == Some(false) {
         "NO SHIM"
@@ -405,6 +411,19 @@ pub fn render(s: &Value, width: Option<u16>) -> String {
             sz(&g["granted"]),
             sz(&g["free_for_functions"]),
         );
+        if g["training_peak"].as_u64().is_some_and(|p| p > 0) || g["reclaimed_at"].is_number() {
+            let hold = match g["admission_hold_s"].as_f64() {
+                Some(h) => format!("  admission held {h:.0} s more (reclaimed, training growing)"),
+                None => String::new(),
+            };
+            let _ = writeln!(
+                o,
+                "  headroom {} above the training high-water mark {}  reclaim line {}{hold}",
+                sz(&g["training_headroom"]),
+                sz(&g["training_peak"]),
+                sz(&g["reclaim_line"]),
+            );
+        }
         let rows = process_rows(g);
         if rows.is_empty() {
             let _ = writeln!(o, "  no processes");
@@ -420,6 +439,23 @@ pub fn render(s: &Value, width: Option<u16>) -> String {
             }
         }
         let _ = writeln!(o, "{t}");
+    }
+    let c = &s["counters"];
+    if c["growth_events"].as_u64().is_some_and(|n| n > 0) {
+        let n = |k: &str| c[k].as_u64().unwrap_or(0);
+        let _ = writeln!(
+            o,
+            "
+reclaim: {} training growth events, {} reclaims: {} caps lowered ({}), {} idle instances unloaded, {} preempted, {} killed after grace, {} requests refused as preempted",
+            n("growth_events"),
+            n("reclaims"),
+            n("caps_lowered"),
+            sz(&c["bytes_lowered"]),
+            n("unloaded"),
+            n("preempted"),
+            n("preempt_kills"),
+            n("preempted_requests"),
+        );
     }
     let ev = s["events"].as_array().cloned().unwrap_or_default();
     if !ev.is_empty() {

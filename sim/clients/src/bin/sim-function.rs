@@ -12,7 +12,14 @@
 //! serves one request per stdin line (`<id>`), printing `done id=<id> service_ms=<x>
 //! admitted=<0|1>`; EOF on stdin unloads it. Under `smore run` (SMORE_INSTANCE set) each request
 //! first asks the arbiter for admission over an attached connection; a deferred request is
-//! retried every `--retry-ms` until admitted or `--give-up-ms` has passed.
+//! retried every `--retry-ms` until admitted or `--give-up-ms` has passed. With
+//! `--request-memory-mib` each request also allocates (and frees) that much device memory.
+//!
+//! Preemption (docs/arbiter.md, "Memory headroom and reclaim"): when the arbiter answers an
+//! admission with `Preempted`, or a request's allocation fails and the arbiter says the instance
+//! was preempted, the request ends with `failed id=<id> error="<the arbiter's reason>"`, the
+//! instance prints `preempted reason=<unload|training_memory> grace_ms=<n>` and exits 0 without
+//! reading more requests (the platform re-routes them; the arbiter refuses any it is asked for).
 use anyhow::Result;
 use clap::Parser;
 use smore_sim_clients::driver::{percentile, ResolveArgs, Session};
@@ -59,6 +66,16 @@ struct Args {
     /// Give up on a deferred request after this long, ms (serve mode).
     #[arg(long, default_value_t = 1000.0)]
     give_up_ms: f64,
+    /// Device memory each request allocates while it runs, MiB (serve mode; 0 = none).
+    #[arg(long, default_value_t = 0)]
+    request_memory_mib: u64,
+}
+
+/// The arbiter preempted this instance.
+struct Preempted {
+    reason: smore_protocol::wire::PreemptReason,
+    message: String,
+    grace_ms: u64,
 }
 
 /// Request-level admission through the arbiter, when running under `smore run`.
@@ -89,29 +106,51 @@ impl Admission {
         }
     }
 
-    fn admitted(&self) -> bool {
+    fn admitted(&self) -> Result<bool, Preempted> {
         use smore_protocol::wire::{Reply, Request};
         match &self.0 {
-            None => true,
+            None => Ok(true),
             Some(c) => match c.call(Request::Admit { request: None }) {
-                Ok(Reply::Admission { admitted, .. }) => admitted,
+                Ok(Reply::Admission { admitted, .. }) => Ok(admitted),
+                Ok(Reply::Preempted {
+                    reason,
+                    message,
+                    grace_ms,
+                }) => Err(Preempted {
+                    reason,
+                    message,
+                    grace_ms,
+                }),
                 // The arbiter went away: fail open.
-                _ => true,
+                _ => Ok(true),
             },
         }
     }
 
-    fn report(&self, latencies_ms: Vec<f64>) {
+    /// Reports latencies; the answer says whether the instance was preempted.
+    fn report(&self, latencies_ms: Vec<f64>) -> Result<(), Preempted> {
+        use smore_protocol::wire::Reply;
         if let Some(c) = &self.0 {
-            let _ = c.call(smore_protocol::wire::Request::Report {
+            if let Ok(Reply::Preempted {
+                reason,
+                message,
+                grace_ms,
+            }) = c.call(smore_protocol::wire::Request::Report {
                 latencies_ms,
                 used_bytes: None,
                 throttled_ns: None,
                 refusals: None,
                 gpu_ns: None,
                 contention_ns: None,
-            });
+            }) {
+                return Err(Preempted {
+                    reason,
+                    message,
+                    grace_ms,
+                });
+            }
         }
+        Ok(())
     }
 }
 
@@ -136,16 +175,55 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
             continue;
         }
         let t = Instant::now();
-        let mut admitted = adm.admitted();
+        let preempted = |out: &mut std::io::StdoutLock, p: Preempted| -> Result<()> {
+            writeln!(out, "failed id={id} error={:?}", p.message)?;
+            writeln!(
+                out,
+                "preempted reason={} grace_ms={}",
+                p.reason.as_str(),
+                p.grace_ms
+            )?;
+            out.flush()?;
+            Ok(())
+        };
+        let mut admitted = match adm.admitted() {
+            Ok(x) => x,
+            Err(p) => return preempted(&mut out, p),
+        };
         while !admitted && t.elapsed().as_secs_f64() * 1e3 < a.give_up_ms {
             std::thread::sleep(Duration::from_secs_f64(a.retry_ms / 1e3));
-            admitted = adm.admitted();
+            admitted = match adm.admitted() {
+                Ok(x) => x,
+                Err(p) => return preempted(&mut out, p),
+            };
         }
         if admitted {
+            let mut work: cudarc::driver::sys::CUdeviceptr = 0;
+            if a.request_memory_mib > 0 {
+                // SAFETY: cuMemAlloc_v2 resolved for this signature; out-pointer to a local.
+                let rc =
+                    unsafe { (s.drv.cuMemAlloc)(&mut work, (a.request_memory_mib << 20) as usize) };
+                if let Err(e) = s.drv.check(rc, "request workspace (cuMemAlloc)") {
+                    // Out of memory under the cap: ask the arbiter whether it preempted us.
+                    match adm.report(Vec::new()) {
+                        Err(p) => return preempted(&mut out, p),
+                        Ok(()) => {
+                            writeln!(out, "failed id={id} error={:?}", e.to_string())?;
+                            out.flush()?;
+                            continue;
+                        }
+                    }
+                }
+            }
             for _ in 0..a.kernels {
                 s.launch(f, stream)?;
             }
             s.sync(stream)?;
+            if work != 0 {
+                // SAFETY: `work` came from cuMemAlloc above and is freed once.
+                let rc = unsafe { (s.drv.cuMemFree)(work) };
+                s.drv.check(rc, "freeing the request workspace")?;
+            }
         }
         let ms = t.elapsed().as_secs_f64() * 1e3;
         writeln!(
@@ -158,10 +236,18 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
             done.push(ms);
         }
         if done.len() >= 32 {
-            adm.report(std::mem::take(&mut done));
+            if let Err(p) = adm.report(std::mem::take(&mut done)) {
+                writeln!(
+                    out,
+                    "preempted reason={} grace_ms={}",
+                    p.reason.as_str(),
+                    p.grace_ms
+                )?;
+                return Ok(());
+            }
         }
     }
-    adm.report(done);
+    let _ = adm.report(done);
     Ok(())
 }
 

@@ -5,6 +5,16 @@
 //! at the end a `trainer …` summary. It never loads the shim: it is the serverful load smore
 //! protects. Flag sets for the demo's low / moderate / high utilization trainers are in
 //! docs/simgpu.md ("Trainer profiles").
+//!
+//! Memory (what an unmodified PyTorch job does to the node: its caching allocator's plain
+//! `cuMemAlloc`s go straight to the driver): `--memory-mib` is allocated at start; with
+//! `--grow-mib M --grow-every-ms T --grow-steps K` the job allocates M MiB more every T ms, K times
+//! (a batch size growing, an evaluation pass, a checkpoint), printing
+//! `grow step=<i> at_s=<s since launch> total_mib=<held> rc=<ok|oom>`; `--second-after-ms T
+//! --second-mib M` starts a second training process (this program, `--memory-mib M`) after T ms,
+//! as a job launching another worker on the GPU. The summary ends with `ooms=<n>`: the
+//! allocations the driver refused, this process's and the second one's — the figure smore
+//! exists to keep at 0.
 use anyhow::Result;
 use clap::Parser;
 use smore_sim_clients::driver::{percentile, ResolveArgs, Session};
@@ -41,6 +51,55 @@ struct Args {
     /// finished trainer), s.
     #[arg(long, default_value_t = 0.0)]
     linger_s: f64,
+    /// Device memory allocated at start (plain cuMemAlloc), MiB.
+    #[arg(long, default_value_t = 0)]
+    memory_mib: u64,
+    /// Memory allocated at each growth step, MiB (0 = no growth).
+    #[arg(long, default_value_t = 0)]
+    grow_mib: u64,
+    /// Time between growth steps (the first comes one period after start, or after
+    /// `--grow-start-file` appears), ms.
+    #[arg(long, default_value_t = 1000.0)]
+    grow_every_ms: f64,
+    /// Growth steps.
+    #[arg(long, default_value_t = 1)]
+    grow_steps: u32,
+    /// Growth (and the second process) wait until this file exists; periods count from then
+    /// (tests start it once the functions are in place).
+    #[arg(long)]
+    grow_start_file: Option<std::path::PathBuf>,
+    /// Start a second training process this long after start (or after `--grow-start-file`
+    /// appears), ms (with `--second-mib`).
+    #[arg(long)]
+    second_after_ms: Option<f64>,
+    /// Memory the second training process allocates, MiB.
+    #[arg(long, default_value_t = 0)]
+    second_mib: u64,
+}
+
+/// Device memory the trainer holds and the allocations the driver refused it.
+struct Memory {
+    held: Vec<u64>,
+    bytes: u64,
+    ooms: u64,
+}
+
+impl Memory {
+    /// One plain cuMemAlloc of `mib` MiB; true when the driver granted it.
+    fn alloc(&mut self, s: &Session, mib: u64) -> bool {
+        let mut p: cudarc::driver::sys::CUdeviceptr = 0;
+        // SAFETY: cuMemAlloc_v2 resolved for this signature; out-pointer to a local.
+        let rc = unsafe { (s.drv.cuMemAlloc)(&mut p, (mib << 20) as usize) };
+        if rc == 0 {
+            self.held.push(p);
+            self.bytes += mib << 20;
+            true
+        } else {
+            self.ooms += 1;
+            eprintln!("sim-trainer: cuMemAlloc of {mib} MiB failed (CUresult {rc})");
+            false
+        }
+    }
 }
 
 /// Utilization levels of the SMORE paper's characterization (low / moderate / high SM usage,
@@ -79,7 +138,18 @@ fn main() -> Result<()> {
     let f = s.function("train_step")?;
     let stream = s.new_stream()?;
     let (e0, e1) = (s.new_event()?, s.new_event()?);
+    let mut mem = Memory {
+        held: Vec::new(),
+        bytes: 0,
+        ooms: 0,
+    };
+    if a.memory_mib > 0 {
+        mem.alloc(&s, a.memory_mib);
+    }
     let start = Instant::now();
+    let mut grown = 0u32;
+    let mut grow_from: Option<Instant> = None;
+    let mut second: Option<std::process::Child> = None;
     let mut times = Vec::new();
     let mut gpu_ms_total = 0.0;
     let mut i = 0u64;
@@ -88,6 +158,43 @@ fn main() -> Result<()> {
             || (a.iters.is_none() && start.elapsed().as_secs_f64() >= a.seconds)
         {
             break;
+        }
+        if grow_from.is_none() && a.grow_start_file.as_ref().is_none_or(|f| f.exists()) {
+            grow_from = Some(Instant::now());
+        }
+        let now_ms = grow_from.map_or(-1.0, |t| t.elapsed().as_secs_f64() * 1e3);
+        if a.grow_mib > 0
+            && now_ms >= 0.0
+            && grown < a.grow_steps
+            && now_ms >= (grown + 1) as f64 * a.grow_every_ms
+        {
+            grown += 1;
+            let ok = mem.alloc(&s, a.grow_mib);
+            println!(
+                "grow step={grown} at_s={:.3} total_mib={} rc={}",
+                start.elapsed().as_secs_f64(),
+                mem.bytes >> 20,
+                if ok { "ok" } else { "oom" }
+            );
+        }
+        if a.second_after_ms
+            .is_some_and(|t| second.is_none() && now_ms >= 0.0 && now_ms >= t)
+        {
+            let left = (a.seconds - start.elapsed().as_secs_f64()).max(0.5);
+            let child = std::process::Command::new(std::env::current_exe()?)
+                .args(["--memory-mib", &a.second_mib.to_string()])
+                .args(["--seconds", &format!("{left:.3}"), "--quiet"])
+                .args(["--resolve", &a.resolve.resolve])
+                .args(["--device", &a.resolve.device.to_string()])
+                .args(["--kernels", "1", "--kernel-us", "1000", "--host-ms", "20"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()?;
+            println!(
+                "second pid={} at_s={:.3}",
+                child.id(),
+                start.elapsed().as_secs_f64()
+            );
+            second = Some(child);
         }
         let t = Instant::now();
         s.record(e0, stream)?;
@@ -112,19 +219,32 @@ fn main() -> Result<()> {
         times.push(ms);
         i += 1;
     }
+    if let Some(child) = second {
+        // The second process's own refusals count as the job's.
+        let out = child.wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let theirs = text
+            .split_whitespace()
+            .rev()
+            .filter_map(|f| f.strip_prefix("ooms="))
+            .find_map(|n| n.parse::<u64>().ok());
+        mem.ooms += theirs.unwrap_or(1);
+    }
     let total = start.elapsed().as_secs_f64();
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
     let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
     // gpu_frac: the trainer's own view of how busy it kept the GPU (event time / wall time).
     println!(
-        "trainer iters={} mean_ms={mean:.3} p50_ms={:.3} p99_ms={:.3} iters_per_s={:.3} gpu_mean_ms={:.3} gpu_frac={:.3}",
+        "trainer iters={} mean_ms={mean:.3} p50_ms={:.3} p99_ms={:.3} iters_per_s={:.3} gpu_mean_ms={:.3} gpu_frac={:.3} memory_mib={} ooms={}",
         times.len(),
         percentile(&sorted, 50.0),
         percentile(&sorted, 99.0),
         times.len() as f64 / total,
         gpu_ms_total / times.len().max(1) as f64,
-        gpu_ms_total / 1e3 / total
+        gpu_ms_total / 1e3 / total,
+        mem.bytes >> 20,
+        mem.ooms
     );
     if a.linger_s > 0.0 {
         std::thread::sleep(Duration::from_secs_f64(a.linger_s));
