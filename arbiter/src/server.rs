@@ -414,6 +414,9 @@ fn reconcile_loop(state: Shared, mut source: Box<dyn GpuSource>) {
                 WatchdogAction::Sigkill => Some(rustix::process::Signal::KILL),
             };
             tracing::warn!("watchdog: {} ({:?})", a.reason, a.action);
+            if sig.is_some() {
+                tell_function(a.pid, &format!("{} — sending {:?}", a.reason, a.action));
+            }
             if let (Some(sig), Some(pid)) = (sig, rustix::process::Pid::from_raw(a.pid as i32)) {
                 if let Err(e) = rustix::process::kill_process(pid, sig) {
                     tracing::warn!("watchdog: cannot signal pid {}: {e}", a.pid);
@@ -421,6 +424,22 @@ fn reconcile_loop(state: Shared, mut source: Box<dyn GpuSource>) {
             }
         }
         std::thread::sleep(period);
+    }
+}
+
+/// Says on the function process's own stderr why the watchdog signals it (issue 12, item 5): a
+/// killed function otherwise dies with nothing in its log. Best effort and never blocking: a
+/// stderr that is a socket, a closed descriptor or a full pipe just gets nothing.
+fn tell_function(pid: u32, line: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = format!("/proc/{pid}/fd/2");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .append(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+    {
+        let _ = writeln!(f, "smore watchdog: {line}");
     }
 }
 

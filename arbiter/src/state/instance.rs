@@ -68,9 +68,10 @@ pub struct Instance {
     /// Recent request latencies, ms.
     #[serde(skip)]
     pub latencies: VecDeque<f64>,
-    /// The watchdog acted on it already (it acts once per instance).
+    /// How far the watchdog went against its current violation (configured action, then
+    /// SIGKILL while it lasts; docs/arbiter.md, "Watchdog").
     #[serde(skip)]
-    pub acted_on: bool,
+    pub escalation: super::watchdog::Escalation,
     /// The SM over-use streak.
     #[serde(skip)]
     pub over_share: SmOveruse,
@@ -106,7 +107,7 @@ impl Instance {
             miss_rate: None,
             usage: UsageLedger::default(),
             latencies: VecDeque::new(),
-            acted_on: false,
+            escalation: Default::default(),
             over_share: SmOveruse::default(),
             life: None,
         }

@@ -263,7 +263,7 @@ struct Released {
     instance: InstanceId,
     function: String,
     gpu: u32,
-    acted_on: bool,
+    escalation: watchdog::Escalation,
 }
 
 fn hint_action(a: smore_prewarm::policy::Action) -> HintAction {
@@ -776,7 +776,7 @@ impl State {
                     instance: id,
                     function: i.rec.function.clone(),
                     gpu: i.rec.gpu,
-                    acted_on: false,
+                    escalation: Default::default(),
                 };
                 self.released.insert(i.rec.pid, r);
             }
@@ -1069,8 +1069,7 @@ impl State {
                 let Some(r) = self.released.values_mut().find(|r| r.instance == id) else {
                     continue;
                 };
-                if !r.acted_on {
-                    r.acted_on = true;
+                if let Some(action) = r.escalation.step(now, self.cfg.watchdog_action) {
                     let violation = Violation::AfterRelease { pid };
                     let reason = watchdog::Described {
                         violation: &violation,
@@ -1080,7 +1079,7 @@ impl State {
                     .to_string();
                     actions.push(Enforcement {
                         pid,
-                        action: self.cfg.watchdog_action,
+                        action,
                         instance: id,
                         violation,
                         reason,
@@ -1184,11 +1183,17 @@ impl State {
                     inst.rec.cap,
                     self.cfg.memory_slack,
                 ));
-                if let Err(violation) = verdict {
-                    if inst.acted_on {
+                let violation = match verdict {
+                    Ok(()) => {
+                        inst.escalation.clear();
                         continue;
                     }
-                    inst.acted_on = true;
+                    Err(v) => v,
+                };
+                {
+                    let Some(action) = inst.escalation.step(now, self.cfg.watchdog_action) else {
+                        continue;
+                    };
                     let reason = watchdog::Described {
                         violation: &violation,
                         function: &inst.rec.function,
@@ -1207,7 +1212,7 @@ impl State {
                         .to_string();
                         actions.push(Enforcement {
                             pid: p,
-                            action: self.cfg.watchdog_action,
+                            action,
                             instance: inst.rec.id,
                             violation,
                             reason,
@@ -1552,6 +1557,8 @@ mod tests {
     #[test]
     fn a_process_given_some_gpus_is_placed_among_them_and_its_slot_is_its_ordinal() {
         let mut s = state();
+        // The test process plays several functions.
+        s.cfg.grants_per_process = 100;
         let given = |gpus: Vec<u32>| RegisterArgs {
             exec: false,
             gpus: Some(gpus),

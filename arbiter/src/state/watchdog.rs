@@ -6,6 +6,7 @@
 //! memory stays within the cap (+ slack) — and their thresholds. Must never: act on one noisy
 //! sample (SM use must exceed the share for [`SM_OVERUSE_SAMPLES`] samples in a row).
 
+use crate::config::WatchdogAction;
 use smore_protocol::size::format_size;
 use std::fmt;
 
@@ -20,6 +21,61 @@ pub const SM_SLACK_PCT: u32 = 15;
 pub const HARVEST_EXTRA_SLACK_PCT: u32 = 10;
 /// Consecutive over-use samples before the watchdog acts (× reconcile period: 2 s at 250 ms).
 pub const SM_OVERUSE_SAMPLES: u32 = 8;
+
+/// Seconds a function may go on breaking its grant after the configured action (SIGTERM) before
+/// the watchdog sends SIGKILL. Reasoning: a runtime that honours SIGTERM finishes its request and
+/// exits within a second or two; one that ignores it (3 GiB kept under a 1 GiB cap, issue 12
+/// item 5) must not keep the memory indefinitely.
+pub const KILL_AFTER_S: f64 = 5.0;
+/// Seconds between repeated SIGKILLs while the violation lasts (a process the first one did not
+/// reach, e.g. a descendant that appeared since).
+pub const KILL_REPEAT_S: f64 = 1.0;
+
+/// How far the watchdog went against one violating instance: the configured action when the
+/// violation is first seen, SIGKILL [`KILL_AFTER_S`] later if it lasts, again every
+/// [`KILL_REPEAT_S`] while it lasts. `log` never escalates (the operator chose to watch only).
+/// A violation that ends resets it.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Escalation {
+    /// When the violation was first acted on (seconds of the state's clock).
+    first: Option<f64>,
+    /// When the last SIGKILL was sent.
+    last_kill: Option<f64>,
+}
+
+impl Escalation {
+    /// What to do at `now` about a violation that is still there (None: nothing this round).
+    pub fn step(&mut self, now: f64, configured: WatchdogAction) -> Option<WatchdogAction> {
+        let Some(first) = self.first else {
+            self.first = Some(now);
+            if configured == WatchdogAction::Sigkill {
+                self.last_kill = Some(now);
+            }
+            return Some(configured);
+        };
+        if configured == WatchdogAction::Log {
+            return None;
+        }
+        let due = match self.last_kill {
+            Some(k) => k + KILL_REPEAT_S,
+            None => first + KILL_AFTER_S,
+        };
+        (now >= due).then(|| {
+            self.last_kill = Some(now);
+            WatchdogAction::Sigkill
+        })
+    }
+
+    /// The violation is over.
+    pub fn clear(&mut self) {
+        *self = Escalation::default();
+    }
+
+    /// Whether the watchdog has acted on the current violation.
+    pub fn acted(&self) -> bool {
+        self.first.is_some()
+    }
+}
 
 /// A function breaking its grant.
 #[derive(Debug, Clone, PartialEq)]
@@ -191,5 +247,53 @@ mod tests {
         }
         .to_string();
         assert!(text.contains("over its cap"), "{text}");
+    }
+}
+
+#[cfg(test)]
+mod escalation_tests {
+    use super::*;
+
+    #[test]
+    fn sigterm_then_sigkill_after_the_grace_then_repeated_while_it_lasts() {
+        let mut e = Escalation::default();
+        assert_eq!(
+            e.step(100.0, WatchdogAction::Sigterm),
+            Some(WatchdogAction::Sigterm)
+        );
+        assert_eq!(e.step(101.0, WatchdogAction::Sigterm), None);
+        assert_eq!(e.step(104.9, WatchdogAction::Sigterm), None);
+        assert_eq!(
+            e.step(105.0, WatchdogAction::Sigterm),
+            Some(WatchdogAction::Sigkill)
+        );
+        assert_eq!(e.step(105.5, WatchdogAction::Sigterm), None);
+        assert_eq!(
+            e.step(106.0, WatchdogAction::Sigterm),
+            Some(WatchdogAction::Sigkill)
+        );
+        e.clear();
+        assert!(!e.acted());
+        assert_eq!(
+            e.step(200.0, WatchdogAction::Sigterm),
+            Some(WatchdogAction::Sigterm)
+        );
+    }
+
+    #[test]
+    fn sigkill_repeats_and_log_never_escalates() {
+        let mut k = Escalation::default();
+        assert_eq!(
+            k.step(0.0, WatchdogAction::Sigkill),
+            Some(WatchdogAction::Sigkill)
+        );
+        assert_eq!(k.step(0.5, WatchdogAction::Sigkill), None);
+        assert_eq!(
+            k.step(1.0, WatchdogAction::Sigkill),
+            Some(WatchdogAction::Sigkill)
+        );
+        let mut l = Escalation::default();
+        assert_eq!(l.step(0.0, WatchdogAction::Log), Some(WatchdogAction::Log));
+        assert_eq!(l.step(60.0, WatchdogAction::Log), None);
     }
 }
