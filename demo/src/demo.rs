@@ -28,7 +28,8 @@
 
 use crate::report::{self, mean, Record, Refusal, RequestFigures};
 use crate::scenario::{
-    functions, offered_load, trace, FunctionSpec, Scenario, ScenarioChoice, TrainerShape,
+    functions, offered_load, reference_dsr, trace, FunctionSpec, Scenario, ScenarioChoice,
+    TrainerShape,
 };
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -95,6 +96,10 @@ pub struct DemoArgs {
     /// Scale of every function's request rate (default: the scenario's).
     #[arg(long)]
     pub load: Option<f64>,
+    /// Requests arriving together at one instant, in groups of this many (default: the
+    /// scenario's, 1).
+    #[arg(long)]
+    pub burst: Option<usize>,
     /// Serve every request, however late, instead of refusing one that can no longer meet its
     /// SLO even at solo speed (and let an instance wait up to 1 s for the arbiter's admission).
     #[arg(long)]
@@ -123,6 +128,7 @@ impl DemoArgs {
                 host_ms: self.trainer_host_ms.unwrap_or(s.trainer.host_ms),
             },
             load: self.load.unwrap_or(s.load),
+            burst: self.burst.unwrap_or(s.burst),
             ..s
         }
     }
@@ -923,6 +929,10 @@ pub struct ScenarioSummary {
     pub burst: usize,
     /// GPU time the replayed trace asks for, % of the GPU (idle-GPU service times).
     pub offered_load_pct: f64,
+    /// The DSR an ideal platform would reach on this trace with the GPU to itself (no trainer,
+    /// solo P50 service, in arrival order, refusing what cannot finish within the SLO):
+    /// `scenario::reference_dsr`. The demo's DSR is read against it.
+    pub dsr_reference: f64,
     /// Mean NVML utilization with the trainer alone, %.
     pub gui_exclusive_pct: f64,
     /// Mean NVML utilization during the co-located replay, %.
@@ -1178,6 +1188,7 @@ fn run_scenario(
         instances_per_function: sc.instances.max(1),
         burst: sc.burst,
         offered_load_pct: offered * 100.0,
+        dsr_reference: reference_dsr(&tr, &solo.p50_ms, &slo),
         gui_exclusive_pct: util_exclusive,
         gui_colocated_pct: util_colo,
         gui_gain_pp: util_colo - util_exclusive,
@@ -1332,6 +1343,10 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, gpu: bool) {
         r.dsr_admitted * 100.0
     );
     println!(
+        "  reference DSR             {:5.1} %   (this trace on a GPU of its own, ideal platform: what is servable at all)",
+        s.dsr_reference * 100.0
+    );
+    println!(
         "  requests refused          {} of {} ({:.1} %): {} deadline (could not meet the SLO), {} deferred by the arbiter, {} no instance (start refused), {} failed",
         r.refused,
         r.requests,
@@ -1416,7 +1431,7 @@ fn print_table(v: &[ScenarioSummary], gpu: bool) {
     );
     println!();
     println!(
-        "  {:<8} {:>7} {:>8} {:>8} {:>7} {:>7} {:>7} {:>8} {:>6} {:>8} {:>13} {:>11}",
+        "  {:<8} {:>7} {:>8} {:>8} {:>7} {:>7} {:>7} {:>8} {:>6} {:>8} {:>7} {:>13} {:>11}",
         "scenario",
         "offered",
         "GUI excl",
@@ -1427,13 +1442,14 @@ fn print_table(v: &[ScenarioSummary], gpu: bool) {
         "SLD",
         "DSR",
         "DSR adm",
+        "DSR ref",
         "refused",
         "cold starts"
     );
     for s in v {
         let r = &s.requests;
         println!(
-            "  {:<8} {:>6.1}% {:>7.1}% {:>7.1}% {:>+5.1}pp {:>6.1}% {:>7} {:>7.0}% {:>5.1}% {:>7.1}% {:>6}/{:<6} {:>11}",
+            "  {:<8} {:>6.1}% {:>7.1}% {:>7.1}% {:>+5.1}pp {:>6.1}% {:>7} {:>7.0}% {:>5.1}% {:>7.1}% {:>6.1}% {:>6}/{:<6} {:>11}",
             s.scenario,
             s.offered_load_pct,
             s.gui_exclusive_pct,
@@ -1445,6 +1461,7 @@ fn print_table(v: &[ScenarioSummary], gpu: bool) {
             r.sld * 100.0,
             r.dsr * 100.0,
             r.dsr_admitted * 100.0,
+            s.dsr_reference * 100.0,
             r.refused,
             r.requests,
             r.cold_starts
@@ -1453,7 +1470,7 @@ fn print_table(v: &[ScenarioSummary], gpu: bool) {
     println!();
     if let Some(s) = v.first() {
         println!(
-            "  θ_train {:.0} %; SFD must stay under it. DSR counts refused requests as misses; DSR adm only the served ones.",
+            "  θ_train {:.0} %; SFD must stay under it. DSR counts refused requests as misses; DSR adm only the served ones; DSR ref is the trace's on a GPU of its own (ideal platform).",
             s.theta_train * 100.0
         );
     }
