@@ -44,38 +44,25 @@ pub const CONSTRAINED_AT: f64 = 0.8;
 /// as constrained within one interval rather than throttled for many.
 pub const HEADROOM: f64 = 1.5;
 
-/// Largest ratio of the functions' raw collision time to the part of it attributed to training
-/// by which a GPU's budget is widened ([`ContentionMeter::raw_per_training`]): 4. Reasoning: the
-/// shims charge every collision, with other functions too, against their budget; the ratio
-/// restores the budget those function–function collisions ate (measured: 3 in the demo's
-/// `harvest` scenario, six instances beside a trainer busy 22 %). Bounding it bounds what a wrong
-/// attribution can cost training before the calibration reacts.
-pub const MAX_RAW_PER_TRAINING: f64 = 4.0;
-
-/// Collision time of a GPU's functions — all of it, and the part attributed to training
-/// ([`training_collision_ns`]) — and the slowdown the latter implies over [`WINDOW_S`].
+/// Collision time of a GPU's functions, and the slowdown it implies over [`WINDOW_S`].
 #[derive(Debug, Default, Clone)]
 pub struct ContentionMeter {
-    /// Collision ns the shims reported, across every instance ever on this GPU.
-    raw_ns: u64,
-    /// The part of it attributed to collisions with training.
-    training_ns: u64,
-    /// (time s, raw_ns, training_ns) at each tick, oldest first, spanning at most [`WINDOW_S`].
-    ring: VecDeque<(f64, u64, u64)>,
+    /// Collision ns accumulated across every instance ever on this GPU.
+    total_ns: u64,
+    /// (time s, total_ns) at each tick, oldest first, spanning at most [`WINDOW_S`].
+    ring: VecDeque<(f64, u64)>,
 }
 
 impl ContentionMeter {
-    /// Adds one interval's collision time: `raw_ns` as reported, `training_ns` of it with
-    /// training.
-    pub fn add(&mut self, raw_ns: u64, training_ns: u64) {
-        self.raw_ns = self.raw_ns.saturating_add(raw_ns);
-        self.training_ns = self.training_ns.saturating_add(training_ns.min(raw_ns));
+    /// Adds collision time some function reported.
+    pub fn add(&mut self, ns: u64) {
+        self.total_ns = self.total_ns.saturating_add(ns);
     }
 
     /// Closes an observation at time `t` (seconds, any monotonic origin).
     pub fn tick(&mut self, t: f64) {
-        self.ring.push_back((t, self.raw_ns, self.training_ns));
-        while self.ring.len() > 2 && self.ring.front().is_some_and(|&(t0, ..)| t - t0 > WINDOW_S) {
+        self.ring.push_back((t, self.total_ns));
+        while self.ring.len() > 2 && self.ring.front().is_some_and(|&(t0, _)| t - t0 > WINDOW_S) {
             self.ring.pop_front();
         }
     }
@@ -88,91 +75,15 @@ impl ContentionMeter {
     /// Fraction of wall time the functions collided with training over the window, 0..=1, once the
     /// window spans at least [`MIN_SPAN_S`].
     pub fn fraction(&self) -> Option<f64> {
-        let (&(t0, _, c0), &(t1, _, c1)) = (self.ring.front()?, self.ring.back()?);
+        let (&(t0, c0), &(t1, c1)) = (self.ring.front()?, self.ring.back()?);
         let span = t1 - t0;
         (span >= MIN_SPAN_S).then(|| ((c1 - c0) as f64 / 1e9 / span).clamp(0.0, 1.0))
-    }
-
-    /// Fraction of wall time the functions collided with anything (training or each other) over
-    /// the window — what their shims charged.
-    pub fn raw_fraction(&self) -> Option<f64> {
-        let (&(t0, r0, _), &(t1, r1, _)) = (self.ring.front()?, self.ring.back()?);
-        let span = t1 - t0;
-        (span >= MIN_SPAN_S).then(|| ((r1 - r0) as f64 / 1e9 / span).clamp(0.0, 1.0))
-    }
-
-    /// How many ns of collision the shims charge per ns attributed to training, over the window,
-    /// in [1, [`MAX_RAW_PER_TRAINING`]]: the rate at which a budget of collision with training
-    /// converts into the budget the shims enforce. 1 without evidence.
-    pub fn raw_per_training(&self) -> f64 {
-        let (Some(&(_, r0, c0)), Some(&(_, r1, c1))) = (self.ring.front(), self.ring.back()) else {
-            return 1.0;
-        };
-        let (raw, training) = ((r1 - r0) as f64, (c1 - c0) as f64);
-        if raw <= 0.0 {
-            1.0
-        } else if training <= 0.0 {
-            MAX_RAW_PER_TRAINING
-        } else {
-            (raw / training).clamp(1.0, MAX_RAW_PER_TRAINING)
-        }
     }
 
     /// The training job's slowdown the collisions imply, `c / (1 − c)` (capped at 10, i.e. 1000 %).
     pub fn slowdown(&self) -> Option<f64> {
         self.fraction().map(slowdown_of_fraction)
     }
-}
-
-/// Rounds of the fixed point in [`training_collision_ns`] (it converges geometrically; 8 rounds
-/// leave less than 1 µs per second at any realistic collision fraction).
-const ATTRIBUTION_ROUNDS: usize = 8;
-
-/// The part of one interval's collision time that was with training, from what each function's
-/// shim reported over it (`usage`: GPU time and collision time per instance, ns), the interval's
-/// length `span_s`, and the training job's NVML utilization over it (`training_busy`, 0..=1;
-/// `None`: unknown).
-///
-/// A shim sees that its kernel waited or was slowed, not for whom: beside several functions a
-/// collision is as often with another function — a cost to nobody's training — as with the
-/// trainer (docs/harvest.md measured the estimate at 22 % against a true 7 % with six
-/// instances). Two corrections, both from the functions' independence (requests arrive on their
-/// own schedules, not the trainer's iterations nor each other's):
-///
-/// 1. **Function–function collisions.** Function i's kernels find function j running for a
-///    fraction `g_j / span` of their GPU time, and a kernel that waits behind another is charged
-///    about its own time (time-slicing): `g_i × Σ_{j≠i} g_j / span` of `c_i` was with other
-///    functions and is taken off. Correlated functions (two instances of one function, bursts)
-///    collide more than this, which leaves the estimate on the safe side.
-/// 2. **Overlap with training.** Training can lose at most the time the function's kernels
-///    overlapped its work, about `g_i × q`, q the fraction of time training has work on the GPU:
-///    its NVML utilization plus the time it waited for the functions (the attributed collision
-///    itself, hence a fixed point).
-///
-/// Function i's collision with training is `min(c_i − ff_i, g_i × q)` (at least 0). With
-/// training's utilization unknown, all of `c_i` counts (the safe side).
-pub fn training_collision_ns(usage: &[ShimUsage], span_s: f64, training_busy: Option<f64>) -> u64 {
-    let raw: u64 = usage.iter().map(|u| u.contention_ns).sum();
-    let Some(busy) = training_busy.filter(|b| b.is_finite() && span_s > 0.0) else {
-        return raw;
-    };
-    let span_ns = span_s * 1e9;
-    let g_total: f64 = usage.iter().map(|u| u.gpu_ns as f64).sum();
-    // Each function's collisions less those expected with the other functions.
-    let own: Vec<(f64, f64)> = usage
-        .iter()
-        .map(|u| {
-            let g = u.gpu_ns as f64;
-            let others = ((g_total - g) / span_ns).clamp(0.0, 1.0);
-            (g, (u.contention_ns as f64 - g * others).max(0.0))
-        })
-        .collect();
-    let mut c = 0.0f64;
-    for _ in 0..ATTRIBUTION_ROUNDS {
-        let q = (busy.max(0.0) + c / span_ns).min(1.0);
-        c = own.iter().map(|&(g, ci)| ci.min(g * q)).sum();
-    }
-    (c.round() as u64).min(raw)
 }
 
 /// What a function process's shim reported: cumulative estimated GPU and collision time on its
@@ -423,8 +334,8 @@ mod tests {
         assert_eq!(m.fraction(), None, "no span yet");
         // Two functions collide for 50 ms and 50 ms of every second: c = 0.1 ⇒ s = 0.111.
         for s in 1..=5 {
-            m.add(50_000_000, 50_000_000);
-            m.add(50_000_000, 50_000_000);
+            m.add(50_000_000);
+            m.add(50_000_000);
             m.tick(s as f64);
         }
         assert!((m.fraction().unwrap() - 0.1).abs() < 1e-9);
@@ -432,77 +343,10 @@ mod tests {
     }
 
     #[test]
-    fn collisions_beyond_the_overlap_with_training_are_not_trainings() {
-        let u = |g: u64, c: u64| ShimUsage {
-            gpu_ns: g * 1_000_000,
-            contention_ns: c * 1_000_000,
-        };
-        // Unknown training utilization: every collision counts (the safe side).
-        assert_eq!(training_collision_ns(&[u(100, 40)], 1.0, None), 40_000_000);
-        // A trainer that never idles: every function microsecond overlaps it; all 40 ms count.
-        assert_eq!(
-            training_collision_ns(&[u(100, 40)], 1.0, Some(1.0)),
-            40_000_000
-        );
-        // Beside a trainer busy 20 %, three functions of 100 ms each report 60 ms of collisions:
-        // 100 ms × 0.2 of each is expected with the two others (20 ms), which leaves 40 ms; the
-        // overlap with training bounds it at 100 ms × q, q = 0.2 + the attributed collision per
-        // second ⇒ q = 0.2 / (1 − 0.3) ≈ 0.286, 28.6 ms each.
-        let c = training_collision_ns(&[u(100, 60), u(100, 60), u(100, 60)], 1.0, Some(0.2));
-        let q = 0.2 / (1.0 - 0.3);
-        assert!(
-            (c as f64 / 1e6 - 300.0 * q).abs() < 1.0,
-            "{c} ns vs {}",
-            300.0 * q
-        );
-        // The same with fewer collisions: 30 ms each, 20 of them with the others: 10 ms each.
-        let c = training_collision_ns(&[u(100, 30), u(100, 30), u(100, 30)], 1.0, Some(0.2));
-        assert!((c as f64 / 1e6 - 30.0).abs() < 0.01, "{c}");
-        // One function alone beside training: none of its collisions are another function's.
-        assert_eq!(
-            training_collision_ns(&[u(100, 15)], 1.0, Some(0.2)),
-            15_000_000
-        );
-        // A function that ran in the trainer's idle phases measured less than the overlap bound:
-        // its measurement stands.
-        assert_eq!(
-            training_collision_ns(&[u(100, 5)], 1.0, Some(0.5)),
-            5_000_000
-        );
-        assert_eq!(training_collision_ns(&[], 1.0, Some(0.5)), 0);
-    }
-
-    #[test]
-    fn the_raw_budget_is_the_training_budget_at_the_measured_exchange_rate() {
-        let mut m = ContentionMeter::default();
-        assert_eq!(m.raw_per_training(), 1.0, "no evidence");
-        m.tick(0.0);
-        for s in 1..=3 {
-            m.add(90_000_000, 30_000_000);
-            m.tick(s as f64);
-        }
-        assert!((m.raw_per_training() - 3.0).abs() < 1e-9);
-        assert!((m.fraction().unwrap() - 0.03).abs() < 1e-9);
-        assert!((m.raw_fraction().unwrap() - 0.09).abs() < 1e-9);
-        // No collision with training at all: bounded.
-        let mut m = ContentionMeter::default();
-        m.tick(0.0);
-        m.add(90_000_000, 0);
-        m.tick(1.0);
-        assert_eq!(m.raw_per_training(), MAX_RAW_PER_TRAINING);
-        // The attributed part never exceeds what was reported.
-        let mut m = ContentionMeter::default();
-        m.tick(0.0);
-        m.add(10, 20);
-        m.tick(1.0);
-        assert_eq!(m.raw_per_training(), 1.0);
-    }
-
-    #[test]
     fn the_window_forgets_collisions_older_than_ten_seconds() {
         let mut m = ContentionMeter::default();
         m.tick(0.0);
-        m.add(5_000_000_000, 5_000_000_000); // 5 s of collisions in the first second
+        m.add(5_000_000_000); // 5 s of collisions in the first second
         m.tick(1.0);
         for s in 2..=20 {
             m.tick(s as f64);

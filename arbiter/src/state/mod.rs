@@ -123,14 +123,9 @@ pub struct Gpu {
     /// The functions' time budget.
     #[serde(flatten)]
     pub budget: TimeBudget,
-    /// Harvest: the functions' collision time, as their shims report it and as attributed to
-    /// training.
+    /// Harvest: the functions' collision time with training, as their shims report it.
     #[serde(skip)]
     pub meter: ContentionMeter,
-    /// Harvest: what each instance's shims reported since the last harvest step (kept here, not
-    /// on the instance, so an instance that leaves mid-interval still counts).
-    #[serde(skip)]
-    pub pending: BTreeMap<InstanceId, ShimUsage>,
     /// Harvest: the GPU's collision budget.
     #[serde(skip)]
     pub harvest: Harvest,
@@ -147,7 +142,6 @@ impl Gpu {
             estimate: TrainingEstimate::default(),
             budget: TimeBudget::default(),
             meter: ContentionMeter::default(),
-            pending: BTreeMap::new(),
             harvest: Harvest::new(theta),
         }
     }
@@ -825,9 +819,7 @@ impl State {
         let added = i.usage.record(pid, usage);
         let gpu = i.rec.gpu;
         if let Some(g) = self.gpus.iter_mut().find(|g| g.info.index == gpu) {
-            let p = g.pending.entry(id).or_default();
-            p.gpu_ns = p.gpu_ns.saturating_add(added.gpu_ns);
-            p.contention_ns = p.contention_ns.saturating_add(added.contention_ns);
+            g.meter.add(added.contention_ns);
         }
     }
 
@@ -850,12 +842,7 @@ impl State {
                 urgency: harvest::urgency(i.miss_rate),
             })
             .collect();
-        // The shims charge every collision, function–function ones too; the GPU's budget of
-        // collision with training converts into theirs at the rate measured over the window.
-        let total = (g.harvest.total_ppm() as f64 * g.meter.raw_per_training())
-            .min(harvest::PPM as f64)
-            .round() as u32;
-        let out = harvest::split(total, &demands);
+        let out = harvest::split(g.harvest.total_ppm(), &demands);
         // 0 on the page means "harvest off": a function beside a training job always keeps 1 ppm.
         ids.iter()
             .zip(out)
@@ -881,19 +868,10 @@ impl State {
         let observe = self.rounds.is_multiple_of(OBSERVE_EVERY);
         let mut resplit = Vec::new();
         for g in &mut self.gpus {
-            let pending: Vec<ShimUsage> = std::mem::take(&mut g.pending).into_values().collect();
             if g.training.is_empty() {
                 g.meter.reset();
                 continue;
             }
-            let raw: u64 = pending.iter().map(|u| u.contention_ns).sum();
-            let training = match span {
-                Some(span) => {
-                    harvest::training_collision_ns(&pending, span, g.estimate.colocated())
-                }
-                None => raw,
-            };
-            g.meter.add(raw, training);
             g.meter.tick(now);
             if observe {
                 if let Some(s) = g.meter.slowdown() {
@@ -1230,8 +1208,6 @@ impl State {
                     "theta": g.harvest.theta(),
                     "slowdown_estimate": g.meter.slowdown().filter(|_| !g.training.is_empty()),
                     "collision_fraction": g.meter.fraction().filter(|_| !g.training.is_empty()),
-                    "raw_collision_fraction": g.meter.raw_fraction().filter(|_| !g.training.is_empty()),
-                    "raw_per_training": g.meter.raw_per_training(),
                     "slowdown_nvml": g.estimate.slowdown().filter(|_| !g.training.is_empty()),
                     "budget_ppm": g.harvest.total_ppm(),
                     "calibration": g.harvest.calibration(),
