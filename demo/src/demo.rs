@@ -58,6 +58,10 @@ const RESTART_BACKOFF: Duration = Duration::from_secs(1);
 /// `RefuseCode::exit_code`: 75 no memory … 79 invalid).
 const REFUSED_EXIT_CODES: std::ops::RangeInclusive<i32> = 75..=79;
 
+/// A function's SLO over its solo P50 service time: 6 (≈ 5 × solo P99 on an idle machine, where
+/// P99 ≈ 1.2 × P50; the P50 because a short solo run's P99 is one CPU hiccup on a loaded machine).
+pub const SLO_OVER_SOLO_P50: f64 = 6.0;
+
 /// Options of `smore demo`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
@@ -1039,9 +1043,13 @@ fn run_scenario(
     let alone = alone?;
     let util_exclusive = mean(excl_util.iter().skip(2).map(|x| x.1));
     let iter_alone = summary_field(&alone, "trainer", "mean_ms")?;
-    // SLO: 5 × solo P99 — SMORE sets SLOs as multiples of solo latency; 5× leaves room for
+    // SLO: 6 × solo P50 (≈ 5 × solo P99: P99 ≈ 1.2 × P50 alone on an idle machine) — SMORE sets
+    // SLOs as multiples of solo latency. Not 5 × the measured P99: the solo run is 150 requests,
+    // its P99 their second-worst, and on a loaded 2-core machine a CPU hiccup made it anything
+    // from 1.7 to 12.8 ms for resnet50 between runs (SLOs 8.5–64 ms), which moved DSR by tens of
+    // points from run to run. The median is stable to a few percent. 6× leaves room for
     // queueing behind a 5 ms training kernel on a time-sliced GPU, but not for a cold start.
-    let slo: Vec<f64> = solo.p99_ms.iter().map(|p| p * 5.0).collect();
+    let slo: Vec<f64> = solo.p50_ms.iter().map(|p| p * SLO_OVER_SOLO_P50).collect();
     eprintln!(
         "smore demo: trainer alone {iter_alone:.2} ms/iteration, GPU {util_exclusive:.0} % busy"
     );
@@ -1349,7 +1357,7 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, gpu: bool) {
         r.sld * 100.0
     );
     println!(
-        "  deadline satisfaction     {:5.1} %   of all requests; {:5.1} % of admitted (DSR: within SLO = 5 × solo P99)",
+        "  deadline satisfaction     {:5.1} %   of all requests; {:5.1} % of admitted (DSR: within SLO = 6 × solo P50)",
         r.dsr * 100.0,
         r.dsr_admitted * 100.0
     );

@@ -98,7 +98,7 @@ pub const DEFAULT: Scenario = Scenario {
 /// ≥ 30 % in the tests, and its [`reference_dsr`] ≥ 97 %.
 ///
 /// Requests arrive one at a time (`burst` 1). Fan-outs of 4 at one instant (the first version of
-/// this scenario) cannot be served on one GPU within SLOs of 5 × solo P99: the fourth request of
+/// this scenario) cannot be served on one GPU within SLOs of 6 × solo P50: the fourth request of
 /// a group needs 4 × its service time before it even counts the trainer, and the reference DSR
 /// of such a trace is 86 % (seeds 7, 8, 42) — `--burst 4` still replays it.
 pub const HARVEST: Scenario = Scenario {
@@ -321,10 +321,13 @@ mod tests {
     }
 
     /// Solo service and SLO as the demo measures them on an idle simulated GPU: P50 ≈ the
-    /// kernels' time + 0.15 ms of launch and sync overhead, P99 ≈ 1.2 × P50, SLO = 5 × P99.
+    /// kernels' time + 0.15 ms of launch and sync overhead, SLO = 6 × P50.
     fn idle_solo(fs: &[FunctionSpec]) -> (Vec<f64>, Vec<f64>) {
         let svc: Vec<f64> = fs.iter().map(|f| f.gpu_ms() + 0.15).collect();
-        let slo = svc.iter().map(|s| 5.0 * 1.2 * s).collect();
+        let slo = svc
+            .iter()
+            .map(|s| crate::demo::SLO_OVER_SOLO_P50 * s)
+            .collect();
         (svc, slo)
     }
 
