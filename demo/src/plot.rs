@@ -263,7 +263,7 @@ fn function_row(area: &Area, f: &FunctionRow, replay: (f64, f64), x_end: f64) ->
         &[
             (
                 Key::Line(BLACK, 2),
-                format!("SLO {:.1} ms (5 × solo P99)", f.slo_ms),
+                format!("SLO {:.1} ms (6 × solo P50)", f.slo_ms),
             ),
             (Key::Dot(MET), format!("served within the SLO ({met})")),
             (Key::Dot(MISSED), format!("served late: missed ({missed})")),

@@ -93,11 +93,17 @@ pub const DEFAULT: Scenario = Scenario {
 };
 
 /// SMORE's headline: a trainer that leaves most of the GPU idle (4 × 3 ms kernels + 40 ms host:
-/// ~23 % busy) and functions offering ~39 % of the GPU in bursts of 4 (6 × the default rates,
-/// two instances per function). [`offered_load`] of its trace is checked ≥ 30 % in the tests.
+/// ~23 % busy) and functions offering ~39 % of the GPU (6 × the default rates, two instances per
+/// function), peaking at 50–70 % in single seconds. [`offered_load`] of its trace is checked
+/// ≥ 30 % in the tests, and its [`reference_dsr`] ≥ 97 %.
+///
+/// Requests arrive one at a time (`burst` 1). Fan-outs of 4 at one instant (the first version of
+/// this scenario) cannot be served on one GPU within SLOs of 6 × solo P50: the fourth request of
+/// a group needs 4 × its service time before it even counts the trainer, and the reference DSR
+/// of such a trace is 86 % (seeds 7, 8, 42) — `--burst 4` still replays it.
 pub const HARVEST: Scenario = Scenario {
     name: "harvest",
-    about: "trainer ~23 % busy (4 x 3 ms kernels + 40 ms host), functions offering ~39 % of the GPU in bursts of 4, 2 instances each",
+    about: "trainer ~23 % busy (4 x 3 ms kernels + 40 ms host), functions offering ~39 % of the GPU (peaks 50-70 % per second), 2 instances each",
     trainer: TrainerShape {
         kernel_us: 3000.0,
         kernels: 4,
@@ -105,7 +111,7 @@ pub const HARVEST: Scenario = Scenario {
     },
     load: 6.0,
     instances: 2,
-    burst: 4,
+    burst: 1,
 };
 
 /// Protection must win: 10 × 5 ms kernels + 4 ms host (~93 % busy), the default load.
@@ -194,9 +200,20 @@ pub fn functions() -> Vec<FunctionSpec> {
     ]
 }
 
+/// Independent trace functions of its class whose superposition is one demo function's load: 32.
+/// Reasoning: prewarm's generator gives one Azure-like function's per-minute counts, small
+/// integers (a diurnal function's base rate is 0.3–20 calls per minute). Scaling one such series
+/// to a demo function's hundreds of requests per second turned it into a square wave — 0 or 288
+/// requests in a second, 2 156 for the timer in one second (measured: seed 7, `harvest`, up to
+/// 233 % of the GPU offered in one second; the reference DSR below was 65 %). A popular function is
+/// called by many independent clients: the sum of 32 series keeps the class's shape (a diurnal
+/// trend, a timer's spikes) with a per-second granularity of a few requests.
+pub const SOURCES_PER_FUNCTION: usize = 32;
+
 /// The trace: per function, per second, the arrival offsets (seconds) within that second.
-/// One trace minute of prewarm's generator per demo second, scaled so each function's mean rate
-/// is `rate × load`; arrivals within a second are uniform, in groups of `burst`.
+/// One trace minute of prewarm's generator per demo second, each function's counts the sum of
+/// [`SOURCES_PER_FUNCTION`] series of its class, scaled so its mean rate is `rate × load`;
+/// arrivals within a second are uniform, in groups of `burst`.
 pub fn trace(
     fs: &[FunctionSpec],
     seconds: usize,
@@ -208,17 +225,28 @@ pub fn trace(
     let burst = burst.max(1);
     fs.iter()
         .map(|f| {
-            let (counts, _) = generate_series(f.class, seconds, &mut rng);
+            let mut counts = vec![0u32; seconds];
+            for _ in 0..SOURCES_PER_FUNCTION {
+                let (c, _) = generate_series(f.class, seconds, &mut rng);
+                for (t, v) in counts.iter_mut().zip(c) {
+                    *t += v;
+                }
+            }
             let mean = counts.iter().sum::<u32>() as f64 / seconds.max(1) as f64;
             let scale = if mean > 0.0 {
                 f.rate * load / mean
             } else {
                 0.0
             };
+            // Rounding each second's count on its own would bias a low-rate function's mean;
+            // carrying the remainder keeps the total at rate × load × seconds.
+            let mut carry = 0.0;
             counts
                 .iter()
                 .map(|&c| {
-                    let n = (c as f64 * scale).round() as usize;
+                    let want = c as f64 * scale + carry;
+                    let n = want.round().max(0.0) as usize;
+                    carry = want - n as f64;
                     let mut v = Vec::with_capacity(n);
                     while v.len() < n {
                         let at = rng.gen::<f64>();
@@ -231,6 +259,42 @@ pub fn trace(
                 .collect()
         })
         .collect()
+}
+
+/// The DSR an ideal platform would reach on a trace: one GPU serving the functions alone (no
+/// training job), requests in arrival order at their solo service time `service_ms[f]`, one at a
+/// time (a time-sliced GPU gives several instances no more throughput), every instance warm, and
+/// a request refused at arrival when it could not finish within `slo_ms[f]`. It is the yardstick
+/// the demo's DSR is read against: a trace whose reference DSR is 65 % cannot be served at 95 %
+/// by any platform on one GPU, and then the refusals are the workload's, not smore's. (Not a
+/// strict bound — another order, such as earliest deadline first, can admit a little more.)
+pub fn reference_dsr(tr: &[Vec<Vec<f64>>], service_ms: &[f64], slo_ms: &[f64]) -> f64 {
+    let mut arrivals: Vec<(f64, usize)> = tr
+        .iter()
+        .enumerate()
+        .flat_map(|(fi, per_s)| {
+            per_s
+                .iter()
+                .enumerate()
+                .flat_map(move |(s, v)| v.iter().map(move |&o| ((s as f64 + o) * 1e3, fi)))
+        })
+        .collect();
+    if arrivals.is_empty() {
+        return 1.0;
+    }
+    arrivals.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let (mut free_at, mut met) = (f64::NEG_INFINITY, 0usize);
+    for &(at, fi) in &arrivals {
+        let (Some(&svc), Some(&slo)) = (service_ms.get(fi), slo_ms.get(fi)) else {
+            continue;
+        };
+        let end = free_at.max(at) + svc;
+        if end - at <= slo {
+            free_at = end;
+            met += 1;
+        }
+    }
+    met as f64 / arrivals.len() as f64
 }
 
 /// GPU time the trace asks for, as a fraction of the GPU over `seconds` (idle-GPU service time of
@@ -256,28 +320,74 @@ mod tests {
         assert!(b >= 0.90, "busy trainer busy {b}");
     }
 
+    /// Solo service and SLO as the demo measures them on an idle simulated GPU: P50 ≈ the
+    /// kernels' time + 0.15 ms of launch and sync overhead, SLO = 6 × P50.
+    fn idle_solo(fs: &[FunctionSpec]) -> (Vec<f64>, Vec<f64>) {
+        let svc: Vec<f64> = fs.iter().map(|f| f.gpu_ms() + 0.15).collect();
+        let slo = svc
+            .iter()
+            .map(|s| crate::demo::SLO_OVER_SOLO_P50 * s)
+            .collect();
+        (svc, slo)
+    }
+
     #[test]
-    fn harvest_offers_at_least_30_pp_in_bursts() {
+    fn harvest_offers_at_least_30_pp_that_one_gpu_can_serve_in_time() {
         let fs = functions();
+        let (svc, slo) = idle_solo(&fs);
         for seed in [7, 8, 42] {
             let tr = trace(&fs, 60, seed, HARVEST.load, HARVEST.burst);
             let off = offered_load(&fs, &tr, 60);
             assert!(off >= 0.30, "seed {seed}: harvest offers {off}");
-            // Bursts: arrivals share their instant in groups of `burst`.
-            let same = tr[0]
-                .iter()
-                .flat_map(|s| s.windows(2))
-                .filter(|w| w[0] == w[1])
-                .count();
-            let total: usize = tr[0].iter().map(Vec::len).sum();
-            assert!(
-                same * 4 >= total * 2,
-                "{same} of {total} arrivals not grouped"
-            );
+            // Bursty: the busiest second asks for well above the mean.
+            let peak = (0..60)
+                .map(|s| {
+                    fs.iter()
+                        .zip(&tr)
+                        .map(|(f, t)| t[s].len() as f64 * f.gpu_ms() / 1e3)
+                        .sum::<f64>()
+                })
+                .fold(0.0, f64::max);
+            assert!(peak >= 1.3 * off, "seed {seed}: peak {peak} mean {off}");
+            let r = reference_dsr(&tr, &svc, &slo);
+            assert!(r >= 0.97, "seed {seed}: reference DSR {r}");
         }
         let tr = trace(&fs, 60, 7, DEFAULT.load, DEFAULT.burst);
         let off = offered_load(&fs, &tr, 60);
         assert!(off < 0.10, "default offers {off}");
+    }
+
+    #[test]
+    fn fan_outs_of_four_are_beyond_one_gpu() {
+        // The first harvest scenario: the same load in groups of 4 arriving together.
+        let fs = functions();
+        let (svc, slo) = idle_solo(&fs);
+        let tr = trace(&fs, 60, 7, HARVEST.load, 4);
+        let same = tr[0]
+            .iter()
+            .flat_map(|s| s.windows(2))
+            .filter(|w| w[0] == w[1])
+            .count();
+        let total: usize = tr[0].iter().map(Vec::len).sum();
+        assert!(
+            same * 4 >= total * 2,
+            "{same} of {total} arrivals not grouped"
+        );
+        let r = reference_dsr(&tr, &svc, &slo);
+        assert!(r < 0.90, "reference DSR with fan-outs of 4: {r}");
+    }
+
+    #[test]
+    fn reference_dsr_refuses_what_cannot_finish_in_time() {
+        // Two functions: 1 ms service, SLO 2.5 ms. Three arrivals at once: the third would end at
+        // 3 ms and is refused; a fourth 10 ms later is served.
+        let tr = vec![vec![vec![0.0, 0.0, 0.0, 0.01]]];
+        assert!((reference_dsr(&tr, &[1.0], &[2.5]) - 0.75).abs() < 1e-9);
+        // A refused request does not occupy the GPU: the one arriving at 1 ms ends at 3 ms (2 ms
+        // after arrival), not at 4 ms as it would behind the refused one.
+        let tr = vec![vec![vec![0.0, 0.0, 0.0, 0.001]]];
+        assert!((reference_dsr(&tr, &[1.0], &[2.5]) - 0.75).abs() < 1e-9);
+        assert_eq!(reference_dsr(&[], &[], &[]), 1.0);
     }
 
     #[test]

@@ -10,6 +10,7 @@ const FIGURES: &[&str] = &[
     "simulated",
     "seconds",
     "offered_load_pct",
+    "dsr_reference",
     "gui_exclusive_pct",
     "gui_colocated_pct",
     "gui_gain_pp",
@@ -113,6 +114,24 @@ fn a_short_demo_reports_every_figure_and_draws_the_plot() {
         csv.lines().count() as u64,
         requests + 1,
         "one row per request"
+    );
+    // Prewarm keeps a function that is called every trace minute warm: a request is cold only
+    // in its function's first seconds (the first instance start). With prewarm's clock two
+    // trace minutes ahead of its tick, every instance was unloaded every second.
+    let mut first: std::collections::BTreeMap<&str, f64> = Default::default();
+    let mut late_cold = Vec::new();
+    for row in csv.lines().skip(1) {
+        let c: Vec<&str> = row.split(',').collect();
+        let (function, arrival, cold) = (c[0], c[2].parse::<f64>().unwrap(), c[6] == "1");
+        let t0 = *first.entry(function).or_insert(arrival);
+        if cold && arrival > t0 + 2.0 {
+            late_cold.push(row.to_string());
+        }
+    }
+    assert!(
+        late_cold.is_empty(),
+        "cold requests after their function's first 2 s:\n{}",
+        late_cold.join("\n")
     );
     let shares = std::fs::read_to_string(out.join("shares.csv")).unwrap();
     assert!(

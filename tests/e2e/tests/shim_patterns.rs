@@ -4,8 +4,14 @@
 //!
 //! Shares are measured from the simulated node's per-process GPU time (`Node::gpu_time_of`), the
 //! same accounting NVML reports, never from what the shim believes.
+//!
+//! Each pattern runs under both interference models of the simulated GPU: time-sliced contexts
+//! (the default) and MPS (kernels of different processes concurrent, slowing each other; a
+//! process's GPU time is the time its kernels ran, slowed or not — what NVML reports and what the
+//! shim's event pairs measure, docs/simgpu.md "MPS mode").
 
 use smore_e2e::*;
+use smore_simgpu::SchedMode;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,10 +24,11 @@ const SHARES: [u32; 3] = [10, 20, 50];
 /// calibration's settling and a loaded machine's noise stay inside the tolerance).
 const SECS: f64 = 4.0;
 
-fn sim() -> SimGpu {
+fn sim(mode: SchedMode) -> SimGpu {
     SimGpu::builder()
         .memory("8GiB")
         .context_memory("0")
+        .mode(mode)
         .build()
         .expect("simulated node")
 }
@@ -29,12 +36,12 @@ fn sim() -> SimGpu {
 /// GPU share `pattern` gets at `share` % beside a trainer of one 250 µs kernel + sync per
 /// iteration (always submitting; the function can get up to ~89 % beside it, see shim_share.rs),
 /// measured over `secs` of steady state.
-fn measure(pattern: &'static str, share: u32, secs: f64) -> f64 {
-    measure_with(pattern, share, secs, &[])
+fn measure(mode: SchedMode, pattern: &'static str, share: u32, secs: f64) -> f64 {
+    measure_with(mode, pattern, share, secs, &[])
 }
 
-fn measure_with(pattern: &str, share: u32, secs: f64, extra: &[String]) -> f64 {
-    let sim = sim();
+fn measure_with(mode: SchedMode, pattern: &str, share: u32, secs: f64, extra: &[String]) -> f64 {
+    let sim = sim(mode);
     let node = sim.node();
     let mut trainer: Child = sim
         .command(bin("sim-trainer"))
@@ -75,17 +82,22 @@ static ONE_PATTERN_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Runs `pattern` at every share side by side and checks each got its share.
 fn check(pattern: &'static str) {
+    check_in(SchedMode::TimeSlice, pattern)
+}
+
+/// [`check`] on a GPU in `mode`.
+fn check_in(mode: SchedMode, pattern: &'static str) {
     let _one = ONE_PATTERN_AT_A_TIME
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     let handles: Vec<_> = SHARES
         .into_iter()
-        .map(|s| std::thread::spawn(move || (s, measure(pattern, s, SECS))))
+        .map(|s| std::thread::spawn(move || (s, measure(mode, pattern, s, SECS))))
         .collect();
     let got: Vec<(u32, f64)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     let table = got
         .iter()
-        .map(|(s, g)| format!("{pattern} at {s} %: {:.1} %", g * 100.0))
+        .map(|(s, g)| format!("{mode:?}: {pattern} at {s} %: {:.1} %", g * 100.0))
         .collect::<Vec<_>>()
         .join("\n");
     eprintln!("{table}");
@@ -116,4 +128,24 @@ fn many_tiny_kernels_get_their_share() {
 #[test]
 fn graphs_get_their_share() {
     check("graph");
+}
+
+#[test]
+fn batches_of_short_kernels_with_a_sync_each_get_their_share_under_mps() {
+    check_in(SchedMode::Mps, "batch-sync");
+}
+
+#[test]
+fn single_long_kernels_get_their_share_under_mps() {
+    check_in(SchedMode::Mps, "long");
+}
+
+#[test]
+fn many_tiny_kernels_get_their_share_under_mps() {
+    check_in(SchedMode::Mps, "tiny");
+}
+
+#[test]
+fn graphs_get_their_share_under_mps() {
+    check_in(SchedMode::Mps, "graph");
 }
