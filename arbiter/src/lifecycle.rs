@@ -109,11 +109,22 @@ fn notify(states: &[sd_notify::NotifyState]) {
     }
 }
 
-/// Starts the `smore-signals` thread: SIGTERM/SIGINT shut the daemon down, SIGHUP reloads.
-/// `base` is the configuration as loaded at start (before command-line overrides are compared).
-pub fn spawn_signal_thread(state: Shared, base: Config) -> Result<(), LifecycleError> {
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
-        .map_err(LifecycleError::Signals)?;
+/// The daemon's signals, caught from the moment this is called: register them before binding
+/// the socket, so a SIGTERM that arrives as soon as clients can connect (a supervisor stopping a
+/// daemon that just started) is a clean shutdown, not death by the default action. Until the
+/// signal thread runs ([`spawn_signal_thread`]) they are only recorded.
+pub fn register_signals() -> Result<signal_hook::iterator::Signals, LifecycleError> {
+    signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(LifecycleError::Signals)
+}
+
+/// Starts the `smore-signals` thread over signals registered by [`register_signals`]:
+/// SIGTERM/SIGINT shut the daemon down, SIGHUP reloads. `base` is the configuration as loaded at
+/// start (before command-line overrides are compared).
+pub fn spawn_signal_thread(
+    mut signals: signal_hook::iterator::Signals,
+    state: Shared,
+    base: Config,
+) -> Result<(), LifecycleError> {
     std::thread::Builder::new()
         .name("smore-signals".into())
         .spawn(move || {

@@ -246,10 +246,16 @@ impl Daemon {
         })
     }
 
-    /// Serves until SIGTERM/SIGINT (see [`lifecycle`]); `base` is the configuration as read from
-    /// the file, before command-line overrides (SIGHUP compares the re-read file against it).
-    pub fn run_service(self, base: Config) -> Result<()> {
-        lifecycle::spawn_signal_thread(self.state.clone(), base)?;
+    /// Serves until SIGTERM/SIGINT (see [`lifecycle`]); `signals` were registered before
+    /// [`Daemon::start`] bound the socket ([`lifecycle::register_signals`]); `base` is the
+    /// configuration as read from the file, before command-line overrides (SIGHUP compares the
+    /// re-read file against it).
+    pub fn run_service(
+        self,
+        signals: signal_hook::iterator::Signals,
+        base: Config,
+    ) -> Result<()> {
+        lifecycle::spawn_signal_thread(signals, self.state.clone(), base)?;
         self.run()
     }
 

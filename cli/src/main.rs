@@ -143,7 +143,9 @@ fn arbiter(
         println!("{}", smore_arbiter::lifecycle::check(&cfg)?);
         return Ok(());
     }
-    smore_arbiter::server::Daemon::start(cfg)?.run_service(base)
+    // Caught before the socket exists: a SIGTERM right after start is a clean shutdown.
+    let signals = smore_arbiter::lifecycle::register_signals()?;
+    smore_arbiter::server::Daemon::start(cfg)?.run_service(signals, base)
 }
 
 fn main() {

@@ -399,6 +399,8 @@ pub fn reregister(r: &Resume, last_cap: u64, visible: Option<&str>) -> Rejoin {
 pub struct Reporter {
     conn: Option<Client>,
     last: Option<Usage>,
+    /// The arbiter's preemption was already said on stderr.
+    told_preempted: bool,
 }
 
 impl Reporter {
@@ -409,8 +411,9 @@ impl Reporter {
         socket: &std::path::Path,
         instance: u64,
         usage: Usage,
+        force: bool,
     ) -> Result<(), String> {
-        if self.last == Some(usage) {
+        if self.last == Some(usage) && !(force && !self.told_preempted) {
             return Ok(());
         }
         if self.conn.is_none() {
@@ -435,6 +438,27 @@ impl Reporter {
         match r {
             Ok(Reply::Ok) => {
                 self.last = Some(usage);
+                Ok(())
+            }
+            Ok(Reply::Preempted {
+                reason,
+                message,
+                grace_ms,
+            }) => {
+                // The arbiter took this instance's memory back for training (docs/arbiter.md,
+                // "Memory headroom and reclaim"): its page cap is already 0. Say why once, on
+                // the process's stderr, so the out-of-memory errors that follow are explained.
+                self.last = Some(usage);
+                if !self.told_preempted {
+                    self.told_preempted = true;
+                    crate::log::line(
+                        crate::config::Level::Error,
+                        format_args!(
+                            "instance {instance} was preempted ({}): {message}; new device allocations are refused and the arbiter stops this process in {grace_ms} ms unless it exits",
+                            reason.as_str()
+                        ),
+                    );
+                }
                 Ok(())
             }
             Ok(other) => {
@@ -573,6 +597,56 @@ mod tests {
         assert!(find_listed(&s, 8, None).unwrap().attached);
         assert_eq!(find_listed(&s, 9, None), None);
         assert_eq!(find_listed(&serde_json::json!({}), 7, None), None);
+    }
+
+    #[test]
+    fn a_preempted_instance_is_told_once_and_reports_even_when_idle() {
+        use smore_protocol::conn::{recv_with_fd, send_with_fd};
+        use smore_protocol::wire::{Envelope, PreemptReason, MAX_FRAME};
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("arbiter.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let server = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut reports = 0;
+            while let Ok((env, _)) = recv_with_fd::<Envelope>(&s, MAX_FRAME) {
+                let reply = match env.req {
+                    Request::Attach { instance } => Reply::Granted(Grant {
+                        instance,
+                        gpu_index: 0,
+                        gpu_uuid: "GPU-0".into(),
+                        memory_cap: 0,
+                        sm_share: 100,
+                        generation: 1,
+                        predicted_train: None,
+                        predicted_fn: None,
+                        rule: String::new(),
+                        failure_policy: None,
+                        pid: None,
+                    }),
+                    Request::Report { .. } => {
+                        reports += 1;
+                        Reply::Preempted {
+                            reason: PreemptReason::TrainingMemory,
+                            message: "training grew".into(),
+                            grace_ms: 2000,
+                        }
+                    }
+                    other => panic!("{other:?}"),
+                };
+                send_with_fd(&s, &reply, None).unwrap();
+            }
+            reports
+        });
+        let mut rep = Reporter::default();
+        let u = Usage::default();
+        assert_eq!(rep.report(&sock, 7, u, true), Ok(()));
+        assert!(rep.told_preempted, "the preemption was said");
+        // Unchanged usage: not sent again, forced or not, once the preemption was said.
+        assert_eq!(rep.report(&sock, 7, u, true), Ok(()));
+        assert_eq!(rep.report(&sock, 7, u, false), Ok(()));
+        drop(rep);
+        assert_eq!(server.join().unwrap(), 1, "one report, answered `preempted`");
     }
 
     #[test]

@@ -102,15 +102,19 @@ pub fn spawn_reporter(socket: std::path::PathBuf, instance: u64, slot: usize, us
                 let mut rep = Reporter::default();
                 loop {
                     std::thread::sleep(Duration::from_millis(REPORT_PERIOD_MS as u64));
-                    report(&mut rep, &socket, instance, usage(slot));
+                    // A fork child's reporter: the registration (and its preemption notice) is
+                    // the parent's.
+                    report(&mut rep, &socket, instance, usage(slot), false);
                 }
             }));
         });
 }
 
 /// One usage report; a failure is logged at debug level (the arbiter may be restarting).
-fn report(rep: &mut Reporter, socket: &std::path::Path, instance: u64, u: Usage) {
-    if let Err(e) = rep.report(socket, instance, u) {
+/// `force`: report even if the usage did not change (the page's cap went to 0: a preempted
+/// instance learns why from the reply).
+fn report(rep: &mut Reporter, socket: &std::path::Path, instance: u64, u: Usage, force: bool) {
+    if let Err(e) = rep.report(socket, instance, u, force) {
         log::line(Level::Debug, format_args!("usage report not sent: {e}"));
     }
 }
@@ -126,7 +130,8 @@ fn watch(
     loop {
         // Between hang-up checks, report usage (on a connection of its own: see `Reporter`).
         while !os::wait_hangup_for(r.conn, REPORT_PERIOD_MS) {
-            report(&mut rep, &r.socket, r.instance, usage(r.slot));
+            let force = limits.get().cap(r.slot) == 0;
+            report(&mut rep, &r.socket, r.instance, usage(r.slot), force);
         }
         rep = Reporter::default();
         os::close_fd(r.conn);
