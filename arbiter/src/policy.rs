@@ -9,7 +9,11 @@ use crate::config::Config;
 use smore_protocol::wire::RefuseCode;
 
 /// A grant as policies see it.
-#[derive(Debug, Clone)]
+///
+/// Serialized into the status snapshot (`gpus[].policy_view`) so that a cluster-side caller (the
+/// Kubernetes scheduler extender, docs/kubernetes.md) rebuilds exactly the view this node's
+/// policy decides on.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct GrantView {
     /// Instance id.
     pub instance: u64,
@@ -25,8 +29,8 @@ pub struct GrantView {
     pub share_override: Option<u32>,
 }
 
-/// A GPU as policies see it.
-#[derive(Debug, Clone)]
+/// A GPU as policies see it (also published as `gpus[].policy_view` of the status snapshot).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct GpuView {
     /// NVML index.
     pub index: u32,

@@ -2,7 +2,7 @@
 #![forbid(unsafe_code)]
 use clap::{CommandFactory, Parser, Subcommand};
 mod cmd;
-use cmd::{run, status};
+use cmd::{k8s, run, status};
 use std::path::PathBuf;
 
 /// `smore --version`: the crate version, the git commit and the build date (cli/build.rs).
@@ -70,6 +70,9 @@ enum Cmd {
     /// Request forecasting and prewarm policies: replay traces, generate the synthetic suite.
     #[command(subcommand)]
     Prewarm(smore_prewarm::cli::PrewarmCommand),
+    /// Kubernetes: the scheduler extender (`smore k8s extender`; docs/kubernetes.md).
+    #[command(subcommand)]
+    K8s(k8s::K8sCmd),
     /// SIMULATED comparison of co-location policies (`smore eval colocation`): DSR, GUI, SFD, SLD.
     Eval(smore_eval::EvalArgs),
     /// Print a shell completion script (e.g. `smore completions bash > /etc/bash_completion.d/smore`).
@@ -98,6 +101,8 @@ enum BenchCmd {
     Arbiter(smore_demo::bench::BenchArbiterArgs),
     /// Decision latency of SMORE Algorithm 1 at 8–1024 GPUs, multi-way query latency.
     Predictor,
+    /// Per-pod decision latency of the Kubernetes scheduler extender (128 nodes × 8 GPUs).
+    Extender(k8s::BenchExtenderArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -158,6 +163,15 @@ fn main() {
         Cmd::Bench(BenchCmd::Shim(a)) => smore_demo::bench::shim(a),
         Cmd::Bench(BenchCmd::Arbiter(a)) => smore_demo::bench::arbiter(a),
         Cmd::Bench(BenchCmd::Predictor) => smore_predictor::bench::run(),
+        Cmd::Bench(BenchCmd::Extender(a)) => k8s::bench(a),
+        Cmd::K8s(k8s::K8sCmd::Extender(a)) => {
+            init_logging(LogFormat::Text);
+            k8s::extender(a)
+        }
+        Cmd::K8s(k8s::K8sCmd::DevicePlugin(a)) => {
+            init_logging(LogFormat::Text);
+            k8s::device_plugin(a)
+        }
         Cmd::Predictor(c) => smore_predictor::cli::run(c),
         Cmd::Prewarm(c) => smore_prewarm::cli::run(c),
         Cmd::Eval(a) => smore_eval::run(a),
