@@ -423,16 +423,10 @@ pub async fn run(opts: Options, source: BudgetSource) -> Result<(), String> {
             cdi_all: opts.cdi_all,
             arbiter_socket: opts.arbiter_socket.clone(),
         });
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(svc)
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(listener),
-                    async {
-                        let _ = stop_rx.await;
-                    },
-                ),
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
         );
         let registered = match register(&opts.plugin_dir).await {
             Ok(()) => {
@@ -460,7 +454,9 @@ pub async fn run(opts: Options, source: BudgetSource) -> Result<(), String> {
                 break;
             }
         }
-        let _ = stop_tx.send(());
+        // Not a graceful shutdown: it would wait for the old kubelet's ListAndWatch streams,
+        // which a restarted kubelet never closes. Aborting drops them.
+        server.abort();
         let _ = server.await;
         if registered {
             tracing::info!("device plugin: socket gone (kubelet restart?); registering again");

@@ -44,6 +44,10 @@ async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
+async fn next(s: &mut tonic::Streaming<ListAndWatchResponse>) -> ListAndWatchResponse {
+    within("ListAndWatch", s.message()).await.unwrap().unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubelet_sees_registration_budget_updates_and_cdi_allocations() {
     let dir = tempfile::tempdir().unwrap();
@@ -97,16 +101,10 @@ async fn the_kubelet_sees_registration_budget_updates_and_cdi_allocations() {
             .get_preferred_allocation_available
     );
     let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
-    let mut next = || async {
-        within("ListAndWatch", stream.message())
-            .await
-            .unwrap()
-            .unwrap()
-    };
-    let mut first = next().await;
+    let mut first = next(&mut stream).await;
     // The first list may predate the first poll (empty): wait for the budgets.
     while first.devices.is_empty() {
-        first = next().await;
+        first = next(&mut stream).await;
     }
     assert_eq!(first.devices.len(), 8);
     assert_eq!(
@@ -115,12 +113,12 @@ async fn the_kubelet_sees_registration_budget_updates_and_cdi_allocations() {
     );
     // Training on GPU 1 grows: three of its units go Unhealthy.
     state.lock().unwrap().as_mut().unwrap()[1].available_units = 1;
-    let second = next().await;
+    let second = next(&mut stream).await;
     assert_eq!(second.devices.len(), 8, "capacity stays stable");
     assert_eq!(healthy(&second), vec!["gpu0-m0", "gpu0-m1", "gpu1-m0"]);
     // The arbiter goes away: every device Unhealthy, none removed.
     *state.lock().unwrap() = Err("cannot reach the arbiter".into());
-    let third = next().await;
+    let third = next(&mut stream).await;
     assert_eq!(third.devices.len(), 8);
     assert!(healthy(&third).is_empty());
 
