@@ -165,6 +165,10 @@ pub struct BenchExtenderArgs {
     /// Node config (predictor model, θ_train, λ, σ, d).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Times each pod's decision is repeated, keeping the fastest (others' load on a shared
+    /// machine only adds time).
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
 }
 
 /// Prints the extender's per-pod decision latency.
@@ -181,6 +185,7 @@ pub fn bench(a: BenchExtenderArgs) -> Result<()> {
             pods: a.pods,
             gpu: a.gpu,
             seed: a.seed,
+            repeat: a.repeat,
         },
     )?;
     print!("{report}");
