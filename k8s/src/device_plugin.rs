@@ -60,6 +60,9 @@ pub const CDI_KIND: &str = "smore.dev/gpu";
 const SOCKET_CHECK: Duration = Duration::from_secs(1);
 /// Pause before retrying a failed registration (kubelet not up yet).
 const REGISTER_RETRY: Duration = Duration::from_secs(5);
+/// Longest wait for the arbiter's status reply (it answers between reconciles, every 250 ms by
+/// default; seconds of silence mean it is stuck).
+const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
 /// Health values of the API (upstream constants.go).
 pub const HEALTHY: &str = "Healthy";
 /// See [`HEALTHY`].
@@ -334,6 +337,12 @@ pub fn arbiter_source(socket: PathBuf) -> BudgetSource {
     Box::new(move || {
         let c = smore_protocol::conn::Client::connect(&socket)
             .map_err(|e| format!("cannot reach the arbiter at {}: {e}", socket.display()))?;
+        // A hung arbiter must not leave the last (Healthy) devices advertised: the call fails
+        // after this and every device goes Unhealthy.
+        c.stream()
+            .set_read_timeout(Some(STATUS_TIMEOUT))
+            .and_then(|()| c.stream().set_write_timeout(Some(STATUS_TIMEOUT)))
+            .map_err(|e| format!("arbiter socket: {e}"))?;
         match c.call(smore_protocol::wire::Request::Status) {
             Ok(smore_protocol::wire::Reply::Status { snapshot }) => budgets(&snapshot),
             Ok(other) => Err(format!("unexpected arbiter reply {other:?}")),
@@ -352,7 +361,14 @@ async fn poll_budgets(mut source: BudgetSource, tx: watch::Sender<Vec<Device>>, 
         .await
         {
             Ok(v) => v,
-            Err(_) => return, // the source panicked: the runtime is shutting down
+            Err(_) => {
+                // The source panicked: no status will come again, so nothing stays Healthy.
+                tracing::error!(
+                    "device plugin: the status source panicked; every device Unhealthy"
+                );
+                tx.send_modify(|cur| *cur = devices(None, cur));
+                return;
+            }
         };
         source = s;
         let next = match &r {
