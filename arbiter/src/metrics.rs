@@ -478,7 +478,11 @@ pub fn render(snap: &Value) -> String {
     out
 }
 
-/// Serves `/metrics` on `addr` from a background thread.
+/// Content type of `GET /status` (the status snapshot, docs/cli.md).
+pub const STATUS_CONTENT_TYPE: &str = "application/json";
+
+/// Serves `/metrics` and `/status` (the status snapshot as JSON, what the Kubernetes scheduler
+/// extender polls: docs/kubernetes.md) on `addr` from a background thread.
 pub fn serve(addr: &str, state: Shared) -> Result<()> {
     let server = tiny_http::Server::http(addr)
         .map_err(|e| anyhow::anyhow!("{e}"))
@@ -486,16 +490,22 @@ pub fn serve(addr: &str, state: Shared) -> Result<()> {
     tracing::info!("metrics on http://{addr}/metrics");
     let header = tiny_http::Header::from_bytes("Content-Type", CONTENT_TYPE)
         .map_err(|()| anyhow::anyhow!("invalid metrics content type {CONTENT_TYPE:?}"))?;
+    let json = tiny_http::Header::from_bytes("Content-Type", STATUS_CONTENT_TYPE)
+        .map_err(|()| anyhow::anyhow!("invalid status content type {STATUS_CONTENT_TYPE:?}"))?;
     std::thread::Builder::new()
         .name("smore-metrics".into())
         .spawn(move || {
             for req in server.incoming_requests() {
-                let resp = if req.url() == "/metrics" {
-                    let snap = state.lock().unwrap_or_else(|e| e.into_inner()).snapshot();
-                    tiny_http::Response::from_string(render(&snap)).with_header(header.clone())
-                } else {
-                    tiny_http::Response::from_string("smore arbiter: metrics are at /metrics\n")
-                        .with_status_code(404)
+                let snap = || state.lock().unwrap_or_else(|e| e.into_inner()).snapshot();
+                let resp = match req.url() {
+                    "/metrics" => tiny_http::Response::from_string(render(&snap()))
+                        .with_header(header.clone()),
+                    "/status" => tiny_http::Response::from_string(snap().to_string())
+                        .with_header(json.clone()),
+                    _ => tiny_http::Response::from_string(
+                        "smore arbiter: metrics are at /metrics, the status snapshot at /status\n",
+                    )
+                    .with_status_code(404),
                 };
                 let _ = req.respond(resp);
             }

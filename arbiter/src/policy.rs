@@ -9,7 +9,11 @@ use crate::config::Config;
 use smore_protocol::wire::RefuseCode;
 
 /// A grant as policies see it.
-#[derive(Debug, Clone)]
+///
+/// Serialized into the status snapshot (`gpus[].policy_view`) so that a cluster-side caller (the
+/// Kubernetes scheduler extender, docs/kubernetes.md) rebuilds exactly the view this node's
+/// policy decides on.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct GrantView {
     /// Instance id.
     pub instance: u64,
@@ -25,8 +29,8 @@ pub struct GrantView {
     pub share_override: Option<u32>,
 }
 
-/// A GPU as policies see it.
-#[derive(Debug, Clone)]
+/// A GPU as policies see it (also published as `gpus[].policy_view` of the status snapshot).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct GpuView {
     /// NVML index.
     pub index: u32,
@@ -36,10 +40,13 @@ pub struct GpuView {
     pub training_used: u64,
     /// Memory reserved for training: its processes' high-water marks plus the configured
     /// headroom (docs/arbiter.md, "Memory headroom and reclaim"), at least `training_used`,
-    /// bytes. Admission counts this, not the current use.
+    /// bytes. Admission counts this, not the current use. (Absent from an older arbiter's
+    /// snapshot: 0, and `training_used` alone counts.)
+    #[serde(default)]
     pub training_reserved: u64,
     /// Seconds admission onto this GPU stays held: memory was reclaimed from functions and
     /// training has not been stable long enough since (None: open).
+    #[serde(default)]
     pub admission_hold_s: Option<f64>,
     /// Whether any training process runs on the GPU.
     pub has_training: bool,

@@ -250,11 +250,7 @@ impl Daemon {
     /// [`Daemon::start`] bound the socket ([`lifecycle::register_signals`]); `base` is the
     /// configuration as read from the file, before command-line overrides (SIGHUP compares the
     /// re-read file against it).
-    pub fn run_service(
-        self,
-        signals: signal_hook::iterator::Signals,
-        base: Config,
-    ) -> Result<()> {
+    pub fn run_service(self, signals: signal_hook::iterator::Signals, base: Config) -> Result<()> {
         lifecycle::spawn_signal_thread(signals, self.state.clone(), base)?;
         self.run()
     }

@@ -56,6 +56,26 @@ pub fn weights_file(gpu_type: &str) -> String {
     format!("smore-weights-{gpu_type}.json")
 }
 
+/// A GPU prepared for [`SmorePolicy::evaluate`] ([`SmorePolicy::prepare_gpu`]).
+#[derive(Debug, Clone)]
+pub struct PreparedGpu {
+    /// NVML index of the GPU.
+    pub index: u32,
+    total: u64,
+    /// σ·capacity − training − grants, bytes.
+    pub free: u64,
+    ty: usize,
+    snap: GpuSnapshot,
+}
+
+/// An ask prepared for [`SmorePolicy::evaluate`] ([`SmorePolicy::prepare_ask`]).
+#[derive(Debug, Clone)]
+pub struct PreparedAsk {
+    memory: u64,
+    /// Per GPU type: the pending item, or why the function has no profile there.
+    items: Vec<Result<PendingItem, String>>,
+}
+
 /// Predictor for one GPU type.
 struct TypePredictor {
     gpu: GpuType,
@@ -441,6 +461,84 @@ impl SmorePolicy {
     pub fn correction(&self, gpu: u32) -> f64 {
         self.corrections.get(&gpu).map_or(1.0, |c| c.factor)
     }
+
+    /// The scheduler settings decisions use (θ_train, λ, σ, d, …).
+    pub fn sched_config(&self) -> &SchedConfig {
+        &self.sched
+    }
+
+    /// What the predictions come from (named in every decision, e.g. "SYNTHETIC …").
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Maps a GPU onto the predictor's world once: its catalog type, its snapshot (training
+    /// proxy key, residents, correction) and the memory a new grant may take. A caller deciding
+    /// many asks over the same GPUs (the scheduler extender) prepares each GPU once per status
+    /// refresh instead of once per decision.
+    pub fn prepare_gpu(&self, g: &GpuView) -> PreparedGpu {
+        let ty = self.type_of(g);
+        PreparedGpu {
+            index: g.index,
+            total: g.total,
+            free: g.free_for_functions(self.sched.sigma),
+            snap: self.snapshot(ty, g),
+            ty,
+        }
+    }
+
+    /// Maps an ask onto every GPU type once (its model key and solo profile per type).
+    pub fn prepare_ask(&self, ask: &Ask) -> PreparedAsk {
+        PreparedAsk {
+            memory: ask.memory,
+            items: (0..self.types.len())
+                .map(|ti| {
+                    let (key, lat, util) = self.function_key(ti, &ask.model)?;
+                    Ok(PendingItem {
+                        id: 0,
+                        key,
+                        slo_ms: ask.slo_ms,
+                        solo_latency_ms: lat,
+                        sm_util: util,
+                        memory: ask.memory,
+                        expected_util_gain: util,
+                        expected_degradation: 0.0,
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// THE per-candidate step of this policy's Algorithm 1 (lines 5–9 plus share sizing): the
+    /// σ rule on the arbiter's accounting, then `sched::evaluate_candidate` and
+    /// `sched::refine_with_share`. `Err` = the function has no profile on this GPU's type (the
+    /// message says what to register with). Used by [`Policy::place`] and by the scheduler
+    /// extender, so a node passes the extender's filter exactly when its arbiter would admit.
+    pub fn evaluate(&self, g: &PreparedGpu, ask: &PreparedAsk) -> Result<CandidateEval, String> {
+        let item = match ask.items.get(g.ty) {
+            Some(Ok(item)) => item,
+            Some(Err(e)) => return Err(e.clone()),
+            None => return Err(format!("GPU {} has no predictor type", g.index)),
+        };
+        let snap = &g.snap;
+        // The σ rule on the arbiter's own accounting (same as GpuView::free_for_functions).
+        if ask.memory > g.free {
+            return Ok(CandidateEval {
+                gpu: g.index,
+                verdict: Verdict::Memory {
+                    used: snap.used,
+                    need: ask.memory,
+                    limit: (g.total as f64 * self.sched.sigma) as u64,
+                },
+                d_train: None,
+                d_fn: None,
+                score: None,
+            });
+        }
+        let model = &self.types[g.ty].predictor;
+        let e = sched::evaluate_candidate(&self.sched, snap, item, model);
+        Ok(sched::refine_with_share(&self.sched, snap, item, e, model))
+    }
 }
 
 fn known_models(fns: &[ModelKey]) -> String {
@@ -465,8 +563,9 @@ fn verdict_line(c: &CandidateEval) -> String {
 }
 
 /// The refusal code of a set of refused candidates: all memory ⇒ NoMemory; any θ_train ⇒
-/// TrainingBound; any SLO ⇒ Slo; only unpredictable ⇒ Invalid.
-fn refuse_code(evals: &[CandidateEval]) -> RefuseCode {
+/// TrainingBound; any SLO ⇒ Slo; only unpredictable ⇒ Invalid. The scheduler extender classes a
+/// node it filters out with the same rule.
+pub fn refuse_code(evals: &[CandidateEval]) -> RefuseCode {
     let any = |f: fn(&Verdict) -> bool| evals.iter().any(|c| f(&c.verdict));
     if evals
         .iter()
@@ -504,53 +603,19 @@ impl Policy for SmorePolicy {
             prefer,
             true,
         );
+        let prepared = self.prepare_ask(ask);
         let mut fn_error = None;
-        // Algorithm 1 itself is `sched::choose`; this closure only maps a GPU onto the
-        // predictor's world and plugs the share-sizing step in.
+        // Algorithm 1 itself is `sched::choose`; `evaluate` only maps a GPU onto the
+        // predictor's world and plugs the share-sizing step in (the scheduler extender calls
+        // the same `prepare_gpu` + `evaluate`, docs/kubernetes.md).
         let choice = sched::choose(&cands, fast, |gi| {
-            let g = &gpus[gi];
-            let ti = self.type_of(g);
-            let (key, lat, util) = match self.function_key(ti, &ask.model) {
-                Ok(v) => v,
+            match self.evaluate(&self.prepare_gpu(&gpus[gi]), &prepared) {
+                Ok(e) => Some(e),
                 Err(e) => {
                     fn_error = Some(e);
-                    return None;
+                    None
                 }
-            };
-            let item = PendingItem {
-                id: 0,
-                key,
-                slo_ms: ask.slo_ms,
-                solo_latency_ms: lat,
-                sm_util: util,
-                memory: ask.memory,
-                expected_util_gain: util,
-                expected_degradation: 0.0,
-            };
-            let snap = self.snapshot(ti, g);
-            // The σ rule on the arbiter's own accounting (same as GpuView::free_for_functions).
-            if ask.memory > g.free_for_functions(self.sched.sigma) {
-                return Some(CandidateEval {
-                    gpu: g.index,
-                    verdict: Verdict::Memory {
-                        used: snap.used,
-                        need: ask.memory,
-                        limit: (g.total as f64 * self.sched.sigma) as u64,
-                    },
-                    d_train: None,
-                    d_fn: None,
-                    score: None,
-                });
             }
-            let model = &self.types[ti].predictor;
-            let e = sched::evaluate_candidate(&self.sched, &snap, &item, model);
-            Some(sched::refine_with_share(
-                &self.sched,
-                &snap,
-                &item,
-                e,
-                model,
-            ))
         });
         let rule = choice.rule();
         let evals = choice.evals;

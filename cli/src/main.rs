@@ -2,7 +2,7 @@
 #![forbid(unsafe_code)]
 use clap::{CommandFactory, Parser, Subcommand};
 mod cmd;
-use cmd::{cdi, run, status};
+use cmd::{cdi, k8s, run, status};
 use std::path::PathBuf;
 
 /// `smore --version`: the crate version, the git commit and the build date (cli/build.rs).
@@ -74,6 +74,9 @@ enum Cmd {
     /// Request forecasting and prewarm policies: replay traces, generate the synthetic suite.
     #[command(subcommand)]
     Prewarm(smore_prewarm::cli::PrewarmCommand),
+    /// Kubernetes: the scheduler extender (`smore k8s extender`; docs/kubernetes.md).
+    #[command(subcommand)]
+    K8s(k8s::K8sCmd),
     /// SIMULATED comparison of co-location policies (`smore eval colocation`): DSR, GUI, SFD, SLD.
     Eval(smore_eval::EvalArgs),
     /// Print a shell completion script (e.g. `smore completions bash > /etc/bash_completion.d/smore`).
@@ -104,6 +107,8 @@ enum BenchCmd {
     Reclaim(smore_demo::reclaim::BenchReclaimArgs),
     /// Decision latency of SMORE Algorithm 1 at 8–1024 GPUs, multi-way query latency.
     Predictor,
+    /// Per-pod decision latency of the Kubernetes scheduler extender (128 nodes × 8 GPUs).
+    Extender(k8s::BenchExtenderArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -168,6 +173,15 @@ fn main() {
         Cmd::Bench(BenchCmd::Arbiter(a)) => smore_demo::bench::arbiter(a),
         Cmd::Bench(BenchCmd::Reclaim(a)) => smore_demo::reclaim::run(a),
         Cmd::Bench(BenchCmd::Predictor) => smore_predictor::bench::run(),
+        Cmd::Bench(BenchCmd::Extender(a)) => k8s::bench(a),
+        Cmd::K8s(k8s::K8sCmd::Extender(a)) => {
+            init_logging(LogFormat::Text);
+            k8s::extender(a)
+        }
+        Cmd::K8s(k8s::K8sCmd::DevicePlugin(a)) => {
+            init_logging(LogFormat::Text);
+            k8s::device_plugin(a)
+        }
         Cmd::Predictor(c) => smore_predictor::cli::run(c),
         Cmd::Prewarm(c) => smore_prewarm::cli::run(c),
         Cmd::Eval(a) => smore_eval::run(a),

@@ -265,7 +265,7 @@ fn every_flag_has_help_text() {
         .collect();
     assert!(commands.len() > 5, "{top}");
     let mut paths: Vec<Vec<String>> = commands.iter().map(|c| vec![c.clone()]).collect();
-    for sub in ["bench", "predictor", "prewarm"] {
+    for sub in ["bench", "k8s", "predictor", "prewarm"] {
         let h = Command::new(SMORE).args([sub, "--help"]).output().unwrap();
         for l in text(&h.stdout)
             .lines()

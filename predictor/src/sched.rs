@@ -508,18 +508,24 @@ impl Candidates {
     ) -> Candidates {
         let prefer = prefer.filter(|&p| p < n);
         let mut order: Vec<usize> = Vec::with_capacity(n);
-        order.extend(prefer);
-        for i in sample_candidates(rng, n, d) {
-            if !order.contains(&i) {
+        // Membership by index, not `order.contains`: widening over the 1 024 GPUs of a cluster
+        // (the scheduler extender) would otherwise cost n² comparisons per decision.
+        let mut taken = vec![false; n];
+        let mut push = |order: &mut Vec<usize>, i: usize| {
+            if !std::mem::replace(&mut taken[i], true) {
                 order.push(i);
             }
+        };
+        if let Some(p) = prefer {
+            push(&mut order, p);
+        }
+        for i in sample_candidates(rng, n, d) {
+            push(&mut order, i);
         }
         let sampled = order.len();
         if widen {
             for i in 0..n {
-                if !order.contains(&i) {
-                    order.push(i);
-                }
+                push(&mut order, i);
             }
         }
         Candidates {

@@ -413,7 +413,10 @@ impl Reporter {
         usage: Usage,
         force: bool,
     ) -> Result<(), String> {
-        if self.last == Some(usage) && !(force && !self.told_preempted) {
+        // Unchanged usage is not sent again, unless forced (the page cap went to 0) and the
+        // preemption was not said yet.
+        let forced = force && !self.told_preempted;
+        if self.last == Some(usage) && !forced {
             return Ok(());
         }
         if self.conn.is_none() {
@@ -603,8 +606,8 @@ mod tests {
     fn a_preempted_instance_is_told_once_and_reports_even_when_idle() {
         use smore_protocol::conn::{recv_with_fd, send_with_fd};
         use smore_protocol::wire::{Envelope, PreemptReason, MAX_FRAME};
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("arbiter.sock");
+        let sock = std::env::temp_dir().join(format!("smore-preempt-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&sock);
         let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         let server = std::thread::spawn(move || {
             let (s, _) = listener.accept().unwrap();
@@ -646,7 +649,12 @@ mod tests {
         assert_eq!(rep.report(&sock, 7, u, true), Ok(()));
         assert_eq!(rep.report(&sock, 7, u, false), Ok(()));
         drop(rep);
-        assert_eq!(server.join().unwrap(), 1, "one report, answered `preempted`");
+        assert_eq!(
+            server.join().unwrap(),
+            1,
+            "one report, answered `preempted`"
+        );
+        let _ = std::fs::remove_file(&sock);
     }
 
     #[test]

@@ -1412,6 +1412,9 @@ impl State {
                 v["free_for_functions"] =
                     serde_json::json!(view.free_for_functions(self.cfg.memory_safety));
                 v["functions"] = serde_json::Value::Array(functions);
+                // What this node's policy decides on, verbatim: the scheduler extender rebuilds
+                // its GpuView from it (docs/kubernetes.md).
+                v["policy_view"] = serde_json::to_value(&view).unwrap_or_default();
                 v
             })
             .collect();

@@ -1,5 +1,7 @@
-//! The operator-facing commands that talk to a running arbiter: `run`, `status`, `top`, `share`;
-//! and `cdi`, which describes the node's smore devices to container runtimes.
+//! The operator-facing commands: `run`, `status`, `top`, `share` talk to a running arbiter;
+//! `cdi` describes the node's smore devices to container runtimes; `k8s` runs the Kubernetes
+//! scheduler extender and device plugin.
 pub mod cdi;
+pub mod k8s;
 pub mod run;
 pub mod status;
