@@ -369,6 +369,28 @@ fn theta_train(v: Fraction) -> Result<f64, String> {
 }
 
 impl Config {
+    /// Checks what depends on the GPUs NVML found (issue 12, item 15): a `default_memory` no
+    /// managed GPU can give (its memory × σ) would refuse every registration that declares no
+    /// memory, so it is an error at start, not a surprise per function. `totals`: bytes per GPU.
+    pub fn check_against_gpus(&self, totals: &[u64]) -> Result<(), ConfigError> {
+        let Some(largest) = totals.iter().max() else {
+            return Ok(());
+        };
+        let room = (*largest as f64 * self.memory_safety) as u64;
+        if self.default_memory > room {
+            return Err(ConfigError(format!(
+                "key `functions.default_memory`: {} is more than any GPU here can give (the \
+                 largest has {}, × memory_safety {} = {}): give the memory a typical function \
+                 needs, e.g. \"2GiB\"",
+                smore_protocol::size::format_size(self.default_memory),
+                smore_protocol::size::format_size(*largest),
+                self.memory_safety,
+                smore_protocol::size::format_size(room)
+            )));
+        }
+        Ok(())
+    }
+
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
@@ -717,6 +739,22 @@ mod tests {
                 && e.contains("groupadd"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_default_memory_no_gpu_can_give_is_refused_against_the_gpus() {
+        let c = Config::parse("[functions]\ndefault_memory = \"100GiB\"\n", "node.toml").unwrap();
+        let e = c.check_against_gpus(&[80 << 30, 16 << 30]).unwrap_err().0;
+        assert!(
+            e.contains("functions.default_memory") && e.contains("2GiB"),
+            "{e}"
+        );
+        assert!(c.check_against_gpus(&[141 << 30]).is_ok());
+        assert!(
+            c.check_against_gpus(&[]).is_ok(),
+            "no GPU: nothing to check"
+        );
+        assert!(Config::default().check_against_gpus(&[16 << 30]).is_ok());
     }
 
     fn error_of(text: &str) -> String {

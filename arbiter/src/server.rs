@@ -202,6 +202,7 @@ impl Daemon {
         if gpus.is_empty() {
             tracing::warn!("NVML reports no GPU: every registration will be refused");
         }
+        cfg.check_against_gpus(&gpus.iter().map(|g| g.total).collect::<Vec<_>>())?;
         match crate::proc::pid_namespace(std::process::id()) {
             Some(ns) if ns != crate::proc::INIT_PID_NS => tracing::warn!(
                 "the arbiter runs in a pid namespace of its own (inode {ns}): NVML reports host pids and functions outside this namespace connect with pid 0, so they cannot be attributed; run it in the host pid namespace (Kubernetes: hostPID: true; podman/docker: --pid=host)"

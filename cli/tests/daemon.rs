@@ -627,3 +627,34 @@ fn a_process_cannot_collect_grants() {
     let (r, _page) = register(&second, "two", 1 << 30);
     assert!(matches!(r, Reply::Granted(_)), "{r:?}");
 }
+
+/// A `default_memory` that parses but that no GPU of the node can give (8 GiB × σ 0.95 here)
+/// stops the daemon at start with what to do (issue 12, item 15), instead of refusing every
+/// registration that declares no memory.
+#[test]
+fn a_default_memory_no_gpu_here_can_give_stops_the_daemon_at_start() {
+    let sim = SimGpu::exact(1, "8GiB");
+    let cfg = sim.dir().join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\n\n[functions]\ndefault_memory = \"20GiB\"\n",
+            sim.dir().join("arbiter.sock"),
+            sim.dir().join("state")
+        ),
+    )
+    .unwrap();
+    let out = Command::new(SMORE)
+        .envs(sim.env().iter().map(|(k, v)| (k, v)))
+        .args(["arbiter", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started: {err}");
+    assert!(
+        err.contains("functions.default_memory") && err.contains("more than any GPU here can give"),
+        "{err}"
+    );
+    assert!(!sim.dir().join("arbiter.sock").exists(), "bound its socket");
+}
