@@ -201,7 +201,25 @@ fn init() -> &'static Runtime {
     let env = |k: &str| std::env::var(k).ok();
     let parsed = config::parse(env);
     let (source, resume) = client::source(env, &parsed.config);
-    let rt = Runtime::build(parsed.config, &parsed.errors, source);
+    let shared = matches!(source, Source::Arbiter(_))
+        .then(|| shared_ledger(env))
+        .flatten();
+    let mut rt = Runtime::build(parsed.config, &parsed.errors, source);
+    match shared {
+        Some(Ok(group)) => rt.ledger = Ledger::shared(group),
+        Some(Err(e)) => {
+            log::line(
+                Level::Error,
+                format_args!("{e}; every device allocation is refused"),
+            );
+            let page = rt.limits();
+            let shares: [u32; MAX_DEVICES] = std::array::from_fn(|d| page.share(d));
+            let budgets: [u32; MAX_DEVICES] = std::array::from_fn(|d| page.contention(d));
+            rt.limits
+                .set(limits::standalone(&[0; MAX_DEVICES], &shares, &budgets));
+        }
+        None => {}
+    }
     let rt = RUNTIME.install(Box::new(rt));
     INIT.store(2, Release);
     os::register_atfork(after_fork_child);
@@ -216,6 +234,50 @@ fn init() -> &'static Runtime {
         }
     }
     rt
+}
+
+/// This process's slot in its grant's shared ledger (`SMORE_LEDGER_FD`, set by `smore run` next
+/// to the grant page; issue 12 item 4): every process holding the grant — the exec'd one, its
+/// fork children, descendants that exec — charges the grant's one cap. `None` without the
+/// variable (a self-registered process has a grant of its own); a table that cannot be mapped
+/// is reported and the process-local ledger used (`SMORE_LEDGER_FD` is not the function's to
+/// change: only `smore run` sets it); `Some(Err)` when every slot is held by a live process.
+fn shared_ledger(
+    env: impl Fn(&str) -> Option<String>,
+) -> Option<Result<crate::shared_ledger::Group, crate::shared_ledger::ClaimError>> {
+    use smore_protocol::ledger::{owner_word, ENV_LEDGER_FD};
+    let v = env(ENV_LEDGER_FD)?;
+    let table = v
+        .trim()
+        .parse::<i32>()
+        .map_err(|_| format!("{ENV_LEDGER_FD}={v:?} is not a file descriptor number"))
+        .and_then(crate::sys::grant::map_ledger_fd);
+    let table = match table {
+        Ok(t) => t,
+        Err(e) => {
+            log::line(
+                Level::Error,
+                format_args!("{ENV_LEDGER_FD}: {e}; this process's memory is capped on its own"),
+            );
+            return None;
+        }
+    };
+    let me = os::pid();
+    let start = match os::start_ticks(me) {
+        Ok(Some(t)) => t,
+        _ => {
+            log::line(
+                Level::Error,
+                format_args!("{ENV_LEDGER_FD}: cannot read this process's start time; this process's memory is capped on its own"),
+            );
+            return None;
+        }
+    };
+    Some(crate::shared_ledger::Group::claim(
+        table,
+        owner_word(me, start),
+        os::owner_alive,
+    ))
 }
 
 /// Set in a fork child (until it execs): such a process does not own an inherited grant.
@@ -439,7 +501,7 @@ impl Runtime {
                 let (rc, key, actual) = call();
                 if rc == 0 && key != 0 {
                     if actual != r.bytes() && !r.try_resize(actual, cap) {
-                        let used = self.ledger.used(dev);
+                        let used = self.ledger.grant_used(dev);
                         drop(r);
                         undo(key);
                         self.refused(dev, actual, cap, used);
@@ -519,7 +581,7 @@ impl Runtime {
         if self.ledger.pool_commit(r, pool, ptr, bytes, reserved, cap) {
             return rc;
         }
-        let used = self.ledger.used(dev);
+        let used = self.ledger.grant_used(dev);
         undo(ptr);
         self.refused(dev, bytes, cap, used);
         CUDA_ERROR_OUT_OF_MEMORY
@@ -618,7 +680,7 @@ impl Runtime {
         }
         self.refresh_pools(dev);
         let total = cap.min(phys_total);
-        let free = phys_free.min(cap.saturating_sub(self.ledger.used(dev)));
+        let free = phys_free.min(cap.saturating_sub(self.ledger.grant_used(dev)));
         (free, total)
     }
 
