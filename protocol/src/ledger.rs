@@ -47,7 +47,8 @@ pub struct LedgerSlot {
     pub bytes: [AtomicU64; MAX_DEVICES],
 }
 
-/// The table: header plus [`LEDGER_SLOTS`] slots. 16 + 128 × 136 = 17 424 bytes.
+/// The table: header, footprints, and [`LEDGER_SLOTS`] slots. 16 + 128 + 128 × 136 = 17 552
+/// bytes.
 #[repr(C)]
 #[derive(Debug)]
 pub struct LedgerTable {
@@ -57,6 +58,10 @@ pub struct LedgerTable {
     pub version: u32,
     /// Zero.
     pub reserved: u32,
+    /// Per device (grant-page slot): the largest context footprint a process of the grant
+    /// measured there, bytes (0 = none yet). A process's later contexts are checked against the
+    /// cap with it before the driver is asked, not only after its own first one was measured.
+    pub footprint: [AtomicU64; MAX_DEVICES],
     /// One slot per process.
     pub slots: [LedgerSlot; LEDGER_SLOTS],
 }
@@ -108,7 +113,11 @@ mod tests {
     fn the_header_is_where_the_layout_says_and_a_created_table_is_sized() {
         assert_eq!(std::mem::offset_of!(LedgerTable, magic), 0);
         assert_eq!(std::mem::offset_of!(LedgerTable, version), 8);
-        assert_eq!(std::mem::offset_of!(LedgerTable, slots), 16);
+        assert_eq!(std::mem::offset_of!(LedgerTable, footprint), 16);
+        assert_eq!(
+            std::mem::offset_of!(LedgerTable, slots),
+            16 + 8 * MAX_DEVICES
+        );
         assert_eq!(std::mem::size_of::<LedgerSlot>(), 8 + 8 * MAX_DEVICES);
         let fd = create().unwrap();
         let st = rustix::fs::fstat(&fd).unwrap();

@@ -19,7 +19,7 @@
 use crate::limits::MAX_DEVICES;
 use crate::shared_ledger::Group;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
 /// Lock shards of the handle map. 64: with 8 allocating threads the chance two of them hit the
@@ -128,6 +128,9 @@ pub struct Ledger {
     /// The grant's shared table, when this process shares its grant (`used` is then unused: the
     /// counters are this process's slot).
     group: Option<Group>,
+    /// Per CUDA ordinal: the index of its GPU in the shared table (the grant page's slot of the
+    /// same GPU, [`Ledger::map_shared`]; the ordinal itself until told).
+    shared_index: [AtomicU8; MAX_DEVICES],
     shards: Vec<Shard>,
     /// VMM lifecycles. One lock: VMM calls are rare (a handful per allocation of a caching
     /// allocator's segment), never on a launch.
@@ -242,6 +245,7 @@ impl Ledger {
         Ledger {
             used: std::array::from_fn(|_| AtomicU64::new(0)),
             group: None,
+            shared_index: std::array::from_fn(|d| AtomicU8::new(d as u8)),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             vmm: Mutex::new(VmmTable::default()),
             pools: Mutex::new(PoolTable::default()),
@@ -310,10 +314,21 @@ impl Ledger {
         }
     }
 
+    /// Ordinal `dev` is the GPU of grant-page slot `slot`: the shared table counts it there, so
+    /// processes of one grant that number their GPUs differently (another
+    /// `CUDA_VISIBLE_DEVICES`) charge the same counter. Set before anything is charged on `dev`
+    /// (the runtime resolves the slot before every reservation); never changes afterwards for a
+    /// GPU's lifetime in the process.
+    pub fn map_shared(&self, dev: usize, slot: usize) {
+        if let (Some(i), true) = (self.shared_index.get(dev), slot < MAX_DEVICES) {
+            i.store(slot as u8, Relaxed);
+        }
+    }
+
     /// This process's counter of `dev` (`None` beyond [`MAX_DEVICES`]).
     fn counter(&self, dev: usize) -> Option<&AtomicU64> {
         match &self.group {
-            Some(g) => g.counter(dev),
+            Some(g) => g.counter(self.shared_index.get(dev)?.load(Relaxed) as usize),
             None => self.used.get(dev),
         }
     }
@@ -327,8 +342,28 @@ impl Ledger {
     /// process's grant holds (this process's own use without a shared ledger).
     pub fn grant_used(&self, dev: usize) -> u64 {
         match &self.group {
-            Some(g) => g.live_sum(dev),
+            Some(g) => g.live_sum(
+                self.shared_index
+                    .get(dev)
+                    .map_or(dev, |i| i.load(Relaxed) as usize),
+            ),
             None => self.used(dev),
+        }
+    }
+
+    /// The context footprint another process of the grant measured on `dev` (0: none, or no
+    /// shared ledger).
+    pub fn shared_footprint(&self, dev: usize) -> u64 {
+        match (&self.group, self.shared_index.get(dev)) {
+            (Some(g), Some(i)) => g.footprint(i.load(Relaxed) as usize),
+            _ => 0,
+        }
+    }
+
+    /// Publishes a measured context footprint of `dev` to the grant's other processes.
+    pub fn publish_footprint(&self, dev: usize, bytes: u64) {
+        if let (Some(g), Some(i)) = (&self.group, self.shared_index.get(dev)) {
+            g.publish_footprint(i.load(Relaxed) as usize, bytes);
         }
     }
 
@@ -341,7 +376,11 @@ impl Ledger {
     /// processes); `Err` carries the use the cap was checked against.
     fn charge(&self, dev: usize, bytes: u64, cap: u64) -> Result<(), u64> {
         if let Some(g) = &self.group {
-            return g.reserve(dev, bytes, cap);
+            let i = self
+                .shared_index
+                .get(dev)
+                .map_or(dev, |i| i.load(Relaxed) as usize);
+            return g.reserve(i, bytes, cap);
         }
         let Some(u) = self.used.get(dev) else {
             return Ok(());

@@ -98,6 +98,18 @@ impl Group {
         self.own(dev)
     }
 
+    /// The largest context footprint a process of the grant measured on `dev` (0: none yet).
+    pub fn footprint(&self, dev: usize) -> u64 {
+        self.table.footprint.get(dev).map_or(0, |f| f.load(SeqCst))
+    }
+
+    /// Tells the grant's other processes what a context on `dev` costs.
+    pub fn publish_footprint(&self, dev: usize, bytes: u64) {
+        if let Some(f) = self.table.footprint.get(dev) {
+            f.fetch_max(bytes, SeqCst);
+        }
+    }
+
     /// Bytes every process of the grant holds on `dev` (dead ones included until reclaimed).
     pub fn sum(&self, dev: usize) -> u64 {
         if dev >= MAX_DEVICES {
@@ -195,6 +207,7 @@ mod tests {
             magic: LEDGER_MAGIC,
             version: LEDGER_VERSION,
             reserved: 0,
+            footprint: std::array::from_fn(|_| AtomicU64::new(0)),
             slots: std::array::from_fn(|_| LedgerSlot {
                 owner: AtomicU64::new(0),
                 bytes: std::array::from_fn(|_| AtomicU64::new(0)),

@@ -7,7 +7,7 @@
 //! | op | effect |
 //! |---|---|
 //! | `alloc:<kind>:<size>` | kind = v2, pitch, managed, async, pool (the default pool), mypool (the `pool-create` pool), vmm, vmm-released, array, array3d, mipmap (2 levels of 1024 floats × size/4 KiB rows: 1.25 × size), graph (a captured graph plus one memory-allocation node of size, instantiated and launched; freed by destroying the executable graph) |
-//! | `pool-create` / `pool-destroy` | cuMemPoolCreate on the device (then `mypool`) / cuMemPoolDestroy of it |
+//! | `pool-create[:<ordinal>]` / `pool-destroy` | cuMemPoolCreate on the device, or on another ordinal (then `mypool`) / cuMemPoolDestroy of it |
 //! | `pool-threshold:<size\|max>` / `pool-trim` | release threshold / cuMemPoolTrimTo(0) of `mypool` if created, else of the default pool |
 //! | `free` / `free-all` | frees the newest / every live allocation through the matching path |
 //! | `vmm-retain` / `vmm-release-retained` | cuMemRetainAllocationHandle on the newest VMM mapping / cuMemRelease of every retained handle |
@@ -22,7 +22,7 @@
 //! | `sync` / `sleep:<ms>` / `ready` | stream sync / sleep / print a marker line |
 //! | `pool-info` | default pool reserved and used bytes |
 //! | `familymem` | device memory NVML attributes to this process and its `--fork` siblings together (`used=`) |
-//! | `storm:<threads>:<size>:<ms>` | threads allocate (`cuMemAlloc_v2`, holding up to 4 each) and free for ms; after every successful allocation the family's memory by NVML (the driver's ledger) is compared with the cap `cuMemGetInfo` reports: `ok= refused= overcommits= max_family= cap=` |
+//! | `storm:<threads>:<size>:<ms>[:<hold>]` | threads allocate (`cuMemAlloc_v2`, holding up to `hold` each, default 4, freeing the oldest past it or on a refusal) for ms; after every successful allocation the family's memory by NVML (the driver's ledger) is compared with the cap `cuMemGetInfo` reports: `ok= refused= overcommits= max_family= cap=` |
 //! | `die` | SIGKILL itself (no exit handler runs) |
 //! | `only:<i>:<op>` | runs `<op>` in `--fork` child `i` only (`op=skip` in the others) |
 //!
@@ -624,10 +624,11 @@ impl Probe {
                 let nvml = Nvml::open(self.s.device as u32)?;
                 format!("op=familymem rc=0 used={}", nvml.family_used(&family())?)
             }
-            ["storm", threads, size, ms] => self.storm(
+            ["storm", threads, size, ms, hold @ ..] => self.storm(
                 threads.parse()?,
                 parse_size(size).map_err(anyhow::Error::msg)?,
                 ms.parse()?,
+                hold.first().map_or(Ok(4), |h| h.parse())?,
             )?,
             ["only", i, rest @ ..] => {
                 if FAMILY.get().is_some_and(|(me, _)| me.to_string() == *i) {
@@ -656,12 +657,17 @@ impl Probe {
                 }
                 format!("op=vmm-retain rc={rc}")
             }
-            ["pool-create"] => {
-                // CUmemPoolProps (cuda.h, 88 bytes): pinned allocations on this device.
+            ["pool-create", rest @ ..] => {
+                // CUmemPoolProps (cuda.h, 88 bytes): pinned allocations on this device (or on
+                // the ordinal given: `pool-create:<ordinal>`).
+                let dev: i32 = match rest {
+                    [o] => o.parse()?,
+                    _ => self.s.device,
+                };
                 let mut props = [0u8; 88];
                 props[0..4].copy_from_slice(&1u32.to_ne_bytes());
                 props[8..12].copy_from_slice(&1u32.to_ne_bytes());
-                props[12..16].copy_from_slice(&self.s.device.to_ne_bytes());
+                props[12..16].copy_from_slice(&dev.to_ne_bytes());
                 let mut pool = std::ptr::null_mut();
                 // SAFETY: out-pointer to a local; `props` has the CUmemPoolProps layout.
                 let rc = unsafe { (d.cuMemPoolCreate)(&mut pool, props.as_ptr().cast()) };
@@ -988,7 +994,7 @@ fn nvml_meminfo(index: u32) -> Result<String> {
 
 impl Probe {
     /// `storm:<threads>:<size>:<ms>` (see the module docs).
-    fn storm(&mut self, threads: usize, size: u64, ms: u64) -> Result<String> {
+    fn storm(&mut self, threads: usize, size: u64, ms: u64, hold: usize) -> Result<String> {
         use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
         let d = &self.s.drv;
         let (mut free, mut cap) = (0usize, 0usize);
@@ -1027,7 +1033,7 @@ impl Probe {
                         } else {
                             refused.fetch_add(1, Relaxed);
                         }
-                        if held.len() >= 4 || (rc != 0 && !held.is_empty()) {
+                        if held.len() >= hold.max(1) || (rc != 0 && !held.is_empty()) {
                             let p = held.pop_front().unwrap();
                             // SAFETY: freeing our own allocation.
                             unsafe { (d.cuMemFree)(p) };
