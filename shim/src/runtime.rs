@@ -222,8 +222,13 @@ fn init() -> &'static Runtime {
             let page = rt.limits();
             let shares: [u32; MAX_DEVICES] = std::array::from_fn(|d| page.share(d));
             let budgets: [u32; MAX_DEVICES] = std::array::from_fn(|d| page.contention(d));
-            rt.limits
-                .set(limits::standalone(&[0; MAX_DEVICES], &shares, &budgets));
+            let closed = limits::standalone(&[0; MAX_DEVICES], &shares, &budgets);
+            for d in 0..MAX_DEVICES {
+                if let Some(u) = page.slot_uuid(d) {
+                    closed.set_slot_uuid(d, u);
+                }
+            }
+            rt.limits.set(closed);
         }
         None => {}
     }
