@@ -1012,9 +1012,10 @@ impl Probe {
         let ctx = self.s.ctx as usize;
         let deadline = Instant::now() + std::time::Duration::from_millis(ms);
         let t0 = Instant::now();
-        std::thread::scope(|sc| {
+        std::thread::scope(|sc| -> Result<()> {
+            let mut workers = Vec::with_capacity(threads);
             for _ in 0..threads {
-                sc.spawn(|| -> Result<()> {
+                workers.push(sc.spawn(|| -> Result<()> {
                     // SAFETY: making the probe's context current on this thread.
                     unsafe { (d.cuCtxSetCurrent)(ctx as Ptr) };
                     let mut held: std::collections::VecDeque<u64> = Default::default();
@@ -1044,9 +1045,16 @@ impl Probe {
                         unsafe { (d.cuMemFree)(p) };
                     }
                     Ok(())
-                });
+                }));
             }
-        });
+            // A thread that failed (NVML unreadable) fails the op: a storm that stopped
+            // checking must not report zero over-commits.
+            for w in workers {
+                w.join()
+                    .map_err(|_| anyhow::anyhow!("a storm thread panicked"))??;
+            }
+            Ok(())
+        })?;
         let secs = t0.elapsed().as_secs_f64();
         Ok(format!(
             "op=storm threads={threads} ok={} refused={} overcommits={} max_family={} cap={cap} allocs_per_s={:.0}",
