@@ -899,14 +899,16 @@ impl Runtime {
         let Some(dev) = driver::ctx_device().filter(|&d| d < MAX_DEVICES) else {
             return call();
         };
-        let Some(_) = self.device_slot(dev) else {
+        let Some(slot) = self.device_slot(dev) else {
             // A device the grant does not cover: no context can be made there through the
             // shim; a launch that still reaches one is refused as the driver refuses an
             // operation the process may not make.
             return CUDA_ERROR_NOT_PERMITTED;
         };
-        let share = self.share(dev);
-        let budget = self.contention(dev);
+        // One slot look-up per launch (the page's UUID words are read once here).
+        let page = self.limits();
+        let share = limits::share(page, slot);
+        let budget = page.contention(slot);
         if share >= 100 && budget == 0 {
             return call();
         }
