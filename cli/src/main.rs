@@ -109,6 +109,9 @@ enum BenchCmd {
     Predictor,
     /// Per-pod decision latency of the Kubernetes scheduler extender (128 nodes × 8 GPUs).
     Extender(k8s::BenchExtenderArgs),
+    /// Over-commits under one cap (processes × threads), SIGKILLed function release time, and
+    /// re-adoption after an arbiter SIGKILLed mid-storm (simulated GPU).
+    Escapes(smore_demo::escapes::BenchEscapesArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -174,6 +177,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Reclaim(a)) => smore_demo::reclaim::run(a),
         Cmd::Bench(BenchCmd::Predictor) => smore_predictor::bench::run(),
         Cmd::Bench(BenchCmd::Extender(a)) => k8s::bench(a),
+        Cmd::Bench(BenchCmd::Escapes(a)) => smore_demo::escapes::run(a),
         Cmd::K8s(k8s::K8sCmd::Extender(a)) => {
             init_logging(LogFormat::Text);
             k8s::extender(a)

@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 pub const MAX_DEVICES: usize = 16;
 /// `b"SMORELIM"` — identifies a grant page (checked after mmap).
 pub const PAGE_MAGIC: u64 = 0x4d49_4c45_524f_4d53;
-/// Layout version of [`GrantPage`]. 2: `DeviceGrant::contention_ppm` (was padding).
-pub const PAGE_VERSION: u32 = 2;
+/// Layout version of [`GrantPage`]. 2: `DeviceGrant::contention_ppm` (was padding). 3:
+/// `GrantPage::slot_uuid` (the GPU each slot describes).
+pub const PAGE_VERSION: u32 = 3;
 /// Bytes the arbiter allocates for a page (one page; the layout uses far less).
 pub const PAGE_BYTES: usize = 4096;
 
@@ -35,7 +36,8 @@ pub struct DeviceGrant {
     pub generation: AtomicU64,
 }
 
-/// The page: header plus [`MAX_DEVICES`] grants. 8 + 4 + 4 + 16 × 24 = 400 bytes (< 4 KiB).
+/// The page: header plus [`MAX_DEVICES`] grants and slot UUIDs. 8 + 4 + 4 + 16 × 24 + 16 × 16 =
+/// 656 bytes (< 4 KiB).
 #[repr(C)]
 #[derive(Debug)]
 pub struct GrantPage {
@@ -46,8 +48,15 @@ pub struct GrantPage {
     /// Bit d set ⇔ device d has a share below 100 or a contention budget (harvest mode): the
     /// launch fast path reads only this word.
     pub throttled_mask: AtomicU32,
-    /// Slot `d`: the grant of CUDA ordinal `d`.
+    /// Slot `d`: the grant of CUDA ordinal `d` (of the GPU [`GrantPage::slot_uuid`] names, when
+    /// the owner wrote one).
     pub devices: [DeviceGrant; MAX_DEVICES],
+    /// Per slot: the 16-byte UUID of the GPU the slot's grant is for (two words, native byte
+    /// order of the bytes as `cuDeviceGetUuid` returns them); all zero = not said. When any slot
+    /// names a GPU, the shim maps each CUDA ordinal to the slot of the same UUID and gives a
+    /// device no slot names nothing (issue 12 item 9: a function that changed
+    /// `CUDA_VISIBLE_DEVICES` ran unthrottled on a GPU it was not granted).
+    pub slot_uuid: [[AtomicU64; 2]; MAX_DEVICES],
 }
 
 const _: () = assert!(std::mem::size_of::<GrantPage>() <= PAGE_BYTES);
@@ -65,7 +74,46 @@ impl GrantPage {
                 contention_ppm: AtomicU32::new(0),
                 generation: AtomicU64::new(0),
             }),
+            slot_uuid: std::array::from_fn(|_| [AtomicU64::new(0), AtomicU64::new(0)]),
         }
+    }
+
+    /// Owner-side: slot `dev` describes the GPU of UUID `uuid` (bytes as `cuDeviceGetUuid`).
+    pub fn set_slot_uuid(&self, dev: usize, uuid: [u8; 16]) {
+        let Some(w) = self.slot_uuid.get(dev) else {
+            return;
+        };
+        w[0].store(
+            u64::from_ne_bytes(uuid[..8].try_into().unwrap_or_default()),
+            Relaxed,
+        );
+        w[1].store(
+            u64::from_ne_bytes(uuid[8..].try_into().unwrap_or_default()),
+            Relaxed,
+        );
+    }
+
+    /// The UUID slot `dev` describes, if the owner said.
+    pub fn slot_uuid(&self, dev: usize) -> Option<[u8; 16]> {
+        let w = self.slot_uuid.get(dev)?;
+        let (a, b) = (w[0].load(Relaxed), w[1].load(Relaxed));
+        if a == 0 && b == 0 {
+            return None;
+        }
+        let mut u = [0u8; 16];
+        u[..8].copy_from_slice(&a.to_ne_bytes());
+        u[8..].copy_from_slice(&b.to_ne_bytes());
+        Some(u)
+    }
+
+    /// Whether any slot names its GPU (then devices no slot names get nothing).
+    pub fn names_gpus(&self) -> bool {
+        (0..MAX_DEVICES).any(|d| self.slot_uuid(d).is_some())
+    }
+
+    /// The slot whose GPU has UUID `uuid`.
+    pub fn slot_of_uuid(&self, uuid: &[u8; 16]) -> Option<usize> {
+        (0..MAX_DEVICES).find(|&d| self.slot_uuid(d).as_ref() == Some(uuid))
     }
 
     /// Whether a mapped page is one of ours, of this layout version.
@@ -135,9 +183,46 @@ impl GrantPage {
     }
 }
 
+/// The 16 bytes of an NVML GPU UUID string (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, the
+/// spelling of `nvmlDeviceGetUUID` and of `CUDA_VISIBLE_DEVICES`), as `cuDeviceGetUuid` returns
+/// them. `None` for anything else (a MIG instance's `MIG-…` included).
+pub fn parse_gpu_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex: Vec<u8> = s
+        .strip_prefix("GPU-")?
+        .bytes()
+        .filter(|b| *b != b'-')
+        .collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut u = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        u[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(u)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_name_their_gpu_by_uuid() {
+        let p = GrantPage::unlimited();
+        assert!(!p.names_gpus());
+        let u = parse_gpu_uuid("GPU-01020304-0506-0708-090a-0b0c0d0e0f10").unwrap();
+        assert_eq!(u, std::array::from_fn::<u8, 16, _>(|i| i as u8 + 1));
+        assert_eq!(
+            parse_gpu_uuid("MIG-01020304-0506-0708-090a-0b0c0d0e0f10"),
+            None
+        );
+        assert_eq!(parse_gpu_uuid("GPU-0102"), None);
+        p.set_slot_uuid(3, u);
+        assert!(p.names_gpus());
+        assert_eq!(p.slot_uuid(3), Some(u));
+        assert_eq!(p.slot_of_uuid(&u), Some(3));
+        assert_eq!(p.slot_of_uuid(&[9; 16]), None);
+    }
 
     #[test]
     fn set_updates_cap_share_generation_and_mask() {

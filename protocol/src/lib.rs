@@ -8,6 +8,8 @@
 //! - [`conn`]: one connection: framed messages, the grant page fd as `SCM_RIGHTS`, `SO_PEERCRED`;
 //! - [`size`]: human-readable byte sizes used by the environment contract and the config;
 //! - [`env`]: which variables carry a grant into a child process, and scrubbing them;
+//! - [`ledger`]: the layout of the shared ledger through which every process of one grant
+//!   charges the grant's one memory cap;
 //! - [`install`]: where an installed (or freshly built) smore keeps the shim and its helpers.
 //!
 //! Must never: depend on anything heavy (the shim links it into other people's processes), allocate
@@ -21,5 +23,6 @@ pub mod env;
 #[allow(missing_docs)]
 pub mod grant;
 pub mod install;
+pub mod ledger;
 pub mod size;
 pub mod wire;

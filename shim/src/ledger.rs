@@ -9,13 +9,17 @@
 //! allocated; see [`Ledger::pool_commit`]). The
 //! reservation is one compare-and-swap loop against the cap, so no interleaving of threads can make
 //! `used` pass the cap (HAMi's check-then-add could).
+//! With a shared ledger (a grant held by several processes, [`crate::shared_ledger`]) the
+//! counters are this process's slot of the grant's table and a reservation is checked against
+//! what all the grant's live processes hold; the handle map stays per process.
 //! Must never: block on the launch path (it is not used there), lose a credit for a handle it
 //! charged, credit memory the driver still holds, or refuse a free (the free hooks always forward
 //! frees to the driver first).
 
 use crate::limits::MAX_DEVICES;
+use crate::shared_ledger::Group;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
 /// Lock shards of the handle map. 64: with 8 allocating threads the chance two of them hit the
@@ -121,6 +125,12 @@ pub fn graph_exec_key(exec: u64, dev: usize) -> u64 {
 #[derive(Debug)]
 pub struct Ledger {
     used: [AtomicU64; MAX_DEVICES],
+    /// The grant's shared table, when this process shares its grant (`used` is then unused: the
+    /// counters are this process's slot).
+    group: Option<Group>,
+    /// Per CUDA ordinal: the index of its GPU in the shared table (the grant page's slot of the
+    /// same GPU, [`Ledger::map_shared`]; the ordinal itself until told).
+    shared_index: [AtomicU8; MAX_DEVICES],
     shards: Vec<Shard>,
     /// VMM lifecycles. One lock: VMM calls are rare (a handful per allocation of a caching
     /// allocator's segment), never on a launch.
@@ -181,21 +191,17 @@ impl Reservation<'_> {
     /// call). Shrinking always succeeds; growing is one more reservation against `cap` and fails
     /// (changing nothing) if it would pass it.
     pub fn try_resize(&mut self, bytes: u64, cap: u64) -> bool {
-        let Some(u) = self.ledger.used.get(self.dev) else {
+        if self.ledger.counter(self.dev).is_none() {
             self.bytes = bytes;
             return true;
-        };
+        }
         if bytes <= self.bytes {
             self.ledger.credit(self.dev, self.bytes - bytes);
             self.bytes = bytes;
             return true;
         }
         let delta = bytes - self.bytes;
-        let ok = u
-            .fetch_update(AcqRel, Acquire, |v| {
-                v.checked_add(delta).filter(|n| *n <= cap)
-            })
-            .is_ok();
+        let ok = self.ledger.charge(self.dev, delta, cap).is_ok();
         if ok {
             self.bytes = bytes;
         }
@@ -238,6 +244,8 @@ impl Ledger {
     pub fn new() -> Ledger {
         Ledger {
             used: std::array::from_fn(|_| AtomicU64::new(0)),
+            group: None,
+            shared_index: std::array::from_fn(|d| AtomicU8::new(d as u8)),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             vmm: Mutex::new(VmmTable::default()),
             pools: Mutex::new(PoolTable::default()),
@@ -297,57 +305,128 @@ impl Ledger {
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Bytes this process holds on `dev`.
-    pub fn used(&self, dev: usize) -> u64 {
-        self.used.get(dev).map_or(0, |u| u.load(Acquire))
+    /// A ledger whose counters are `group`'s slot: the cap is checked against what every live
+    /// process of the grant holds.
+    pub fn shared(group: Group) -> Ledger {
+        Ledger {
+            group: Some(group),
+            ..Ledger::new()
+        }
     }
 
-    /// Reserves `bytes` on `dev` unless that would pass `cap`. One CAS loop: threads racing for
-    /// the last bytes are serialised by the counter itself, never by a check made earlier.
-    pub fn reserve(&self, dev: usize, bytes: u64, cap: u64) -> Result<Reservation<'_>, OverCap> {
+    /// Ordinal `dev` is the GPU of grant-page slot `slot`: the shared table counts it there, so
+    /// processes of one grant that number their GPUs differently (another
+    /// `CUDA_VISIBLE_DEVICES`) charge the same counter. Set before anything is charged on `dev`
+    /// (the runtime resolves the slot before every reservation); never changes afterwards for a
+    /// GPU's lifetime in the process.
+    pub fn map_shared(&self, dev: usize, slot: usize) {
+        if let (Some(i), true) = (self.shared_index.get(dev), slot < MAX_DEVICES) {
+            i.store(slot as u8, Relaxed);
+        }
+    }
+
+    /// This process's counter of `dev` (`None` beyond [`MAX_DEVICES`]).
+    fn counter(&self, dev: usize) -> Option<&AtomicU64> {
+        match &self.group {
+            Some(g) => g.counter(self.shared_index.get(dev)?.load(Relaxed) as usize),
+            None => self.used.get(dev),
+        }
+    }
+
+    /// Bytes this process holds on `dev`.
+    pub fn used(&self, dev: usize) -> u64 {
+        self.counter(dev).map_or(0, |u| u.load(Acquire))
+    }
+
+    /// Bytes the cap of `dev` is checked against: what every live process sharing this
+    /// process's grant holds (this process's own use without a shared ledger).
+    pub fn grant_used(&self, dev: usize) -> u64 {
+        match &self.group {
+            Some(g) => g.live_sum(
+                self.shared_index
+                    .get(dev)
+                    .map_or(dev, |i| i.load(Relaxed) as usize),
+            ),
+            None => self.used(dev),
+        }
+    }
+
+    /// The context footprint another process of the grant measured on `dev` (0: none, or no
+    /// shared ledger).
+    pub fn shared_footprint(&self, dev: usize) -> u64 {
+        match (&self.group, self.shared_index.get(dev)) {
+            (Some(g), Some(i)) => g.footprint(i.load(Relaxed) as usize),
+            _ => 0,
+        }
+    }
+
+    /// Publishes a measured context footprint of `dev` to the grant's other processes.
+    pub fn publish_footprint(&self, dev: usize, bytes: u64) {
+        if let (Some(g), Some(i)) = (&self.group, self.shared_index.get(dev)) {
+            g.publish_footprint(i.load(Relaxed) as usize, bytes);
+        }
+    }
+
+    /// Whether the counters are a shared ledger's slot.
+    pub fn is_shared(&self) -> bool {
+        self.group.is_some()
+    }
+
+    /// Adds `bytes` to `dev` unless that would pass `cap` (alone, or with the grant's other
+    /// processes); `Err` carries the use the cap was checked against.
+    fn charge(&self, dev: usize, bytes: u64, cap: u64) -> Result<(), u64> {
+        if let Some(g) = &self.group {
+            let i = self
+                .shared_index
+                .get(dev)
+                .map_or(dev, |i| i.load(Relaxed) as usize);
+            return g.reserve(i, bytes, cap);
+        }
         let Some(u) = self.used.get(dev) else {
+            return Ok(());
+        };
+        u.fetch_update(AcqRel, Acquire, |v| {
+            v.checked_add(bytes).filter(|n| *n <= cap)
+        })
+        .map(|_| ())
+    }
+
+    /// Reserves `bytes` on `dev` unless that would pass `cap`. One CAS loop (a shared ledger:
+    /// reserve-then-check across processes, [`Group::reserve`]): threads racing for the last
+    /// bytes are serialised by the counter itself, never by a check made earlier.
+    pub fn reserve(&self, dev: usize, bytes: u64, cap: u64) -> Result<Reservation<'_>, OverCap> {
+        if self.counter(dev).is_none() {
             // Untracked ordinal: nothing to charge against (documented limit).
             return Ok(Reservation {
                 ledger: self,
                 dev,
                 bytes: 0,
             });
-        };
-        let mut cur = u.load(Acquire);
-        loop {
-            let next = match cur.checked_add(bytes) {
-                Some(n) if n <= cap => n,
-                _ => {
-                    return Err(OverCap {
-                        dev,
-                        cap,
-                        used: cur,
-                        request: bytes,
-                    })
-                }
-            };
-            match u.compare_exchange_weak(cur, next, AcqRel, Acquire) {
-                Ok(_) => {
-                    return Ok(Reservation {
-                        ledger: self,
-                        dev,
-                        bytes,
-                    })
-                }
-                Err(now) => cur = now,
-            }
+        }
+        match self.charge(dev, bytes, cap) {
+            Ok(()) => Ok(Reservation {
+                ledger: self,
+                dev,
+                bytes,
+            }),
+            Err(used) => Err(OverCap {
+                dev,
+                cap,
+                used,
+                request: bytes,
+            }),
         }
     }
 
     /// Charges without a cap check (the context footprint: the context exists already).
     pub fn force_charge(&self, dev: usize, bytes: u64) {
-        if let Some(u) = self.used.get(dev) {
+        if let Some(u) = self.counter(dev) {
             u.fetch_add(bytes, AcqRel);
         }
     }
 
     fn credit(&self, dev: usize, bytes: u64) {
-        if let Some(u) = self.used.get(dev) {
+        if let Some(u) = self.counter(dev) {
             // Saturating: a credit can never wrap the counter.
             let _ = u.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(bytes)));
         }

@@ -12,7 +12,8 @@
 //!
 //! 1. **Pure tables and rules** (no `unsafe`, no I/O): [`variants`] (the hooked export names),
 //!    [`limits`] (the atomic view of caps and shares), [`config`] (the environment contract),
-//!    [`ledger`] (memory accounting), [`gate`] (launch pacing and the cost table), [`harvest`]
+//!    [`ledger`] (memory accounting), [`shared_ledger`]
+//!    (the grant-wide check across the processes sharing a grant), [`gate`] (launch pacing and the cost table), [`harvest`]
 //!    (contention estimate, contention bucket, calibration, usage counters).
 //! 2. **Bottom layer** [`sys`]: the real `dlsym` ([`sys::dlsym`]), the real driver's entry points
 //!    ([`sys::driver`]), grant-page mapping ([`sys::grant`]), libc wrappers — clocks, sleep,
@@ -46,6 +47,7 @@ pub mod ledger;
 pub mod limits;
 pub mod log;
 pub mod runtime;
+pub mod shared_ledger;
 pub mod sys;
 pub mod variants;
 pub mod watch;

@@ -27,6 +27,9 @@ use std::sync::Mutex;
 
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
 pub const CUDA_ERROR_OUT_OF_MEMORY: u32 = 2;
+/// `CUDA_ERROR_NOT_PERMITTED` (cuda.h: "the attempted operation is not permitted"): a launch on
+/// a device the grant does not cover.
+pub const CUDA_ERROR_NOT_PERMITTED: u32 = 800;
 /// `CUDA_ERROR_NOT_READY` (cuEventQuery on pending work).
 const CUDA_ERROR_NOT_READY: u32 = 600;
 /// Outstanding sampled event pairs before sampling pauses (a deep queue means samples complete
@@ -87,6 +90,10 @@ pub struct Runtime {
     unmeasured: AtomicU64,
     /// Probe launches (after a capped contention hold) whose measurement is still in flight.
     probing: AtomicU64,
+    /// Per CUDA ordinal: its GPU's UUID (two words) once asked of the driver, and whether it is
+    /// known ([`Runtime::device_slot`]).
+    dev_uuid: [[AtomicU64; 2]; MAX_DEVICES],
+    dev_uuid_known: [AtomicBool; MAX_DEVICES],
 }
 
 #[derive(Default)]
@@ -201,7 +208,30 @@ fn init() -> &'static Runtime {
     let env = |k: &str| std::env::var(k).ok();
     let parsed = config::parse(env);
     let (source, resume) = client::source(env, &parsed.config);
-    let rt = Runtime::build(parsed.config, &parsed.errors, source);
+    let shared = matches!(source, Source::Arbiter(_))
+        .then(|| shared_ledger(env))
+        .flatten();
+    let mut rt = Runtime::build(parsed.config, &parsed.errors, source);
+    match shared {
+        Some(Ok(group)) => rt.ledger = Ledger::shared(group),
+        Some(Err(e)) => {
+            log::line(
+                Level::Error,
+                format_args!("{e}; every device allocation is refused"),
+            );
+            let page = rt.limits();
+            let shares: [u32; MAX_DEVICES] = std::array::from_fn(|d| page.share(d));
+            let budgets: [u32; MAX_DEVICES] = std::array::from_fn(|d| page.contention(d));
+            let closed = limits::standalone(&[0; MAX_DEVICES], &shares, &budgets);
+            for d in 0..MAX_DEVICES {
+                if let Some(u) = page.slot_uuid(d) {
+                    closed.set_slot_uuid(d, u);
+                }
+            }
+            rt.limits.set(closed);
+        }
+        None => {}
+    }
     let rt = RUNTIME.install(Box::new(rt));
     INIT.store(2, Release);
     os::register_atfork(after_fork_child);
@@ -216,6 +246,50 @@ fn init() -> &'static Runtime {
         }
     }
     rt
+}
+
+/// This process's slot in its grant's shared ledger (`SMORE_LEDGER_FD`, set by `smore run` next
+/// to the grant page; issue 12 item 4): every process holding the grant — the exec'd one, its
+/// fork children, descendants that exec — charges the grant's one cap. `None` without the
+/// variable (a self-registered process has a grant of its own); a table that cannot be mapped
+/// is reported and the process-local ledger used (`SMORE_LEDGER_FD` is not the function's to
+/// change: only `smore run` sets it); `Some(Err)` when every slot is held by a live process.
+fn shared_ledger(
+    env: impl Fn(&str) -> Option<String>,
+) -> Option<Result<crate::shared_ledger::Group, crate::shared_ledger::ClaimError>> {
+    use smore_protocol::ledger::{owner_word, ENV_LEDGER_FD};
+    let v = env(ENV_LEDGER_FD)?;
+    let table = v
+        .trim()
+        .parse::<i32>()
+        .map_err(|_| format!("{ENV_LEDGER_FD}={v:?} is not a file descriptor number"))
+        .and_then(crate::sys::grant::map_ledger_fd);
+    let table = match table {
+        Ok(t) => t,
+        Err(e) => {
+            log::line(
+                Level::Error,
+                format_args!("{ENV_LEDGER_FD}: {e}; this process's memory is capped on its own"),
+            );
+            return None;
+        }
+    };
+    let me = os::pid();
+    let start = match os::start_ticks(me) {
+        Ok(Some(t)) => t,
+        _ => {
+            log::line(
+                Level::Error,
+                format_args!("{ENV_LEDGER_FD}: cannot read this process's start time; this process's memory is capped on its own"),
+            );
+            return None;
+        }
+    };
+    Some(crate::shared_ledger::Group::claim(
+        table,
+        owner_word(me, start),
+        os::owner_alive,
+    ))
 }
 
 /// Set in a fork child (until it execs): such a process does not own an inherited grant.
@@ -360,6 +434,8 @@ impl Runtime {
             refusals: AtomicU64::new(0),
             unmeasured: AtomicU64::new(0),
             probing: AtomicU64::new(0),
+            dev_uuid: std::array::from_fn(|_| [AtomicU64::new(0), AtomicU64::new(0)]),
+            dev_uuid_known: std::array::from_fn(|_| AtomicBool::new(false)),
         }
     }
 
@@ -367,6 +443,59 @@ impl Runtime {
     #[inline]
     pub fn limits(&self) -> &'static GrantPage {
         self.limits.get()
+    }
+
+    /// The page slot that describes CUDA ordinal `dev`, `None` when the grant does not cover it.
+    ///
+    /// A page whose slots name their GPUs (`GrantPage::slot_uuid`, written by the arbiter) maps
+    /// the ordinal to the slot of the same UUID (`cuDeviceGetUuid`, asked once per ordinal and
+    /// kept): a function that changed `CUDA_VISIBLE_DEVICES` — the ordinals then name other
+    /// GPUs — still gets its grant on its GPU and nothing on the others (issue 12 item 9). A page
+    /// that names no GPU (standalone, an older arbiter) maps ordinal `d` to slot `d`. A UUID the
+    /// driver cannot give is not granted (asked again next time). No lock, allocation or
+    /// syscall once the UUID is known: the throttled launch path may call it.
+    pub fn device_slot(&self, dev: usize) -> Option<usize> {
+        let page = self.limits();
+        if dev >= MAX_DEVICES || !page.names_gpus() {
+            return Some(dev);
+        }
+        let uuid = if self.dev_uuid_known[dev].load(Acquire) {
+            let w = &self.dev_uuid[dev];
+            let mut u = [0u8; 16];
+            u[..8].copy_from_slice(&w[0].load(Relaxed).to_ne_bytes());
+            u[8..].copy_from_slice(&w[1].load(Relaxed).to_ne_bytes());
+            u
+        } else {
+            let u = driver::cuda_uuid_bytes(dev)?;
+            let w = &self.dev_uuid[dev];
+            w[0].store(u64::from_ne_bytes(u[..8].try_into().ok()?), Relaxed);
+            w[1].store(u64::from_ne_bytes(u[8..].try_into().ok()?), Relaxed);
+            self.dev_uuid_known[dev].store(true, Release);
+            u
+        };
+        let slot = page.slot_of_uuid(&uuid)?;
+        // The grant's shared ledger counts this GPU under its slot, whatever ordinal each of
+        // the grant's processes calls it.
+        self.ledger.map_shared(dev, slot);
+        Some(slot)
+    }
+
+    /// Memory cap of CUDA ordinal `dev`: its slot's, 0 on a device the grant does not cover.
+    pub fn cap(&self, dev: usize) -> u64 {
+        self.device_slot(dev).map_or(0, |s| self.limits().cap(s))
+    }
+
+    /// SM share of CUDA ordinal `dev` (its slot's; 100 for a device the grant does not cover,
+    /// where no context can be made and a launch is refused before the share matters).
+    pub fn share(&self, dev: usize) -> u32 {
+        self.device_slot(dev)
+            .map_or(100, |s| limits::share(self.limits(), s))
+    }
+
+    /// Contention budget of CUDA ordinal `dev` (its slot's; 0 off the grant).
+    pub fn contention(&self, dev: usize) -> u32 {
+        self.device_slot(dev)
+            .map_or(0, |s| self.limits().contention(s))
     }
 
     /// What to do when an allocation cannot be accounted (device unknown).
@@ -429,7 +558,7 @@ impl Runtime {
             return call().0;
         }
         self.ensure_context_charged(dev);
-        let cap = self.limits().cap(dev);
+        let cap = self.cap(dev);
         match self.reserve(dev, estimate, cap) {
             Err(e) => {
                 self.refused(e.dev, e.request, e.cap, e.used);
@@ -439,7 +568,7 @@ impl Runtime {
                 let (rc, key, actual) = call();
                 if rc == 0 && key != 0 {
                     if actual != r.bytes() && !r.try_resize(actual, cap) {
-                        let used = self.ledger.used(dev);
+                        let used = self.ledger.grant_used(dev);
                         drop(r);
                         undo(key);
                         self.refused(dev, actual, cap, used);
@@ -501,7 +630,7 @@ impl Runtime {
             return call().0;
         }
         self.ensure_context_charged(dev);
-        let cap = self.limits().cap(dev);
+        let cap = self.cap(dev);
         let _serial = self.pool_serial.lock().unwrap_or_else(|e| e.into_inner());
         let want = bytes.saturating_sub(driver::pool_idle(pool).unwrap_or(0));
         let r = match self.reserve(dev, want, cap) {
@@ -519,7 +648,7 @@ impl Runtime {
         if self.ledger.pool_commit(r, pool, ptr, bytes, reserved, cap) {
             return rc;
         }
-        let used = self.ledger.used(dev);
+        let used = self.ledger.grant_used(dev);
         undo(ptr);
         self.refused(dev, bytes, cap, used);
         CUDA_ERROR_OUT_OF_MEMORY
@@ -538,7 +667,7 @@ impl Runtime {
         let mut held = Vec::new();
         for (dev, &bytes) in allocs.iter().enumerate().filter(|(_, b)| **b > 0) {
             self.ensure_context_charged(dev);
-            match self.reserve(dev, bytes, self.limits().cap(dev)) {
+            match self.reserve(dev, bytes, self.cap(dev)) {
                 Ok(r) => held.push((dev, r)),
                 Err(e) => {
                     self.refused(e.dev, e.request, e.cap, e.used);
@@ -612,13 +741,13 @@ impl Runtime {
     /// The memory view of a capped device: total = min(cap, physical total), free =
     /// min(physical free, cap − used). Uncapped devices are reported as they are.
     pub fn virtual_info(&self, dev: usize, phys_free: u64, phys_total: u64) -> (u64, u64) {
-        let cap = self.limits().cap(dev);
+        let cap = self.cap(dev);
         if cap == u64::MAX {
             return (phys_free, phys_total);
         }
         self.refresh_pools(dev);
         let total = cap.min(phys_total);
-        let free = phys_free.min(cap.saturating_sub(self.ledger.used(dev)));
+        let free = phys_free.min(cap.saturating_sub(self.ledger.grant_used(dev)));
         (free, total)
     }
 
@@ -629,7 +758,7 @@ impl Runtime {
         let Some(flag) = self.ctx_charged.get(dev) else {
             return;
         };
-        if flag.load(Acquire) || self.limits().cap(dev) == u64::MAX {
+        if flag.load(Acquire) || self.cap(dev) == u64::MAX {
             return;
         }
         if flag.swap(true, AcqRel) {
@@ -641,6 +770,7 @@ impl Runtime {
                 let footprint = mem.saturating_sub(self.ledger.used(dev));
                 self.ledger.force_charge(dev, footprint);
                 let _ = self.ctx_footprint[dev].compare_exchange(0, footprint, AcqRel, Acquire);
+                self.ledger.publish_footprint(dev, footprint);
                 log::line(
                     Level::Info,
                     format_args!("device {dev}: context footprint {} charged", fmt_bytes(footprint)),
@@ -674,22 +804,30 @@ impl Runtime {
         primary: bool,
         call: impl FnOnce() -> (u32, u64),
     ) -> u32 {
+        if self.device_slot(dev).is_none() {
+            // A device the grant does not cover (issue 12 item 9): a context costs device
+            // memory the grant gives none of there, and without a context no allocation or
+            // launch can reach the device through any path.
+            self.refused(dev, self.ctx_footprint[dev].load(Acquire), 0, 0);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
         if dev >= MAX_DEVICES
             || (primary && self.ledger.holds(Kind::PrimaryContext, dev as u64))
-            || self.limits().cap(dev) == u64::MAX
+            || self.cap(dev) == u64::MAX
             // A retain of a primary context that exists already (made before it was charged:
             // the allocation fallback below counted it) creates nothing.
             || (primary && driver::primary_ctx_active(dev) == Some(true))
         {
             return call().0;
         }
-        let known = self.ctx_footprint[dev].load(Acquire);
-        // The first context of a device is never refused: its footprint is not known yet.
-        let cap = if known == 0 {
-            u64::MAX
-        } else {
-            self.limits().cap(dev)
-        };
+        // What a context costs here: this process's first measurement, or one another process of
+        // the grant published (so a process's first context is checked too, once any was seen).
+        let known = self.ctx_footprint[dev]
+            .load(Acquire)
+            .max(self.ledger.shared_footprint(dev));
+        // The first context of a grant on a device is never refused: its footprint is not known
+        // yet.
+        let cap = if known == 0 { u64::MAX } else { self.cap(dev) };
         let mut r = match self.reserve(dev, known, cap) {
             Ok(r) => r,
             Err(e) => {
@@ -711,6 +849,7 @@ impl Runtime {
         if known == 0 {
             let _ = self.ctx_footprint[dev].compare_exchange(0, footprint, AcqRel, Acquire);
         }
+        self.ledger.publish_footprint(dev, footprint);
         r.force_resize(footprint);
         let (kind, key) = if primary {
             (Kind::PrimaryContext, dev as u64)
@@ -760,9 +899,16 @@ impl Runtime {
         let Some(dev) = driver::ctx_device().filter(|&d| d < MAX_DEVICES) else {
             return call();
         };
+        let Some(slot) = self.device_slot(dev) else {
+            // A device the grant does not cover: no context can be made there through the
+            // shim; a launch that still reaches one is refused as the driver refuses an
+            // operation the process may not make.
+            return CUDA_ERROR_NOT_PERMITTED;
+        };
+        // One slot look-up per launch (the page's UUID words are read once here).
         let page = self.limits();
-        let share = limits::share(page, dev);
-        let budget = page.contention(dev);
+        let share = limits::share(page, slot);
+        let budget = page.contention(slot);
         if share >= 100 && budget == 0 {
             return call();
         }
@@ -944,7 +1090,6 @@ impl Runtime {
     /// against its solo cost and charges contention beyond what was charged at admission.
     fn settle(&self, m: &PendingMeta, ns: u64, wait: Option<u64>, settled: &mut Usage) {
         let dev = m.dev;
-        let page = self.limits();
         // The solo cost before this sample is folded in (the floor the sample is judged against).
         let solo = self
             .costs
@@ -956,7 +1101,7 @@ impl Runtime {
             self.estimated[dev].fetch_add(ns, Relaxed);
             self.usage[dev].add(cost.saturating_sub(m.charged), 0);
             if cost > m.charged {
-                let share = limits::share(page, dev);
+                let share = self.share(dev);
                 self.gates[dev].charge(m.admitted, cost - m.charged, share);
             }
             return;
@@ -973,7 +1118,7 @@ impl Runtime {
                     harvest::expected_collision(now.gpu_ns.saturating_sub(settled.gpu_ns), rate);
                 let paid = now.contention_ns.saturating_sub(settled.contention_ns);
                 let excess =
-                    self.contention[dev].correct(m.admitted, paid, due, page.contention(dev));
+                    self.contention[dev].correct(m.admitted, paid, due, self.contention(dev));
                 self.usage[dev].add(0, excess);
             }
             *settled = self.usage[dev].get();

@@ -669,6 +669,7 @@ impl State {
         inst.predicted_fn = pf;
         inst.track(self.procs.as_ref());
         inst.write_page();
+        self.stamp_gpu_uuid(&page, gpu, slot);
         // A process NVML saw before this registration (taken for training) may be this one's.
         self.attributor.forget_training();
         self.released.remove(&peer.pid);
@@ -713,7 +714,8 @@ impl State {
         inst.page = Some(page.clone());
         inst.attached = true;
         inst.write_page();
-        let (gpu, function) = (inst.rec.gpu, inst.rec.function.clone());
+        let (gpu, slot, function) = (inst.rec.gpu, inst.rec.slot, inst.rec.function.clone());
+        self.stamp_gpu_uuid(&page, gpu, slot);
         self.event(
             EventKind::Resumed,
             Some(id),
@@ -721,6 +723,20 @@ impl State {
             format!("function {function} re-attached on GPU {gpu}"),
         );
         Some((self.grant_of(id), page))
+    }
+
+    /// Writes into `page` which GPU its slot `slot` is for (NVML index `gpu`'s UUID), so the shim
+    /// gives devices the grant does not name nothing, whatever `CUDA_VISIBLE_DEVICES` says
+    /// (issue 12 item 9; docs/shim.md, "Devices not granted").
+    fn stamp_gpu_uuid(&self, page: &PageHandle, gpu: u32, slot: u32) {
+        let uuid = self
+            .gpus
+            .iter()
+            .find(|g| g.info.index == gpu)
+            .and_then(|g| smore_protocol::grant::parse_gpu_uuid(&g.info.uuid));
+        if let Some(u) = uuid {
+            page.page().set_slot_uuid(slot as usize, u);
+        }
     }
 
     /// The grant of an instance as the protocol announces it (None: no such instance).

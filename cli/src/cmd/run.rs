@@ -3,7 +3,8 @@
 //! The registration is made by this process, and `exec` keeps its pid, so the grant belongs to
 //! the command itself; the connection and the grant page fd are inherited by the command
 //! (`SMORE_ARBITER_FD`, `SMORE_GRANT_FD`): the shim maps the page and keeps the connection, whose
-//! close — at exit, crash or SIGKILL — releases the grant.
+//! close — at exit, crash or SIGKILL — releases the grant. A shared ledger (`SMORE_LEDGER_FD`)
+//! goes with them, through which every process holding the grant charges its one memory cap.
 
 use anyhow::{Context, Result};
 use smore_protocol::conn::socket_path as client_socket;
@@ -191,6 +192,12 @@ fn try_run(a: RunArgs) -> Result<i32> {
         .context("clearing close-on-exec")?;
     rustix::io::fcntl_setfd(&page, rustix::io::FdFlags::empty())
         .context("clearing close-on-exec")?;
+    // The grant's shared ledger: every process that inherits the grant — this command, its fork
+    // children (even those forked before their first CUDA call) and descendants that exec —
+    // charges the grant's one cap through it (issue 12 item 4; docs/shim.md, "The memory cap").
+    let ledger = smore_protocol::ledger::create().context("creating the grant's shared ledger")?;
+    rustix::io::fcntl_setfd(&ledger, rustix::io::FdFlags::empty())
+        .context("clearing close-on-exec")?;
     let mut preload = shim.display().to_string();
     if let Ok(old) = std::env::var("LD_PRELOAD") {
         if !old.is_empty() {
@@ -205,6 +212,10 @@ fn try_run(a: RunArgs) -> Result<i32> {
         .env(wire::ENV_SOCKET, &socket)
         .env(wire::ENV_CONN_FD, stream.as_raw_fd().to_string())
         .env(wire::ENV_GRANT_FD, page.as_raw_fd().to_string())
+        .env(
+            smore_protocol::ledger::ENV_LEDGER_FD,
+            ledger.as_raw_fd().to_string(),
+        )
         .env("SMORE_INSTANCE", grant.instance.to_string())
         .env(
             wire::ENV_KNOWN_AS,

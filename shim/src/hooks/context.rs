@@ -2,9 +2,12 @@
 //! is charged against the cap while it lives (`Runtime::create_context`) and credited when the
 //! driver destroys it (`cuCtxDestroy`, the primary context's last release or a reset).
 //!
+//! A context on a GPU the grant does not cover is refused before the driver is asked (issue 12
+//! item 9; docs/shim.md, "Devices not granted").
+//!
 //! Must never: fail a context creation the driver granted (a context whose known footprint does
-//! not fit is refused *before* the driver is asked, with `CUDA_ERROR_OUT_OF_MEMORY`), or credit a
-//! context the driver did not destroy.
+//! not fit, or on a GPU not granted, is refused *before* the driver is asked, with
+//! `CUDA_ERROR_OUT_OF_MEMORY`), or credit a context the driver did not destroy.
 
 use super::guard::{after, guarded, real_call, OnPanic, CUDA_ERROR_NOT_FOUND};
 use crate::runtime;

@@ -40,7 +40,7 @@ pub struct NvmlMemoryV2 {
 fn capped_info(dev: Option<usize>, free: u64, total: u64) -> Option<(u64, u64)> {
     let rt = runtime::enforcing()?;
     let dev = dev.or_else(driver::ctx_device)?;
-    if rt.limits().cap(dev) == u64::MAX {
+    if rt.cap(dev) == u64::MAX {
         return None;
     }
     rt.ensure_context_charged(dev);
@@ -91,7 +91,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 fn cap_of(dev: CUdevice) -> Option<u64> {
     let rt = runtime::enforcing()?;
     let dev = usize::try_from(dev).ok()?;
-    Some(rt.limits().cap(dev)).filter(|&c| c != u64::MAX)
+    Some(rt.cap(dev)).filter(|&c| c != u64::MAX)
 }
 
 /// # Safety

@@ -319,15 +319,21 @@ pub fn uuid_string(b: &[u8; 16]) -> String {
     )
 }
 
-/// UUID of CUDA ordinal `ordinal` (needs `cuInit` done by the host process).
-fn cuda_uuid(ordinal: usize) -> Option<String> {
+/// UUID bytes of CUDA ordinal `ordinal` (`cuDeviceGetUuid`; needs `cuInit` done by the host
+/// process).
+pub fn cuda_uuid_bytes(ordinal: usize) -> Option<[u8; 16]> {
     let get = helper_fn!(cuDeviceGet: fn(*mut c_int, c_int) -> u32, else None);
     let uuid = helper_fn!(cuDeviceGetUuid: fn(*mut [u8; 16], c_int) -> u32, else None);
     let mut dev: c_int = -1;
     let mut b = [0u8; 16];
     // SAFETY: valid out-pointers; CUuuid is 16 bytes.
     let ok = unsafe { get(&mut dev, ordinal as c_int) == 0 && uuid(&mut b, dev) == 0 };
-    ok.then(|| uuid_string(&b))
+    ok.then_some(b)
+}
+
+/// UUID of CUDA ordinal `ordinal` in NVML's spelling.
+fn cuda_uuid(ordinal: usize) -> Option<String> {
+    cuda_uuid_bytes(ordinal).map(|b| uuid_string(&b))
 }
 
 /// The NVML handle of CUDA ordinal `ordinal`: by UUID (correct under `CUDA_VISIBLE_DEVICES`),

@@ -1,9 +1,11 @@
-//! Maps the arbiter's grant page (a sealed memfd) read-only.
+//! Maps the arbiter's grant page (a sealed memfd) read-only, and a grant's shared ledger
+//! (`smore_protocol::ledger`, made by `smore run`) read-write.
 //!
-//! Must never: map the page writable, accept an fd smaller than the page layout, or return a page
+//! Must never: map the grant page writable, accept an fd smaller than the page layout, or return a page
 //! whose magic / version is not ours (a wrong fd must not be read as limits).
 
 use smore_protocol::grant::{GrantPage, PAGE_BYTES};
+use smore_protocol::ledger::{LedgerTable, LEDGER_BYTES};
 use std::os::fd::RawFd;
 
 /// Maps `fd` (`PROT_READ`, `MAP_SHARED`) and checks it holds a [`GrantPage`] of our layout. The
@@ -57,6 +59,56 @@ pub fn map_fd(fd: RawFd) -> Result<&'static GrantPage, String> {
     Ok(page)
 }
 
+/// Maps `fd` (`PROT_READ | PROT_WRITE`, `MAP_SHARED`) and checks it holds a [`LedgerTable`] of
+/// our layout. Never unmapped (the table is the process's ledger until it exits); a fork child
+/// inherits the mapping, an exec'd descendant maps the inherited fd again.
+pub fn map_ledger_fd(fd: RawFd) -> Result<&'static LedgerTable, String> {
+    // SAFETY: `libc::stat` is plain old data, for which all-zero bytes are a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on any integer is safe (EBADF for a non-fd); `st` is a valid out pointer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(format!(
+            "fd {fd} is not open ({})",
+            std::io::Error::last_os_error()
+        ));
+    }
+    if st.st_size as u64 != LEDGER_BYTES as u64 {
+        return Err(format!(
+            "fd {fd} holds {} bytes, not a shared ledger's {LEDGER_BYTES}",
+            st.st_size
+        ));
+    }
+    // SAFETY: a fresh shared mapping of an open fd of LEDGER_BYTES; the kernel checks the rest.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            LEDGER_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!(
+            "mmap of fd {fd} failed: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: the mapping is LEDGER_BYTES ≥ size_of::<LedgerTable>() long, page-aligned, lives
+    // for the rest of the process (never unmapped), and every field written after creation is an
+    // atomic (other processes write it concurrently through the same atomics).
+    let table: &'static LedgerTable = unsafe { &*(p as *const LedgerTable) };
+    if !table.is_valid() {
+        // SAFETY: unmapping the mapping we just made; nothing references it.
+        unsafe { libc::munmap(p, LEDGER_BYTES) };
+        return Err(format!(
+            "fd {fd} is not a smore shared ledger (magic or layout version differ)"
+        ));
+    }
+    Ok(table)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,6 +124,22 @@ mod tests {
         let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), bytes as libc::off_t) };
         assert_eq!(rc, 0);
         fd
+    }
+
+    #[test]
+    fn only_a_shared_ledger_of_our_layout_is_mapped_and_writes_are_shared() {
+        let e = map_ledger_fd(memfd(LEDGER_BYTES).as_raw_fd()).unwrap_err();
+        assert!(e.contains("not a smore shared ledger"), "{e}");
+        let e = map_ledger_fd(memfd(PAGE_BYTES).as_raw_fd()).unwrap_err();
+        assert!(e.contains("not a shared ledger's"), "{e}");
+        let fd = smore_protocol::ledger::create().unwrap();
+        let a = map_ledger_fd(fd.as_raw_fd()).unwrap();
+        let b = map_ledger_fd(fd.as_raw_fd()).unwrap();
+        a.slots[3].bytes[1].store(77, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            b.slots[3].bytes[1].load(std::sync::atomic::Ordering::SeqCst),
+            77
+        );
     }
 
     #[test]

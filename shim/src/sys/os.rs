@@ -161,6 +161,37 @@ pub fn set_known_as(theirs: u32) {
     KNOWN_AS.store((u64::from(pid()) << 32) | u64::from(theirs), Release);
 }
 
+/// Start time of process `pid` in clock ticks since boot (`/proc/<pid>/stat` field 22): `Ok(None)`
+/// when there is no such process, `Err` when `/proc` could not be read otherwise (never taken
+/// for proof of death). Allocation slow path only (a file read).
+pub fn start_ticks(pid: u32) -> Result<Option<u64>, std::io::Error> {
+    let text = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // The command name (field 2) may hold spaces and parentheses: fields resume after the last ')'.
+    let rest = text.rsplit_once(')').map_or("", |(_, r)| r);
+    // `rest` starts at field 3 (state); field 22 is the 20th of them.
+    rest.split_ascii_whitespace()
+        .nth(19)
+        .and_then(|f| f.parse().ok())
+        .map(Some)
+        .ok_or_else(|| std::io::Error::other(format!("/proc/{pid}/stat: no start time")))
+}
+
+/// Whether the process of a shared-ledger owner word (pid, start time's low 32 bits) lives: a
+/// process with that pid and start time exists (or `/proc` could not say otherwise).
+pub fn owner_alive(owner: u64) -> bool {
+    let pid = smore_protocol::ledger::owner_pid(owner);
+    match start_ticks(pid) {
+        Ok(Some(t)) => t & 0xffff_ffff == owner & 0xffff_ffff,
+        Ok(None) => false,
+        Err(_) => true,
+    }
+}
+
 /// The pid the arbiter (and NVML) knows this process by: the recorded one if it was recorded in
 /// this very process, else this process's own pid.
 pub fn known_as() -> u32 {

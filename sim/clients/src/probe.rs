@@ -7,7 +7,7 @@
 //! | op | effect |
 //! |---|---|
 //! | `alloc:<kind>:<size>` | kind = v2, pitch, managed, async, pool (the default pool), mypool (the `pool-create` pool), vmm, vmm-released, array, array3d, mipmap (2 levels of 1024 floats × size/4 KiB rows: 1.25 × size), graph (a captured graph plus one memory-allocation node of size, instantiated and launched; freed by destroying the executable graph) |
-//! | `pool-create` / `pool-destroy` | cuMemPoolCreate on the device (then `mypool`) / cuMemPoolDestroy of it |
+//! | `pool-create[:<ordinal>]` / `pool-destroy` | cuMemPoolCreate on the device, or on another ordinal (then `mypool`) / cuMemPoolDestroy of it |
 //! | `pool-threshold:<size\|max>` / `pool-trim` | release threshold / cuMemPoolTrimTo(0) of `mypool` if created, else of the default pool |
 //! | `free` / `free-all` | frees the newest / every live allocation through the matching path |
 //! | `vmm-retain` / `vmm-release-retained` | cuMemRetainAllocationHandle on the newest VMM mapping / cuMemRelease of every retained handle |
@@ -21,6 +21,15 @@
 //! | `stream` | create a stream and use it from now on |
 //! | `sync` / `sleep:<ms>` / `ready` | stream sync / sleep / print a marker line |
 //! | `pool-info` | default pool reserved and used bytes |
+//! | `familymem` | device memory NVML attributes to this process and its `--fork` siblings together (`used=`) |
+//! | `storm:<threads>:<size>:<ms>[:<hold>]` | threads allocate (`cuMemAlloc_v2`, holding up to `hold` each, default 4, freeing the oldest past it or on a refusal) for ms; after every successful allocation the family's memory by NVML (the driver's ledger) is compared with the cap `cuMemGetInfo` reports: `ok= refused= overcommits= max_family= cap=` |
+//! | `die` | SIGKILL itself (no exit handler runs) |
+//! | `only:<i>:<op>` | runs `<op>` in `--fork` child `i` only (`op=skip` in the others) |
+//!
+//! `--fork N` forks N children before the driver is loaded (as a function that forks before its
+//! first CUDA call); each child runs the script and tags its lines `proc=<i>`, and the parent
+//! waits for them all (exit status 1 if one failed; a child killed by a signal is reported
+//! `op=child proc=<i> signal=<n>`).
 
 use crate::driver::{DirectTable, Ptr, Session};
 use anyhow::{bail, Context, Result};
@@ -38,8 +47,78 @@ pub struct Args {
     /// How to reach the driver and which device to use.
     #[command(flatten)]
     pub resolve: crate::driver::ResolveArgs,
+    /// Fork this many children before loading the driver; each runs the script.
+    #[arg(long, default_value_t = 0)]
+    pub fork: usize,
     /// Operations, in order.
     pub ops: Vec<String>,
+}
+
+/// This process's place among `--fork` siblings: (index, every sibling's pid).
+static FAMILY: std::sync::OnceLock<(usize, Vec<u32>)> = std::sync::OnceLock::new();
+
+/// The pids whose memory counts as this probe's family (itself alone without `--fork`).
+fn family() -> Vec<u32> {
+    FAMILY
+        .get()
+        .map_or_else(|| vec![std::process::id()], |(_, p)| p.clone())
+}
+
+/// Forks `n` children that return (to run the script) once every sibling's pid is known; the
+/// parent waits for them and exits.
+fn fork_children(n: usize) -> Result<()> {
+    use std::io::Read;
+    let mut fds = [0; 2];
+    // SAFETY: pipe() with a valid two-int array.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        bail!("pipe: {}", std::io::Error::last_os_error());
+    }
+    let mut pids = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: the probe is single-threaded here (before the driver is loaded).
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            bail!("fork: {}", std::io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // SAFETY: closing our copy of the write end; the read end is owned from here.
+            unsafe { libc::close(fds[1]) };
+            // SAFETY: fds[0] is an open pipe read end this process owns.
+            let mut r = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) };
+            let mut msg = vec![0u8; 4 * n];
+            // Messages of ≤ PIPE_BUF bytes are written atomically: each child reads one whole.
+            r.read_exact(&mut msg)?;
+            let all = msg
+                .chunks(4)
+                .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
+                .collect();
+            let _ = FAMILY.set((i, all));
+            return Ok(());
+        }
+        pids.push(pid as u32);
+    }
+    let msg: Vec<u8> = pids.iter().flat_map(|p| p.to_ne_bytes()).collect();
+    anyhow::ensure!(msg.len() <= 4096, "--fork: at most 1024 children");
+    for _ in 0..n {
+        // SAFETY: writing a buffer we own to the pipe's write end.
+        let w = unsafe { libc::write(fds[1], msg.as_ptr().cast(), msg.len()) };
+        anyhow::ensure!(w as usize == msg.len(), "pipe write failed");
+    }
+    let mut failed = false;
+    for (i, pid) in pids.iter().enumerate() {
+        let mut status = 0;
+        // SAFETY: waiting for our own child with a valid status pointer.
+        unsafe { libc::waitpid(*pid as i32, &mut status, 0) };
+        if libc::WIFSIGNALED(status) {
+            emit(format!(
+                "op=child proc={i} signal={}",
+                libc::WTERMSIG(status)
+            ));
+        } else if libc::WEXITSTATUS(status) != 0 {
+            failed = true;
+        }
+    }
+    std::process::exit(i32::from(failed));
 }
 
 enum Live {
@@ -112,7 +191,10 @@ struct Probe {
 
 fn emit(line: String) {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
+    let _ = match FAMILY.get() {
+        Some((i, _)) => writeln!(out, "{line} proc={i}"),
+        None => writeln!(out, "{line}"),
+    };
     let _ = out.flush();
 }
 
@@ -538,6 +620,27 @@ impl Probe {
             }
             ["nvml-meminfo"] => nvml_meminfo(self.s.device as u32)?,
             ["procmem"] => nvml_procmem(self.s.device as u32)?,
+            ["familymem"] => {
+                let nvml = Nvml::open(self.s.device as u32)?;
+                format!("op=familymem rc=0 used={}", nvml.family_used(&family())?)
+            }
+            ["storm", threads, size, ms, hold @ ..] => self.storm(
+                threads.parse()?,
+                parse_size(size).map_err(anyhow::Error::msg)?,
+                ms.parse()?,
+                hold.first().map_or(Ok(4), |h| h.parse())?,
+            )?,
+            ["only", i, rest @ ..] => {
+                if FAMILY.get().is_some_and(|(me, _)| me.to_string() == *i) {
+                    return self.op(&rest.join(":"));
+                }
+                "op=skip".to_string()
+            }
+            ["die"] => {
+                // SAFETY: signalling this very process.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                unreachable!("SIGKILL is not caught")
+            }
             ["vmm-retain"] => {
                 let va = self.live.iter().rev().find_map(|l| match l {
                     Live::Vmm { va, .. } | Live::VmmMapped { va, .. } => Some(*va),
@@ -554,12 +657,17 @@ impl Probe {
                 }
                 format!("op=vmm-retain rc={rc}")
             }
-            ["pool-create"] => {
-                // CUmemPoolProps (cuda.h, 88 bytes): pinned allocations on this device.
+            ["pool-create", rest @ ..] => {
+                // CUmemPoolProps (cuda.h, 88 bytes): pinned allocations on this device (or on
+                // the ordinal given: `pool-create:<ordinal>`).
+                let dev: i32 = match rest {
+                    [o] => o.parse()?,
+                    _ => self.s.device,
+                };
                 let mut props = [0u8; 88];
                 props[0..4].copy_from_slice(&1u32.to_ne_bytes());
                 props[8..12].copy_from_slice(&1u32.to_ne_bytes());
-                props[12..16].copy_from_slice(&self.s.device.to_ne_bytes());
+                props[12..16].copy_from_slice(&dev.to_ne_bytes());
                 let mut pool = std::ptr::null_mut();
                 // SAFETY: out-pointer to a local; `props` has the CUmemPoolProps layout.
                 let rc = unsafe { (d.cuMemPoolCreate)(&mut pool, props.as_ptr().cast()) };
@@ -789,6 +897,59 @@ fn nvml_procmem(index: u32) -> Result<String> {
     }
 }
 
+/// NVML's process list of one device, resolved once.
+struct Nvml {
+    dev: Ptr,
+    procs: NvmlProcs,
+}
+
+// SAFETY: an NVML device handle is an opaque token valid from any thread (NVML is thread-safe).
+unsafe impl Sync for Nvml {}
+
+impl Nvml {
+    fn open(index: u32) -> Result<Nvml> {
+        // SAFETY: dlopen/dlsym with valid names; the NVML entry points have these signatures.
+        unsafe {
+            let h = libc::dlopen(
+                c"libnvidia-ml.so.1".as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_LOCAL,
+            );
+            if h.is_null() {
+                bail!("dlopen(libnvidia-ml.so.1) failed");
+            }
+            let sym = |n: &std::ffi::CStr| {
+                let p = libc::dlsym(h, n.as_ptr());
+                if p.is_null() {
+                    bail!("dlsym({n:?}) failed")
+                }
+                Ok(p)
+            };
+            let init: NvmlInit = std::mem::transmute(sym(c"nvmlInit_v2")?);
+            let handle: NvmlHandle = std::mem::transmute(sym(c"nvmlDeviceGetHandleByIndex_v2")?);
+            let procs: NvmlProcs =
+                std::mem::transmute(sym(c"nvmlDeviceGetComputeRunningProcesses_v3")?);
+            let mut dev = std::ptr::null_mut();
+            let rc = init().max(handle(index, &mut dev));
+            anyhow::ensure!(rc == 0, "NVML device {index}: rc={rc}");
+            Ok(Nvml { dev, procs })
+        }
+    }
+
+    /// Device memory of the processes `pids` together, by NVML.
+    fn family_used(&self, pids: &[u32]) -> Result<u64> {
+        let mut buf = [NvmlProcessInfo::default(); 256];
+        let mut n = buf.len() as u32;
+        // SAFETY: a valid device handle, count and buffer of that many entries.
+        let rc = unsafe { (self.procs)(self.dev, &mut n, buf.as_mut_ptr()) };
+        anyhow::ensure!(rc == 0, "nvmlDeviceGetComputeRunningProcesses: rc={rc}");
+        Ok(buf[..(n as usize).min(buf.len())]
+            .iter()
+            .filter(|p| pids.contains(&p.pid))
+            .map(|p| p.used)
+            .sum())
+    }
+}
+
 type NvmlInit = unsafe extern "C" fn() -> u32;
 type NvmlHandle = unsafe extern "C" fn(u32, *mut Ptr) -> u32;
 type NvmlMem = unsafe extern "C" fn(Ptr, *mut [u64; 3]) -> u32;
@@ -831,9 +992,87 @@ fn nvml_meminfo(index: u32) -> Result<String> {
     }
 }
 
+impl Probe {
+    /// `storm:<threads>:<size>:<ms>` (see the module docs).
+    fn storm(&mut self, threads: usize, size: u64, ms: u64, hold: usize) -> Result<String> {
+        use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+        let d = &self.s.drv;
+        let (mut free, mut cap) = (0usize, 0usize);
+        // SAFETY: out-pointers to locals.
+        let rc = unsafe { (d.cuMemGetInfo)(&mut free, &mut cap) };
+        anyhow::ensure!(rc == 0, "cuMemGetInfo: rc={rc}");
+        let nvml = Nvml::open(self.s.device as u32)?;
+        let fam = family();
+        let (ok, refused, over, max) = (
+            AtomicU64::new(0),
+            AtomicU64::new(0),
+            AtomicU64::new(0),
+            AtomicU64::new(0),
+        );
+        let ctx = self.s.ctx as usize;
+        let deadline = Instant::now() + std::time::Duration::from_millis(ms);
+        let t0 = Instant::now();
+        std::thread::scope(|sc| -> Result<()> {
+            let mut workers = Vec::with_capacity(threads);
+            for _ in 0..threads {
+                workers.push(sc.spawn(|| -> Result<()> {
+                    // SAFETY: making the probe's context current on this thread.
+                    unsafe { (d.cuCtxSetCurrent)(ctx as Ptr) };
+                    let mut held: std::collections::VecDeque<u64> = Default::default();
+                    while Instant::now() < deadline {
+                        let mut p = 0u64;
+                        // SAFETY: out-pointer to a local.
+                        let rc = unsafe { (d.cuMemAlloc)(&mut p, size as usize) };
+                        if rc == 0 {
+                            ok.fetch_add(1, Relaxed);
+                            held.push_back(p);
+                            let used = nvml.family_used(&fam)?;
+                            max.fetch_max(used, Relaxed);
+                            if used > cap as u64 {
+                                over.fetch_add(1, Relaxed);
+                            }
+                        } else {
+                            refused.fetch_add(1, Relaxed);
+                        }
+                        if held.len() >= hold.max(1) || (rc != 0 && !held.is_empty()) {
+                            let p = held.pop_front().unwrap();
+                            // SAFETY: freeing our own allocation.
+                            unsafe { (d.cuMemFree)(p) };
+                        }
+                    }
+                    for p in held {
+                        // SAFETY: freeing our own allocation.
+                        unsafe { (d.cuMemFree)(p) };
+                    }
+                    Ok(())
+                }));
+            }
+            // A thread that failed (NVML unreadable) fails the op: a storm that stopped
+            // checking must not report zero over-commits.
+            for w in workers {
+                w.join()
+                    .map_err(|_| anyhow::anyhow!("a storm thread panicked"))??;
+            }
+            Ok(())
+        })?;
+        let secs = t0.elapsed().as_secs_f64();
+        Ok(format!(
+            "op=storm threads={threads} ok={} refused={} overcommits={} max_family={} cap={cap} allocs_per_s={:.0}",
+            ok.load(Relaxed),
+            refused.load(Relaxed),
+            over.load(Relaxed),
+            max.load(Relaxed),
+            ok.load(Relaxed) as f64 / secs
+        ))
+    }
+}
+
 /// Runs the probe; `direct` is the driver-linked table of `sim-probe-linked`.
 pub fn main_with(direct: Option<&dyn Fn(bool) -> DirectTable>) -> Result<()> {
     let args = Args::parse();
+    if args.fork > 0 {
+        fork_children(args.fork)?;
+    }
     let drv = args.resolve.load(direct)?;
     let resolved: Vec<String> = drv
         .names

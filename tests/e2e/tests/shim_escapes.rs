@@ -345,3 +345,70 @@ fn graph_memory_nodes_are_charged_from_instantiation_to_destruction() {
         assert_eq!(num(info[1], "free") as u64, 64 * MIB, "credited: {ctx}");
     }
 }
+
+/// `smore run --memory <cap> -- <command…>` on `arb`'s node.
+fn smore_run(arb: &Arbiter, function: &str, cap: &str, command: &[&str]) -> std::process::Command {
+    let mut c = arb.smore();
+    c.args(["run", "--function", function, "--memory", cap, "--shim"])
+        .arg(shim_lib())
+        .arg("--")
+        .args(command);
+    c
+}
+
+/// Item 9: a function granted one GPU unset `CUDA_VISIBLE_DEVICES` (which `smore run` pins to
+/// its GPU) and ran unthrottled on the other, or allocated there through a pool. The grant page
+/// names its GPU by UUID; the shim maps each CUDA ordinal to it, and a device the grant does not
+/// cover gets nothing: no context (so no launch), no allocation by any path.
+#[test]
+fn a_function_that_drops_cuda_visible_devices_gets_nothing_on_a_gpu_it_was_not_granted() {
+    let sim = SimGpu::builder()
+        .devices(2)
+        .memory("8GiB")
+        .context_memory("16MiB")
+        .build()
+        .unwrap();
+    let arb = Arbiter::new(&sim, "");
+    let probe = bin("sim-probe").display().to_string();
+    let script = format!(
+        "unset CUDA_VISIBLE_DEVICES; for d in 0 1; do \
+         {probe} --device $d alloc:v2:256MiB alloc:v2:1GiB pool-create:$((1 - d)) \
+         alloc:mypool:256MiB run:1000:3 procmem; echo op=exit device=$d rc=$?; done"
+    );
+    let out = smore_run(&arb, "roamer", "512MiB", &["sh", "-c", &script])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    let ctx = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
+    let granted: u32 = stderr
+        .split(" on GPU ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|g| g.parse().ok())
+        .unwrap_or_else(|| panic!("no admission line: {ctx}"));
+    let l = parse_lines(&stdout);
+    let exits = ops(&l, "exit");
+    assert_eq!(exits.len(), 2, "{ctx}");
+    for e in exits {
+        let dev: u32 = e["device"].parse().unwrap();
+        if dev == granted {
+            // Its own GPU, whatever ordinal it has now: the grant applies there.
+            assert_eq!(e["rc"], "0", "{ctx}");
+        } else {
+            // The other GPU: not even a context.
+            assert_ne!(e["rc"], "0", "device {dev} is not granted: {ctx}");
+        }
+    }
+    assert!(
+        stderr.contains("cuDevicePrimaryCtxRetain"),
+        "the context on the other GPU was refused: {ctx}"
+    );
+    // On its own GPU: 256 MiB fits the 512 MiB cap, 1 GiB does not, and a pool placed on the
+    // other GPU gets nothing.
+    assert_eq!(alloc_rcs(&l), ["0", "2", "2"], "{ctx}");
+    assert_eq!(ops(&l, "run").len(), 1, "{ctx}");
+    assert!(procmem(&l)[0] <= 512 * MIB, "{ctx}");
+}

@@ -1,0 +1,132 @@
+//! The shared ledger: one small `MAP_SHARED` table per grant through which every process that
+//! holds the grant charges its device memory against the grant's one cap (issue 12 item 4: a
+//! function that forked before CUDA initialised gave each child a fresh per-process ledger under
+//! the inherited grant — 4 × 1 GiB under one 1 GiB grant).
+//!
+//! Owns the table's layout and its creation. `smore run` creates it (a memfd, [`create`]) before
+//! it execs the function and passes it down as [`ENV_LEDGER_FD`] next to the grant page: that is
+//! the one place every process sharing a `smore run` grant descends from — the exec'd process,
+//! its fork children (which inherit the fd and the environment even if they fork before their
+//! first CUDA call, when no shim has initialised yet) and descendants that exec (the fd is not
+//! close-on-exec). The shim maps it read-write and keeps one slot per process
+//! (docs/shim.md, "The memory cap").
+//!
+//! Unlike the grant page the table is writable by the function: it is the function's own
+//! bookkeeping, like the per-process ledger it replaces, and the arbiter never trusts it — the
+//! NVML watchdog, which sums a function's processes, stays the authority (docs/arbiter.md,
+//! "Threat model").
+//!
+//! Must never: change layout without bumping [`LEDGER_VERSION`].
+
+use crate::grant::MAX_DEVICES;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicU64;
+
+/// Environment variable through which `smore run` hands the shared ledger's fd to the function.
+pub const ENV_LEDGER_FD: &str = "SMORE_LEDGER_FD";
+/// `b"SMORELED"` — identifies a shared ledger (checked after mmap).
+pub const LEDGER_MAGIC: u64 = 0x4445_4c45_524f_4d53;
+/// Layout version of [`LedgerTable`].
+pub const LEDGER_VERSION: u32 = 1;
+/// Processes that can hold memory under one grant at once: 128. Reasoning: the simulated node
+/// admits 128 processes; a real function runs a handful (a server and its workers). A process
+/// that finds the table full of live processes is refused every allocation (docs/shim.md).
+pub const LEDGER_SLOTS: usize = 128;
+/// An owner word of a free slot.
+pub const OWNER_FREE: u64 = 0;
+/// An owner word of a slot being reclaimed (its process died; its bytes are being zeroed).
+pub const OWNER_RECLAIMING: u64 = u64::MAX;
+
+/// One process's charges.
+#[repr(C)]
+#[derive(Debug)]
+pub struct LedgerSlot {
+    /// [`owner_word`] of the process holding the slot, [`OWNER_FREE`] or [`OWNER_RECLAIMING`].
+    pub owner: AtomicU64,
+    /// Bytes the process holds per CUDA ordinal.
+    pub bytes: [AtomicU64; MAX_DEVICES],
+}
+
+/// The table: header, footprints, and [`LEDGER_SLOTS`] slots. 16 + 128 + 128 × 136 = 17 552
+/// bytes.
+#[repr(C)]
+#[derive(Debug)]
+pub struct LedgerTable {
+    /// [`LEDGER_MAGIC`].
+    pub magic: u64,
+    /// [`LEDGER_VERSION`].
+    pub version: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Per device (grant-page slot): the largest context footprint a process of the grant
+    /// measured there, bytes (0 = none yet). A process's later contexts are checked against the
+    /// cap with it before the driver is asked, not only after its own first one was measured.
+    pub footprint: [AtomicU64; MAX_DEVICES],
+    /// One slot per process.
+    pub slots: [LedgerSlot; LEDGER_SLOTS],
+}
+
+/// Bytes of the memfd ([`LedgerTable`] rounded up to whole pages).
+pub const LEDGER_BYTES: usize = std::mem::size_of::<LedgerTable>().div_ceil(4096) * 4096;
+
+impl LedgerTable {
+    /// Whether a mapped table is one of ours, of this layout version.
+    pub fn is_valid(&self) -> bool {
+        self.magic == LEDGER_MAGIC && self.version == LEDGER_VERSION
+    }
+}
+
+/// The owner word of a process: its pid in the high half, the low 32 bits of its start time
+/// (clock ticks since boot, `/proc/<pid>/stat` field 22) in the low half, so a recycled pid is not
+/// taken for the process that held the slot. Never [`OWNER_FREE`] or [`OWNER_RECLAIMING`] for a
+/// real pid (pids are > 0 and < 2³²−1).
+pub fn owner_word(pid: u32, start_ticks: u64) -> u64 {
+    (pid as u64) << 32 | (start_ticks & 0xffff_ffff)
+}
+
+/// The pid of an owner word.
+pub fn owner_pid(owner: u64) -> u32 {
+    (owner >> 32) as u32
+}
+
+/// Creates an empty table: a memfd of [`LEDGER_BYTES`] with the header written and every slot
+/// free (zero). Close-on-exec: the caller clears it on the fd it hands down.
+pub fn create() -> std::io::Result<OwnedFd> {
+    use rustix::fs::MemfdFlags;
+    let fd = rustix::fs::memfd_create("smore-ledger", MemfdFlags::CLOEXEC)?;
+    rustix::fs::ftruncate(&fd, LEDGER_BYTES as u64)?;
+    let mut header = [0u8; 16];
+    header[..8].copy_from_slice(&LEDGER_MAGIC.to_ne_bytes());
+    header[8..12].copy_from_slice(&LEDGER_VERSION.to_ne_bytes());
+    let n = rustix::io::pwrite(&fd, &header, 0)?;
+    if n != header.len() {
+        return Err(std::io::Error::other("short write of the ledger header"));
+    }
+    Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_is_where_the_layout_says_and_a_created_table_is_sized() {
+        assert_eq!(std::mem::offset_of!(LedgerTable, magic), 0);
+        assert_eq!(std::mem::offset_of!(LedgerTable, version), 8);
+        assert_eq!(std::mem::offset_of!(LedgerTable, footprint), 16);
+        assert_eq!(
+            std::mem::offset_of!(LedgerTable, slots),
+            16 + 8 * MAX_DEVICES
+        );
+        assert_eq!(std::mem::size_of::<LedgerSlot>(), 8 + 8 * MAX_DEVICES);
+        let fd = create().unwrap();
+        let st = rustix::fs::fstat(&fd).unwrap();
+        assert_eq!(st.st_size as usize, LEDGER_BYTES);
+        let mut h = [0u8; 16];
+        rustix::io::pread(&fd, &mut h, 0).unwrap();
+        assert_eq!(u64::from_ne_bytes(h[..8].try_into().unwrap()), LEDGER_MAGIC);
+        let w = owner_word(4242, 0x1_0000_0007);
+        assert_eq!((owner_pid(w), w & 0xffff_ffff), (4242, 7));
+        assert_ne!(w, OWNER_FREE);
+    }
+}

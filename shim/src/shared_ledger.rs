@@ -1,0 +1,308 @@
+//! The per-grant shared ledger: one slot per process in a `MAP_SHARED` table
+//! (`smore_protocol::ledger`, created by `smore run`), so that the cap a grant carries is the
+//! *grant's*, whatever number of processes share it (issue 12 item 4: four children forked
+//! before CUDA initialised each got a fresh ledger — 4 × 1 GiB under one 1 GiB grant).
+//!
+//! Owns the rule "the sum of the live slots plus this request ≤ cap" and the reclaim of a dead
+//! process's slot. The check is lock-free across processes:
+//!
+//! - **reserve-then-check**: a reservation adds its bytes to its own slot (one sequentially
+//!   consistent RMW), then sums every slot (sequentially consistent loads); if the sum passes the
+//!   cap it takes the bytes back. Of two racing reservations, the one whose add comes later in the
+//!   single order of sequentially consistent operations sees the other's add (its loads follow
+//!   its own add), so the reservations that succeed never sum past the cap — whatever the
+//!   interleaving of processes and threads. Two racers can both see each other and both back
+//!   off; then each retries while what the others hold (without its own bytes) leaves room, up to
+//!   [`RETRIES`] times — a refusal in a race is possible, an over-commit is not.
+//! - **dead slots**: a process that died (or exited) leaves its bytes in its slot; the driver has
+//!   freed them. Before a refusal (and when the table is full) every slot's owner is checked for
+//!   liveness — pid plus start time, through the callback the runtime gives (a `/proc` read: the
+//!   allocation slow path, never a launch) — and a dead one is zeroed and freed.
+//!
+//! Must never: be used on the launch path; let a refused reservation leave bytes in its slot;
+//! free a slot whose owner lives.
+
+use crate::limits::MAX_DEVICES;
+use smore_protocol::ledger::{
+    owner_pid, LedgerSlot, LedgerTable, LEDGER_SLOTS, OWNER_FREE, OWNER_RECLAIMING,
+};
+use std::sync::atomic::Ordering::SeqCst;
+
+/// Attempts of a reservation that lost a race (both racers saw each other and backed off) while
+/// the others' holdings still leave room: 64 (reasoning: each attempt is a few hundred ns; the
+/// racers back off in turn, and a loser with room gets in within a few rounds).
+pub const RETRIES: u32 = 64;
+
+/// Whether the process of an owner word still lives (pid alive with the same start time).
+pub type Alive = fn(u64) -> bool;
+
+/// Why no slot could be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    /// Every slot is held by a live process.
+    #[error("the grant's shared ledger is full ({LEDGER_SLOTS} live processes hold memory under it): end some of the function's processes")]
+    Full,
+}
+
+/// This process's slot in a grant's table.
+#[derive(Debug, Clone, Copy)]
+pub struct Group {
+    table: &'static LedgerTable,
+    slot: usize,
+    alive: Alive,
+}
+
+impl Group {
+    /// Takes a slot for `owner`: the slot it already holds (the same pid and start time: this
+    /// process before an `exec`, whose memory the driver freed at the exec — zeroed), else a free
+    /// one, else one freed from a dead process.
+    pub fn claim(
+        table: &'static LedgerTable,
+        owner: u64,
+        alive: Alive,
+    ) -> Result<Group, ClaimError> {
+        let g = |slot| Group { table, slot, alive };
+        if let Some(i) = table
+            .slots
+            .iter()
+            .position(|s| s.owner.load(SeqCst) == owner)
+        {
+            zero(&table.slots[i]);
+            return Ok(g(i));
+        }
+        for round in 0..2 {
+            for (i, s) in table.slots.iter().enumerate() {
+                if s.owner
+                    .compare_exchange(OWNER_FREE, owner, SeqCst, SeqCst)
+                    .is_ok()
+                {
+                    // A reclaim zeroes a slot before freeing it; zero it again all the same (a
+                    // slot is this process's from here on).
+                    zero(s);
+                    return Ok(g(i));
+                }
+            }
+            if round == 0 && g(0).reclaim_dead() == 0 {
+                break;
+            }
+        }
+        Err(ClaimError::Full)
+    }
+
+    fn own(&self, dev: usize) -> Option<&'static std::sync::atomic::AtomicU64> {
+        self.table.slots[self.slot].bytes.get(dev)
+    }
+
+    /// This process's counter for `dev` (`None` beyond [`MAX_DEVICES`]).
+    pub fn counter(&self, dev: usize) -> Option<&'static std::sync::atomic::AtomicU64> {
+        self.own(dev)
+    }
+
+    /// The largest context footprint a process of the grant measured on `dev` (0: none yet).
+    pub fn footprint(&self, dev: usize) -> u64 {
+        self.table.footprint.get(dev).map_or(0, |f| f.load(SeqCst))
+    }
+
+    /// Tells the grant's other processes what a context on `dev` costs.
+    pub fn publish_footprint(&self, dev: usize, bytes: u64) {
+        if let Some(f) = self.table.footprint.get(dev) {
+            f.fetch_max(bytes, SeqCst);
+        }
+    }
+
+    /// Bytes every process of the grant holds on `dev` (dead ones included until reclaimed).
+    pub fn sum(&self, dev: usize) -> u64 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        self.table
+            .slots
+            .iter()
+            .filter(|s| s.owner.load(SeqCst) != OWNER_FREE)
+            .map(|s| s.bytes[dev].load(SeqCst))
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// [`Group::sum`] after reclaiming dead processes' slots (info calls, refusals).
+    pub fn live_sum(&self, dev: usize) -> u64 {
+        self.reclaim_dead();
+        self.sum(dev)
+    }
+
+    /// Reserves `bytes` on `dev` for this process unless the grant's processes together would
+    /// pass `cap`. `Err` carries what the grant's processes hold (for the refusal's log line).
+    pub fn reserve(&self, dev: usize, bytes: u64, cap: u64) -> Result<(), u64> {
+        let Some(own) = self.own(dev) else {
+            return Ok(());
+        };
+        if bytes > cap {
+            return Err(self.sum(dev));
+        }
+        let mut reclaimed = false;
+        for _ in 0..RETRIES {
+            // Overflow is impossible in practice (each slot stays near the cap); saturate anyway.
+            if own
+                .fetch_update(SeqCst, SeqCst, |v| v.checked_add(bytes))
+                .is_err()
+            {
+                return Err(self.sum(dev));
+            }
+            let total = self.sum(dev);
+            if total <= cap {
+                return Ok(());
+            }
+            own.fetch_sub(bytes, SeqCst);
+            let others = self.sum(dev);
+            if others.saturating_add(bytes) > cap {
+                if reclaimed || self.reclaim_dead() == 0 {
+                    return Err(others);
+                }
+                reclaimed = true;
+            }
+            std::hint::spin_loop();
+        }
+        Err(self.sum(dev))
+    }
+
+    /// Frees the slots of processes that no longer live (their bytes zeroed first). Returns how
+    /// many. Never this process's own slot.
+    pub fn reclaim_dead(&self) -> usize {
+        let mut n = 0;
+        for (i, s) in self.table.slots.iter().enumerate() {
+            let owner = s.owner.load(SeqCst);
+            if i == self.slot || owner == OWNER_FREE || owner == OWNER_RECLAIMING {
+                continue;
+            }
+            if owner_pid(owner) == 0 || (self.alive)(owner) {
+                continue;
+            }
+            if s.owner
+                .compare_exchange(owner, OWNER_RECLAIMING, SeqCst, SeqCst)
+                .is_ok()
+            {
+                zero(s);
+                s.owner.store(OWNER_FREE, SeqCst);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+fn zero(s: &LedgerSlot) {
+    for b in &s.bytes {
+        b.store(0, SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smore_protocol::ledger::{owner_word, LEDGER_MAGIC, LEDGER_VERSION};
+    use std::sync::atomic::{AtomicU64, AtomicUsize};
+    use std::sync::{Arc, Barrier};
+
+    fn table() -> &'static LedgerTable {
+        Box::leak(Box::new(LedgerTable {
+            magic: LEDGER_MAGIC,
+            version: LEDGER_VERSION,
+            reserved: 0,
+            footprint: std::array::from_fn(|_| AtomicU64::new(0)),
+            slots: std::array::from_fn(|_| LedgerSlot {
+                owner: AtomicU64::new(0),
+                bytes: std::array::from_fn(|_| AtomicU64::new(0)),
+            }),
+        }))
+    }
+
+    /// Pids 1..=1000 live; above that they are dead.
+    fn alive(owner: u64) -> bool {
+        owner_pid(owner) <= 1000
+    }
+
+    #[test]
+    fn processes_of_one_grant_share_its_cap_and_a_dead_ones_charge_is_reclaimed() {
+        let t = table();
+        let a = Group::claim(t, owner_word(10, 1), alive).unwrap();
+        let b = Group::claim(t, owner_word(11, 1), alive).unwrap();
+        assert!(a.reserve(0, 600, 1000).is_ok());
+        assert_eq!(b.reserve(0, 600, 1000), Err(600), "the cap is the grant's");
+        let dead = Group::claim(t, owner_word(5000, 1), alive).unwrap();
+        assert!(b.reserve(0, 400, 1000).is_ok());
+        assert_eq!(b.sum(0), 1000);
+        assert!(a.reserve(1, 1000, 1000).is_ok(), "devices are separate");
+        // A dead process's charge counts until a refusal looks for dead processes.
+        a.counter(0).unwrap().fetch_sub(600, SeqCst);
+        dead.counter(0).unwrap().fetch_add(600, SeqCst);
+        assert!(a.reserve(0, 500, 1000).is_ok(), "reclaimed before refusing");
+        assert_eq!((a.sum(0), b.sum(0)), (900, 900));
+        // The same process after an exec gets its own slot back, zeroed.
+        let a2 = Group::claim(t, owner_word(10, 1), alive).unwrap();
+        assert_eq!(a2.slot, a.slot);
+        assert_eq!(a2.sum(0), 400);
+        // A recycled pid is another owner.
+        let c = Group::claim(t, owner_word(10, 2), alive).unwrap();
+        assert_ne!(c.slot, a.slot);
+        assert_eq!(b.reserve(0, u64::MAX, 1000), Err(400));
+    }
+
+    #[test]
+    fn a_full_table_of_live_processes_refuses_a_slot_and_a_dead_one_is_reused() {
+        let t = table();
+        for p in 0..LEDGER_SLOTS as u32 {
+            Group::claim(t, owner_word(p + 1, 0), alive).unwrap();
+        }
+        assert_eq!(
+            Group::claim(t, owner_word(999, 7), alive).unwrap_err(),
+            ClaimError::Full
+        );
+        // Once pid 128 is dead its slot is reclaimed and reused.
+        let g = Group::claim(t, owner_word(999, 8), |o| owner_pid(o) != 128).unwrap();
+        assert_eq!(g.slot, 127);
+    }
+
+    /// Several "processes" (slots) × threads race for one cap: what succeeded never sums past it
+    /// at any instant, and every byte reserved is accounted.
+    #[test]
+    fn racing_processes_and_threads_never_pass_the_grants_cap() {
+        for round in 0..10u64 {
+            let t = table();
+            let cap = 1000 + round * 13;
+            let groups: Vec<Group> = (0..4)
+                .map(|p| Group::claim(t, owner_word(p + 1, 0), alive).unwrap())
+                .collect();
+            let ok = Arc::new(AtomicUsize::new(0));
+            let barrier = Arc::new(Barrier::new(16));
+            let hs: Vec<_> = (0..16)
+                .map(|i| {
+                    let g = groups[i % 4];
+                    let (ok, barrier) = (ok.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        let mut held = 0;
+                        for k in 0..300 {
+                            // `ok` counts what is held (the "driver's ledger"): raised after a
+                            // reservation succeeded, lowered before its bytes are given back.
+                            // The slot sums themselves include racers' transient reservations.
+                            if g.reserve(0, 10, cap).is_ok() {
+                                held += 1;
+                                let n = ok.fetch_add(1, SeqCst) + 1;
+                                assert!(n as u64 * 10 <= cap, "over-commit: {n} × 10 > {cap}");
+                            }
+                            if k % 3 == 2 && held > 0 {
+                                held -= 1;
+                                ok.fetch_sub(1, SeqCst);
+                                g.counter(0).unwrap().fetch_sub(10, SeqCst);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().unwrap();
+            }
+            assert_eq!(groups[0].sum(0), ok.load(SeqCst) as u64 * 10);
+            assert!(groups[0].sum(0) <= cap);
+        }
+    }
+}

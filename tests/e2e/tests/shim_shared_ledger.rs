@@ -1,0 +1,131 @@
+//! Issue 12 item 4 (docs/arbiter.md, "Escapes closed"): the processes that share a `smore run`
+//! grant — fork children, also those forked before CUDA initialised, and descendants that exec —
+//! charge one shared ledger, so the cap is the grant's. Kept apart from `shim_escapes.rs`: the
+//! storm below keeps every core busy and would skew that file's timing tests if run beside them.
+
+use smore_e2e::*;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// The rc of every `op=alloc` line, in order.
+fn alloc_rcs(l: &[Fields]) -> Vec<&str> {
+    ops(l, "alloc").iter().map(|a| a["rc"].as_str()).collect()
+}
+
+/// The driver's count of this process's memory at every `procmem` line.
+fn procmem(l: &[Fields]) -> Vec<u64> {
+    ops(l, "procmem")
+        .iter()
+        .map(|p| {
+            assert_eq!(p["rc"], "0", "{p:?}");
+            num(p, "used") as u64
+        })
+        .collect()
+}
+
+/// `smore run --memory <cap> -- <command…>` on `arb`'s node.
+fn smore_run(arb: &Arbiter, function: &str, cap: &str, command: &[&str]) -> std::process::Command {
+    let mut c = arb.smore();
+    c.args(["run", "--function", function, "--memory", cap, "--shim"])
+        .arg(shim_lib())
+        .arg("--")
+        .args(command);
+    c
+}
+
+/// Item 4: a function that forks before CUDA initialises gave each child a fresh ledger under
+/// the inherited grant (4 × 1 GiB under one 1 GiB grant). The cap is the grant's: the children
+/// — and descendants that exec — charge one shared ledger, checked against the driver's own.
+#[test]
+fn processes_forked_before_cuda_initialises_share_the_grants_one_cap() {
+    let sim = SimGpu::builder()
+        .memory("8GiB")
+        .context_memory("16MiB")
+        .build()
+        .unwrap();
+    let arb = Arbiter::new(&sim, "");
+    let probe = bin("sim-probe").display().to_string();
+    let mut script = vec![probe.as_str(), "--fork", "4"];
+    // Each child: four 256 MiB allocations, held while the others allocate.
+    script.extend(["alloc:v2:256MiB"; 4]);
+    script.extend(["sleep:1500", "procmem", "familymem"]);
+    let out = run_ok(&mut smore_run(&arb, "forker", "1GiB", &script)).unwrap();
+    let l = parse_lines(&out);
+    let ok = alloc_rcs(&l).iter().filter(|rc| **rc == "0").count();
+    // 4 contexts × 16 MiB + 3 × 256 MiB fit in 1 GiB; a fourth 256 MiB does not.
+    assert_eq!(ok, 3, "{out}");
+    let held: u64 = procmem(&l).iter().sum();
+    assert!(
+        held <= GIB,
+        "the driver holds {held} B for the function: {out}"
+    );
+    assert_eq!(procmem(&l).len(), 4, "{out}");
+    for f in ops(&l, "familymem") {
+        assert!(num(f, "used") as u64 <= GIB, "{out}");
+    }
+
+    // Descendants that exec (a shell starting two workers) share it too.
+    let worker = format!("{probe} alloc:v2:768MiB sleep:1000 procmem");
+    let sh = format!("{worker} & {worker} & wait");
+    let out = run_ok(&mut smore_run(&arb, "shell", "1GiB", &["sh", "-c", &sh])).unwrap();
+    let l = parse_lines(&out);
+    assert_eq!(
+        alloc_rcs(&l).iter().filter(|rc| **rc == "0").count(),
+        1,
+        "{out}"
+    );
+    assert!(procmem(&l).iter().sum::<u64>() <= GIB, "{out}");
+
+    // A dead process's charge is reclaimed: child 0 takes 768 MiB and is SIGKILLed (the driver
+    // frees its memory); child 1 then gets the same 768 MiB.
+    let out = run_ok(&mut smore_run(
+        &arb,
+        "reclaim",
+        "1GiB",
+        &[
+            &probe,
+            "--fork",
+            "2",
+            "only:0:alloc:v2:768MiB",
+            "only:0:die",
+            "sleep:1000",
+            "only:1:alloc:v2:768MiB",
+            "procmem",
+        ],
+    ))
+    .unwrap();
+    let l = parse_lines(&out);
+    assert_eq!(alloc_rcs(&l), ["0", "0"], "{out}");
+    assert_eq!(ops(&l, "child")[0]["signal"], "9", "{out}");
+}
+
+/// Item 4, races: several processes × threads allocating and freeing under one grant never hold
+/// more than its cap by the driver's own ledger (checked after every successful allocation).
+#[test]
+fn processes_and_threads_racing_under_one_grant_never_pass_its_cap() {
+    let sim = SimGpu::builder()
+        .memory("8GiB")
+        .context_memory("1MiB")
+        .build()
+        .unwrap();
+    let arb = Arbiter::new(&sim, "");
+    let probe = bin("sim-probe").display().to_string();
+    let out = run_ok(&mut smore_run(
+        &arb,
+        "storm",
+        "64MiB",
+        &[&probe, "--fork", "3", "storm:3:4MiB:1500"],
+    ))
+    .unwrap();
+    let l = parse_lines(&out);
+    let storms = ops(&l, "storm");
+    assert_eq!(storms.len(), 3, "{out}");
+    let ok: f64 = storms.iter().map(|s| num(s, "ok")).sum();
+    let refused: f64 = storms.iter().map(|s| num(s, "refused")).sum();
+    assert!(ok > 100.0 && refused > 0.0, "the cap was reached: {out}");
+    for s in storms {
+        assert_eq!(num(s, "overcommits"), 0.0, "{out}");
+        assert!(num(s, "max_family") as u64 <= 64 * MIB, "{out}");
+    }
+}
