@@ -98,12 +98,18 @@ fn a_function_that_predicts_the_sampler_is_held_to_the_share() {
 }
 
 /// Under the arbiter: the function runs under `smore run`, the operator sets its share to
-/// [`SHARE`]; the node's accounting of its process is what counts.
+/// [`SHARE`]; the node's accounting of its process is what counts. The function pulses (a 500 ms
+/// pause every 1.5 s: at the default 250 ms sampling no 8 consecutive samples are over share +
+/// 15) — before the fix it held ~60 % with no watchdog event. Held means at most its share
+/// (+ tolerance): a correction below the share, or the watchdog's escalation, is what an attacker
+/// gets.
 #[test]
 fn cost_poisoning_under_the_arbiter_is_held_to_the_share() {
     let sim = sim();
     let node = sim.node();
-    let arb = Arbiter::new(&sim, "");
+    // The daemon's default sampling period (the test harness's 50 ms would make the streak rule's 8
+    // samples 0.4 s, shorter than any pulse worth making).
+    let arb = Arbiter::new(&sim, "reconcile_ms = 250");
     let mut t = trainer(&sim, SETTLE_S + SECS + 8.0);
     arb.wait_for_training(0, Duration::from_secs(20));
     let mut f = arb
@@ -111,6 +117,7 @@ fn cost_poisoning_under_the_arbiter_is_held_to_the_share() {
         .args(["run", "--function", "poison", "--memory", "64MiB", "--"])
         .arg(bin("pattern-load"))
         .args(["--pattern", "poison-detect"])
+        .args(["--pulse-on-ms", "1500", "--pulse-off-ms", "500"])
         .args(["--seconds", &format!("{}", SETTLE_S + SECS + 3.0)])
         .stdout(Stdio::null())
         .spawn()
@@ -124,11 +131,10 @@ fn cost_poisoning_under_the_arbiter_is_held_to_the_share() {
             .and_then(|x| x["id"].as_u64());
         id.is_some()
     });
-    let out = run_ok(arb.smore().args([
-        "share",
-        &id.unwrap().to_string(),
-        &SHARE.to_string(),
-    ]))
+    let out = run_ok(
+        arb.smore()
+            .args(["share", &id.unwrap().to_string(), &SHARE.to_string()]),
+    )
     .unwrap();
     eprintln!("{out}");
     std::thread::sleep(Duration::from_secs_f64(SETTLE_S));
@@ -136,6 +142,14 @@ fn cost_poisoning_under_the_arbiter_is_held_to_the_share() {
     let status = f.wait().unwrap();
     let _ = t.kill();
     let _ = t.wait();
-    assert!(status.success(), "poison-detect exited with {status}");
-    assert_held("poison-detect (arbiter)", got);
+    eprintln!(
+        "poison-detect (arbiter, pulsed): {:.1} % at a {SHARE} % share, exit {status}",
+        got * 100.0
+    );
+    assert!(
+        got <= SHARE as f64 / 100.0 + TOLERANCE,
+        "a pulsed poisoning function held {:.1} % of the GPU at a {SHARE} % share\n{}",
+        got * 100.0,
+        arb.logs()
+    );
 }

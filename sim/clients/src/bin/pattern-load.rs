@@ -54,6 +54,14 @@ struct Args {
     /// Poison patterns: duration of the short launches, µs.
     #[arg(long, default_value_t = 50.0)]
     short_us: f64,
+    /// Poison patterns: pulse — after this many ms of launching, pause `--pulse-off-ms` (0: never
+    /// pause). A pause now and then breaks a watchdog rule that wants consecutive over-use
+    /// samples.
+    #[arg(long, default_value_t = 0)]
+    pulse_on_ms: u64,
+    /// Poison patterns: length of each pause, ms.
+    #[arg(long, default_value_t = 0)]
+    pulse_off_ms: u64,
 }
 
 /// (kernel µs, kernels per synchronize) of each pattern.
@@ -161,6 +169,7 @@ fn poison(a: &Args, s: &Session, long_us: f64, longs: u32) -> Result<()> {
     // launch call (an EWMA), to spot one that recorded events around the kernel.
     let (mut predicted, mut typical_ns) = (None::<Instant>, 0f64);
     let mut last_call_ns = 0f64;
+    let mut pulse = Instant::now();
     while start.elapsed().as_secs_f64() < a.seconds {
         let place = next() % group;
         for i in 0..group {
@@ -195,6 +204,10 @@ fn poison(a: &Args, s: &Session, long_us: f64, longs: u32) -> Result<()> {
             gpu_ns += ns;
         }
         s.sync(stream)?;
+        if a.pulse_on_ms > 0 && pulse.elapsed().as_millis() as u64 >= a.pulse_on_ms {
+            std::thread::sleep(std::time::Duration::from_millis(a.pulse_off_ms));
+            pulse = Instant::now();
+        }
     }
     let wall = start.elapsed().as_secs_f64() * 1e3;
     println!(
