@@ -43,14 +43,26 @@ const COLLISION_WEIGHT_DIV: u32 = 2;
 /// trainer whose phases last tens of ms). Launches on stale evidence are charged nothing up front
 /// and their contention after the fact, from the first fresh sample.
 pub const STALE_NS: u64 = 4_000_000;
-/// Calibration bounds: estimated GPU time is never scaled by less than 1/4 or more than 4
-/// (reasoning: the estimator's bias under time-slicing is the co-runners' share of a kernel's
-/// span, well inside these bounds; a wild accounting answer must not unthrottle a function).
+/// Calibration bounds: estimated GPU time is never scaled by less than 1/4 (reasoning: the
+/// estimator's bias under time-slicing is the co-runners' share of a kernel's span, well inside
+/// that bound; a wild accounting answer must not unthrottle a function) nor by more than 1000.
+/// The upper bound is no cap an attack can hide under: a function that poisons its cost table
+/// (a kernel launched short when sampled and long otherwise, issue 12 item 10) under-states its
+/// GPU time by the ratio of its long to its short launches, and the ×4 this bound used to be let
+/// it hold 83 % of the GPU at a 20 % share. 1000 is the ratio of a 1 ms kernel to a 1 µs one —
+/// beyond it the under-statement is below NVML's 1 % resolution at any share — and keeps the
+/// factor in a `u32` of ppm.
 const CALIBRATION_MIN_PPM: u32 = PPM / 4;
-const CALIBRATION_MAX_PPM: u32 = PPM * 4;
+const CALIBRATION_MAX_PPM: u32 = PPM * 1000;
 /// Weight of a new calibration observation: 1/2 (reasoning: observations are ~0.5 s apart and
 /// already averaged over that window; two of them settle it).
 const CALIBRATION_WEIGHT_DIV: u64 = 2;
+/// An observation at least this many times the factor (the process used at least twice the GPU
+/// time its estimates admitted) is taken whole, not at [`CALIBRATION_WEIGHT_DIV`]: under-stated
+/// costs are what a poisoned cost table looks like, and every window at half the correction is a
+/// window at up to twice the share. Noise of an honest function is well under ×2 (it moves the
+/// factor by a few percent per window), so honest functions keep the smoothed path.
+const CALIBRATION_JUMP: u64 = 2;
 
 /// The collision time of a launch that measured `d_ns` with solo cost `d0_ns`:
 /// `min(d0, max(0, d − d0))`.
@@ -213,7 +225,9 @@ impl Calibration {
             .clamp(CALIBRATION_MIN_PPM as u128, CALIBRATION_MAX_PPM as u128)
             as u64;
         let old = self.ppm() as u64;
-        let new = if seen >= old {
+        let new = if seen >= old.saturating_mul(CALIBRATION_JUMP) {
+            seen
+        } else if seen >= old {
             old + (seen - old) / CALIBRATION_WEIGHT_DIV
         } else {
             old - (old - seen) / CALIBRATION_WEIGHT_DIV
@@ -410,6 +424,21 @@ mod tests {
         k.observe(0, 500_000);
         k.observe(560_000, 0);
         assert!((k.ppm() as f64 / PPM as f64 - f).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_gross_under_statement_is_corrected_in_one_window() {
+        // A poisoned cost table: the estimates admitted 4 % of the device, the driver measured
+        // 80 % (a 1 ms kernel charged as its 50 µs launches). One window corrects it whole.
+        let k = Calibration::default();
+        k.observe(40_000, 800_000);
+        assert_eq!(k.ppm(), 20 * PPM);
+        // Beyond the old ×4 bound: nothing to hide under.
+        assert_eq!(k.apply(50_000), 1_000_000);
+        // An honest function's noise (×1.2) still moves it half way.
+        let h = Calibration::default();
+        h.observe(500_000, 600_000);
+        assert_eq!(h.ppm(), PPM + PPM / 10);
     }
 
     #[test]
