@@ -10,7 +10,9 @@
 //! - [`CostTable`]: fixed-size open-addressed table CUfunction / CUgraphExec → estimated GPU ns,
 //!   learned from sampled event pairs (no allocation, no lock; a key the table has no room for
 //!   stays unmeasured and is sampled on each launch, see `Runtime::launch`).
-//! - [`SampleClock`]: claims at most one sample per period per process.
+//! - [`SampleClock`]: claims at most one sample per period per process — the first launch after
+//!   it, or (under a raw share) a launch drawn at random, so a function cannot choose which of its
+//!   launches is measured.
 //!
 //! Must never: allocate, lock or make a syscall (the caller does the sleep, with an absolute
 //! deadline), or sleep a launch of a share-100 device.
