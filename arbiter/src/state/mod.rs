@@ -1932,6 +1932,83 @@ mod injected_facts_tests {
     }
 
     #[test]
+    fn a_pulsed_over_user_gets_a_lower_page_share_then_its_grant_back() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true);
+        procs.spawn(200, 1, 12, false);
+        let mut s = state(&procs, &clock);
+        let args = RegisterArgs {
+            function: "poison".into(),
+            memory: Some(1 << 30),
+            exec: true,
+            ..Default::default()
+        };
+        let (g, page) = s.register(Peer { pid: 100, uid: 0 }, args).unwrap();
+        s.set_share(g.instance, Some(20)).unwrap();
+        let slot = s.instances[&g.instance].rec.slot as usize;
+        assert_eq!(page.page().share(slot), 20);
+        let sample = |util: u32| {
+            let mut x = GpuSample::default();
+            x.procs.insert(200, 2 << 30);
+            x.proc_util.insert(200, 100 - util);
+            x.procs.insert(100, 64 << 20);
+            x.proc_util.insert(100, util);
+            x
+        };
+        // Cost poisoning, pulsed: 4 × its page share for 1.5 s, nothing for 0.5 s, sampled every
+        // 250 ms — no 8 samples in a row over share + 15, yet 3 × the share on average.
+        let mut lowest = 20;
+        for i in 0..48 {
+            let t = i as f64 * 0.25;
+            let paged = page.page().share(slot);
+            let util = if t % 2.0 < 1.5 {
+                (paged * 4).min(100)
+            } else {
+                0
+            };
+            let acts = s.reconcile(&[(0, sample(util))]);
+            assert!(
+                acts.is_empty(),
+                "no kill while the correction holds it: {acts:?}"
+            );
+            lowest = lowest.min(page.page().share(slot));
+            clock.advance(0.25);
+        }
+        assert!(lowest <= 7, "the page share paid the excess back: {lowest}");
+        assert!(
+            s.events
+                .recent()
+                .iter()
+                .any(|e| e.kind == EventKind::Watchdog && e.message.contains("lowered")),
+            "the correction is an event"
+        );
+        assert_eq!(
+            s.instances[&g.instance].rec.share, 20,
+            "the grant is unchanged"
+        );
+        // Honest from now on (it uses what its page allows): the grant comes back.
+        for _ in 0..80 {
+            let paged = page.page().share(slot);
+            assert!(s.reconcile(&[(0, sample(paged))]).is_empty());
+            clock.advance(0.25);
+        }
+        assert_eq!(page.page().share(slot), 20);
+        // A pulsed bypass the page share cannot hold (70 % whatever it says, 1.5 s of every 2 s:
+        // no streak) is a violation once the corrections failed.
+        let mut acts = Vec::new();
+        for i in 0..80 {
+            let util = if (i as f64 * 0.25) % 2.0 < 1.5 { 70 } else { 0 };
+            acts.extend(s.reconcile(&[(0, sample(util))]));
+            clock.advance(0.25);
+        }
+        assert!(
+            acts.iter()
+                .any(|a| matches!(a.violation, Violation::ShareOverrun { share: 20, .. })),
+            "{acts:?}"
+        );
+    }
+
+    #[test]
     fn a_process_holds_one_grant_and_a_recycled_pid_is_not_its_holder() {
         let (procs, clock) = (FakeProcs::default(), FakeClock::default());
         procs.spawn(100, 1, 10, true);
