@@ -10,7 +10,9 @@
 //! - [`CostTable`]: fixed-size open-addressed table CUfunction / CUgraphExec → estimated GPU ns,
 //!   learned from sampled event pairs (no allocation, no lock; a key the table has no room for
 //!   stays unmeasured and is sampled on each launch, see `Runtime::launch`).
-//! - [`SampleClock`]: claims at most one sample per period per process.
+//! - [`SampleClock`]: claims at most one sample per period per process — the first launch after
+//!   it, or (under a raw share) a launch drawn at random, so a function cannot choose which of its
+//!   launches is measured.
 //!
 //! Must never: allocate, lock or make a syscall (the caller does the sleep, with an absolute
 //! deadline), or sleep a launch of a share-100 device.
@@ -212,12 +214,33 @@ impl CostTable {
 }
 
 /// Grants the right to take a sample at most once per period.
+///
+/// [`SampleClock::try_claim`] grants the first launch after each period — predictable: a
+/// function that launches a kernel short whenever a period has passed and long otherwise had
+/// only its short launches measured (cost poisoning, issue 12 item 10).
+/// [`SampleClock::try_claim_unpredictable`], the runtime's, draws the phase: once the period
+/// has passed each launch is claimed with probability 1/2 (so which launch of a burst is measured
+/// is a coin's doing, not the function's), and the next period is drawn uniformly from ½…1½
+/// periods (the mean stays one period, the sampling cost unchanged). The draw is a xorshift of
+/// one atomic word: no lock, no syscall. What it cannot do is make the samples an unbiased
+/// picture of a function that changes its kernels' durations at will; the calibration against
+/// the driver's accounting corrects whatever bias remains (docs/shim.md).
 #[derive(Debug, Default)]
 pub struct SampleClock {
     next: AtomicU64,
+    /// xorshift64 state (0: not seeded; [`SampleClock::seeded`]).
+    rng: AtomicU64,
 }
 
 impl SampleClock {
+    /// A clock whose draws start from `seed` (any value; 0 is replaced).
+    pub fn seeded(seed: u64) -> SampleClock {
+        SampleClock {
+            next: AtomicU64::new(0),
+            rng: AtomicU64::new(seed | 1),
+        }
+    }
+
     /// True for exactly one caller per `period_ns`.
     #[inline]
     pub fn try_claim(&self, now: u64, period_ns: u64) -> bool {
@@ -227,6 +250,36 @@ impl SampleClock {
                 .next
                 .compare_exchange(next, now + period_ns, AcqRel, Relaxed)
                 .is_ok()
+    }
+
+    /// True for at most one caller per ½ `period_ns`, one per `period_ns` on average, at a phase
+    /// the caller cannot predict (type docs).
+    #[inline]
+    pub fn try_claim_unpredictable(&self, now: u64, period_ns: u64) -> bool {
+        let next = self.next.load(Relaxed);
+        if now < next {
+            return false;
+        }
+        let r = self.draw();
+        if r & 1 == 0 {
+            return false;
+        }
+        let gap = period_ns / 2 + (r >> 1) % period_ns.max(1);
+        self.next
+            .compare_exchange(next, now + gap, AcqRel, Relaxed)
+            .is_ok()
+    }
+
+    /// The next xorshift64 draw. Racy read-modify-write is fine: two callers drawing the same
+    /// value only repeat a coin.
+    #[inline]
+    fn draw(&self) -> u64 {
+        let mut x = self.rng.load(Relaxed) | 1;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.store(x, Relaxed);
+        x
     }
 }
 
@@ -383,6 +436,39 @@ mod tests {
         for k in (1..2000u64).step_by(97) {
             assert_eq!(t.lookup(k * 16), Some(k * 10));
         }
+    }
+
+    #[test]
+    fn unpredictable_samples_average_one_per_period_and_skip_the_first_launch_half_the_time() {
+        let c = SampleClock::seeded(42);
+        // A launch every 10 µs for 10 s.
+        let (mut claims, mut last, mut min_gap) = (0u64, 0u64, u64::MAX);
+        let mut now = 1_000 * MS;
+        while now < 11_000 * MS {
+            if c.try_claim_unpredictable(now, MS) {
+                if last != 0 {
+                    min_gap = min_gap.min(now - last);
+                }
+                claims += 1;
+                last = now;
+            }
+            now += 10_000;
+        }
+        assert!(min_gap >= MS / 2, "at most one per half period: {min_gap}");
+        // Mean gap: ~1 period + ~1 launch interval of coin flips.
+        assert!(
+            (9_000..=10_500).contains(&claims),
+            "{claims} samples in 10 s"
+        );
+        // Launches 2 ms apart (every one after a full period): about half are sampled, and
+        // which ones is not a fixed pattern.
+        let d = SampleClock::seeded(7);
+        let picks: Vec<bool> = (0..1000)
+            .map(|i| d.try_claim_unpredictable(2_000 * MS + i * 2 * MS, MS))
+            .collect();
+        let n = picks.iter().filter(|&&p| p).count();
+        assert!((400..=600).contains(&n), "{n} of 1000");
+        assert!(picks.windows(2).any(|w| w[0] && w[1]) && picks.windows(2).any(|w| !w[0] && !w[1]));
     }
 
     #[test]

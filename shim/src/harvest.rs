@@ -43,14 +43,25 @@ const COLLISION_WEIGHT_DIV: u32 = 2;
 /// trainer whose phases last tens of ms). Launches on stale evidence are charged nothing up front
 /// and their contention after the fact, from the first fresh sample.
 pub const STALE_NS: u64 = 4_000_000;
-/// Calibration bounds: estimated GPU time is never scaled by less than 1/4 or more than 4
-/// (reasoning: the estimator's bias under time-slicing is the co-runners' share of a kernel's
-/// span, well inside these bounds; a wild accounting answer must not unthrottle a function).
+/// Calibration bounds: estimated GPU time is never scaled by less than 1/4 (reasoning: the
+/// estimator's bias under time-slicing is the co-runners' share of a kernel's span, well inside
+/// that bound; a wild accounting answer must not unthrottle a function) nor by more than 1000.
+/// The upper bound is no cap an attack can hide under: a function that poisons its cost table
+/// (a kernel launched short when sampled and long otherwise, issue 12 item 10) under-states its
+/// GPU time by the ratio of its long to its short launches, and the ×4 this bound used to be let
+/// it hold 83 % of the GPU at a 20 % share. 1000 is the ratio of a 1 ms kernel to a 1 µs one —
+/// beyond it the under-statement is below NVML's 1 % resolution at any share — and keeps the
+/// factor in a `u32` of ppm.
 const CALIBRATION_MIN_PPM: u32 = PPM / 4;
-const CALIBRATION_MAX_PPM: u32 = PPM * 4;
+const CALIBRATION_MAX_PPM: u32 = PPM * 1000;
 /// Weight of a new calibration observation: 1/2 (reasoning: observations are ~0.5 s apart and
 /// already averaged over that window; two of them settle it).
 const CALIBRATION_WEIGHT_DIV: u64 = 2;
+/// The factor at most doubles per observation (reasoning: with the ×1000 bound, one window whose
+/// NVML samples and estimates do not line up — a function starved of CPU, a window at start-up —
+/// moved an honest function's factor by ×10 and more and held batch-sync functions to 6–7 % at
+/// 10–20 %; doubling still follows a ×20 under-statement within ~5 windows, ~2.5 s).
+const CALIBRATION_RISE_MAX: u64 = 2;
 
 /// The collision time of a launch that measured `d_ns` with solo cost `d0_ns`:
 /// `min(d0, max(0, d − d0))`.
@@ -214,7 +225,8 @@ impl Calibration {
             as u64;
         let old = self.ppm() as u64;
         let new = if seen >= old {
-            old + (seen - old) / CALIBRATION_WEIGHT_DIV
+            (old + (seen - old) / CALIBRATION_WEIGHT_DIV)
+                .min(old.saturating_mul(CALIBRATION_RISE_MAX))
         } else {
             old - (old - seen) / CALIBRATION_WEIGHT_DIV
         };
@@ -410,6 +422,24 @@ mod tests {
         k.observe(0, 500_000);
         k.observe(560_000, 0);
         assert!((k.ppm() as f64 / PPM as f64 - f).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_gross_under_statement_is_followed_past_the_old_bound_at_most_doubling_per_window() {
+        // A poisoned cost table: the estimates admitted 4 % of the device, the driver measured
+        // 80 % (a 1 ms kernel charged as its 50 µs launches): ×20.
+        let k = Calibration::default();
+        let mut seen = Vec::new();
+        for _ in 0..8 {
+            k.observe(40_000, 800_000);
+            seen.push(k.ppm() / PPM);
+        }
+        assert_eq!(seen[..4], [2, 4, 8, 14], "at most doubling per window");
+        assert!(k.ppm() >= 19 * PPM, "beyond the old ×4 bound: {}", k.ppm());
+        // An honest function's noise (×1.2) still moves it half way.
+        let h = Calibration::default();
+        h.observe(500_000, 600_000);
+        assert_eq!(h.ppm(), PPM + PPM / 10);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use super::facts::{ProcFacts, Tracked};
 use super::persist::Record;
-use super::watchdog::SmOveruse;
+use super::watchdog::{ShareDebt, SmOveruse};
 use crate::grantpage::PageHandle;
 use crate::harvest::UsageLedger;
 use serde::Serialize;
@@ -75,6 +75,10 @@ pub struct Instance {
     /// The SM over-use streak.
     #[serde(skip)]
     pub over_share: SmOveruse,
+    /// The over-use debt: its windowed NVML SM use against its share, and how far the share
+    /// written to its page is lowered to pay an excess back (docs/arbiter.md, "Watchdog").
+    #[serde(skip)]
+    pub share_debt: ShareDebt,
     /// Its registered process, tracked across pid reuse (None: not trackable yet).
     #[serde(skip)]
     pub life: Option<Tracked>,
@@ -109,6 +113,7 @@ impl Instance {
             latencies: VecDeque::new(),
             escalation: Default::default(),
             over_share: SmOveruse::default(),
+            share_debt: ShareDebt::default(),
             life: None,
         }
     }
@@ -164,6 +169,11 @@ impl Instance {
         }
     }
 
+    /// The share its page carries: the grant's, lowered while it pays back an over-use debt.
+    pub fn page_share(&self) -> u32 {
+        self.share_debt.page_share(self.rec.share)
+    }
+
     /// Writes the grant (cap and share) into its slot; other slots get no memory.
     pub fn write_page(&self) {
         if let Some(p) = &self.page {
@@ -175,7 +185,7 @@ impl Instance {
                     if page.contention(d) != self.contention_ppm {
                         page.set_contention(d, self.contention_ppm);
                     }
-                    page.set(d, self.page_cap(), self.rec.share);
+                    page.set(d, self.page_cap(), self.page_share());
                 } else if page.cap(d) != 0 {
                     // Devices the instance was not admitted to: no memory at all.
                     page.set(d, 0, 100);

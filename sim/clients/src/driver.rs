@@ -402,6 +402,35 @@ impl Session {
         self.drv.check(rc, "cuLaunchKernel")
     }
 
+    /// Launches the simulated driver's `smore_sim_spin` kernel `f` (duration from its first
+    /// argument) for `ns` nanoseconds on `stream`, 1×1×1 grid of 128 threads.
+    // Handles are opaque driver objects, passed through for the driver to validate.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn launch_spin(&self, f: Ptr, stream: Ptr, ns: u64) -> Result<()> {
+        let mut dur = ns;
+        let mut p0: Ptr = &mut dur as *mut u64 as Ptr;
+        let params: *mut Ptr = &mut p0;
+        // SAFETY: f and stream are handles of this driver; `params` points to one pointer to a
+        // u64, the spin kernel's one parameter, alive for the call (the driver reads it at
+        // launch, as cuLaunchKernel specifies).
+        let rc = unsafe {
+            (self.drv.cuLaunchKernel)(
+                f,
+                1,
+                1,
+                1,
+                128,
+                1,
+                1,
+                0,
+                stream,
+                params,
+                std::ptr::null_mut(),
+            )
+        };
+        self.drv.check(rc, "cuLaunchKernel")
+    }
+
     /// Waits until everything queued on `stream` (null: the default stream) has run.
     // Handles are opaque driver objects, passed through for the driver to validate.
     #[allow(clippy::not_unsafe_ptr_arg_deref)]

@@ -45,9 +45,17 @@ impl Arbiter {
         let socket = dir.join("arbiter.sock");
         let state_dir = dir.join("state");
         let cfg = dir.join("node.toml");
+        // 50 ms unless `extra` sets its own period (a test of the watchdog's timing).
+        let reconcile = if extra.contains("reconcile_ms") {
+            ""
+        } else {
+            "reconcile_ms = 50\n"
+        };
         std::fs::write(
             &cfg,
-            format!("[arbiter]\nsocket = {socket:?}\nstate_dir = {state_dir:?}\nreconcile_ms = 50\n{extra}\n"),
+            format!(
+                "[arbiter]\nsocket = {socket:?}\nstate_dir = {state_dir:?}\n{reconcile}{extra}\n"
+            ),
         )
         .expect("writing node.toml");
         let mut a = Arbiter {

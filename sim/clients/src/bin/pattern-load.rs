@@ -12,6 +12,17 @@
 //! - `graph`: a CUDA graph of `--batch` kernels captured once, launched and synchronized in a
 //!   loop.
 //!
+//! Cost poisoning (issue 12 item 10): one kernel function (`smore_sim_spin`, whose run time is its
+//! argument) launched short (`--short-us`, default 50 µs) and long (`--kernel-us`, default 1 ms),
+//! one short to `--batch` long (default 9), so a gate that learns the kernel's cost from a
+//! sampled short launch charges the long ones far too little:
+//! - `poison`: each group starts with the short launch right after a synchronize — the first
+//!   launch after a pause, the one a "first launch per period" sampler takes.
+//! - `poison-mixed`: the short launch at a random place in each group.
+//! - `poison-detect`: predicts the sampler — a launch is made short when the last one predicted
+//!   sampled is at least 1 ms old or the previous launch call took unusually long (an event
+//!   recorded around it), long otherwise; a synchronize every `--batch` + 1 launches.
+//!
 //! Runs for `--seconds` and prints one summary line, `pattern=<p> launches=<n> kernels=<n>
 //! submitted_gpu_ms=<x> wall_ms=<x>`: the GPU time it asked for, not what it got (the node's
 //! per-process GPU time says that).
@@ -22,7 +33,7 @@ use std::time::Instant;
 
 #[derive(Parser, Debug)]
 #[command(
-    about = "Function-like load with a chosen launch pattern (batch-sync, long, tiny, graph)"
+    about = "Function-like load with a chosen launch pattern (batch-sync, long, tiny, graph, poison*)"
 )]
 struct Args {
     #[command(flatten)]
@@ -40,6 +51,17 @@ struct Args {
     /// Run for this many seconds.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
+    /// Poison patterns: duration of the short launches, µs.
+    #[arg(long, default_value_t = 50.0)]
+    short_us: f64,
+    /// Poison patterns: pulse — after this many ms of launching, pause `--pulse-off-ms` (0: never
+    /// pause). A pause now and then breaks a watchdog rule that wants consecutive over-use
+    /// samples.
+    #[arg(long, default_value_t = 0)]
+    pulse_on_ms: u64,
+    /// Poison patterns: length of each pause, ms.
+    #[arg(long, default_value_t = 0)]
+    pulse_off_ms: u64,
 }
 
 /// (kernel µs, kernels per synchronize) of each pattern.
@@ -49,7 +71,11 @@ fn defaults(pattern: &str) -> Result<(f64, u32)> {
         "long" => (20_000.0, 1),
         "tiny" => (40.0, 200),
         "graph" => (100.0, 20),
-        other => bail!("unknown --pattern {other:?}: expected batch-sync, long, tiny or graph"),
+        "poison" | "poison-mixed" | "poison-detect" => (1_000.0, 9),
+        other => bail!(
+            "unknown --pattern {other:?}: expected batch-sync, long, tiny, graph, poison, \
+             poison-mixed or poison-detect"
+        ),
     })
 }
 
@@ -82,6 +108,9 @@ fn main() -> Result<()> {
     let batch = a.batch.unwrap_or(batch).max(1);
     let drv = a.resolve.load(None)?;
     let s = Session::open(drv, a.resolve.device, &[("op", us)])?;
+    if a.pattern.starts_with("poison") {
+        return poison(&a, &s, us, batch);
+    }
     let f = s.function("op")?;
     let stream = s.new_stream()?;
     let exec = if a.pattern == "graph" {
@@ -115,6 +144,76 @@ fn main() -> Result<()> {
         "pattern={} launches={launches} kernels={kernels} submitted_gpu_ms={:.3} wall_ms={wall:.3}",
         a.pattern,
         kernels as f64 * us / 1e3
+    );
+    Ok(())
+}
+
+/// The cost-poisoning patterns (module docs): one `smore_sim_spin` function, `long_us` launches
+/// with one `a.short_us` launch per `longs`.
+fn poison(a: &Args, s: &Session, long_us: f64, longs: u32) -> Result<()> {
+    let f = s.function("smore_sim_spin")?;
+    let stream = s.new_stream()?;
+    let (short, long) = ((a.short_us * 1e3) as u64, (long_us * 1e3) as u64);
+    let group = longs as u64 + 1;
+    let start = Instant::now();
+    let (mut launches, mut gpu_ns, mut shorts) = (0u64, 0u64, 0u64);
+    // xorshift64: the place of the short launch in a `poison-mixed` group.
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ std::process::id() as u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    // `poison-detect`: when the last launch predicted sampled was made, and the typical cost of a
+    // launch call (an EWMA), to spot one that recorded events around the kernel.
+    let (mut predicted, mut typical_ns) = (None::<Instant>, 0f64);
+    let mut last_call_ns = 0f64;
+    let mut pulse = Instant::now();
+    while start.elapsed().as_secs_f64() < a.seconds {
+        let place = next() % group;
+        for i in 0..group {
+            let is_short = match a.pattern.as_str() {
+                "poison" => i == 0,
+                "poison-mixed" => i == place,
+                _ => {
+                    if typical_ns > 0.0 && last_call_ns > 3.0 * typical_ns {
+                        // The previous call was the sampled one (a long): the next sample is
+                        // at least a period away.
+                        predicted = Some(Instant::now());
+                    }
+                    predicted.is_none_or(|t| t.elapsed().as_micros() >= 1_000)
+                }
+            };
+            let ns = if is_short { short } else { long };
+            let t = Instant::now();
+            s.launch_spin(f, stream, ns)?;
+            last_call_ns = t.elapsed().as_nanos() as f64;
+            typical_ns = if typical_ns == 0.0 {
+                last_call_ns
+            } else {
+                typical_ns * 0.9 + last_call_ns.min(typical_ns * 3.0) * 0.1
+            };
+            if is_short {
+                shorts += 1;
+                if a.pattern == "poison-detect" {
+                    predicted = Some(Instant::now());
+                }
+            }
+            launches += 1;
+            gpu_ns += ns;
+        }
+        s.sync(stream)?;
+        if a.pulse_on_ms > 0 && pulse.elapsed().as_millis() as u64 >= a.pulse_on_ms {
+            std::thread::sleep(std::time::Duration::from_millis(a.pulse_off_ms));
+            pulse = Instant::now();
+        }
+    }
+    let wall = start.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "pattern={} launches={launches} kernels={launches} shorts={shorts} submitted_gpu_ms={:.3} wall_ms={wall:.3}",
+        a.pattern,
+        gpu_ns as f64 / 1e6
     );
     Ok(())
 }
