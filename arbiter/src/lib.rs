@@ -24,6 +24,7 @@ pub mod gpus;
 pub mod grantpage;
 pub mod harvest;
 pub mod lifecycle;
+pub mod lineage;
 pub mod metrics;
 pub mod policy;
 pub mod proc;

@@ -24,6 +24,8 @@ pub struct Stat {
     pub state: u8,
     /// Parent pid (field 4).
     pub ppid: u32,
+    /// Session id (field 6): the pid of the session's leader.
+    pub session: u32,
     /// Start time in clock ticks since boot (field 22).
     pub start: u64,
 }
@@ -44,9 +46,16 @@ pub fn parse_stat(line: &[u8]) -> Option<Stat> {
         .filter(|f| !f.is_empty());
     let state = *fields.next()?.first()?;
     let ppid = parse_u64(fields.next()?)? as u32;
-    // Fields 5..=21 skipped; field 22 is the 19th after the state.
-    let start = parse_u64(fields.nth(17)?)?;
-    Some(Stat { state, ppid, start })
+    let _pgrp = fields.next()?;
+    let session = parse_u64(fields.next()?)? as u32;
+    // Fields 7..=21 skipped; field 22 is the 16th after the session.
+    let start = parse_u64(fields.nth(15)?)?;
+    Some(Stat {
+        state,
+        ppid,
+        session,
+        start,
+    })
 }
 
 fn parse_u64(b: &[u8]) -> Option<u64> {
@@ -100,6 +109,11 @@ pub fn start_time(pid: u32) -> Option<u64> {
 /// Parent pid of `pid`.
 pub fn parent(pid: u32) -> Option<u32> {
     stat(pid).map(|s| s.ppid)
+}
+
+/// Session id of `pid` (the pid of its session's leader).
+pub fn session(pid: u32) -> Option<u32> {
+    stat(pid).map(|s| s.session)
 }
 
 /// Whether `pid` is alive and is the same process that had `start` (pid reuse check).
@@ -288,6 +302,7 @@ mod tests {
             Some(Stat {
                 state: b'S',
                 ppid: 7,
+                session: 42,
                 start: 123456
             })
         );

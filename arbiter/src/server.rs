@@ -217,6 +217,7 @@ impl Daemon {
         let persisted = load_persisted(&cfg)?;
         let policy = make_policy(&cfg)?;
         let mut state = State::new(cfg.clone(), gpus, policy);
+        state.set_lineage(crate::lineage::Lineage::start());
         for g in &state.gpus {
             tracing::info!(
                 "managing GPU {} {} ({}, {} MiB)",

@@ -78,6 +78,8 @@ pub struct Instance {
     /// Its registered process, tracked across pid reuse (None: not trackable yet).
     #[serde(skip)]
     pub life: Option<Tracked>,
+    /// Its processes on its GPU in the last NVML sample (the registered one and descendants).
+    pub gpu_pids: Vec<u32>,
 }
 
 impl Instance {
@@ -110,6 +112,7 @@ impl Instance {
             escalation: Default::default(),
             over_share: SmOveruse::default(),
             life: None,
+            gpu_pids: Vec::new(),
         }
     }
 

@@ -252,6 +252,8 @@ pub struct State {
     procs: Box<dyn ProcFacts>,
     /// Which GPU process is whose, remembered across rounds.
     attributor: attribution::Attributor,
+    /// Functions' descendants as the kernel forked them (crate::lineage).
+    lineage: Arc<crate::lineage::Lineage>,
     /// Functions that released their grant and live on, by pid: still watched (a release must
     /// not turn a function into an unwatched "training" process).
     released: std::collections::HashMap<u32, Released>,
@@ -327,6 +329,7 @@ impl State {
             clock,
             procs,
             attributor: attribution::Attributor::default(),
+            lineage: Default::default(),
             released: Default::default(),
         };
         if let Prewarm::Failed(why) = &st.prewarm {
@@ -335,6 +338,16 @@ impl State {
             st.event(EventKind::Arbiter, None, None, why);
         }
         st
+    }
+
+    /// Follows functions' descendants through `lineage` (the daemon's fork-event record):
+    /// attribution asks it before walking parents, and every live function is a root of it.
+    pub fn set_lineage(&mut self, lineage: Arc<crate::lineage::Lineage>) {
+        for i in self.instances.values() {
+            lineage.add_root(i.rec.pid, i.rec.start);
+        }
+        self.attributor = attribution::Attributor::with_lineage(lineage.clone());
+        self.lineage = lineage;
     }
 
     /// Seconds since the arbiter started (the prewarm clock; minute = ⌊t/60⌋).
@@ -668,6 +681,7 @@ impl State {
         inst.predicted_train = pt;
         inst.predicted_fn = pf;
         inst.track(self.procs.as_ref());
+        self.lineage.add_root(inst.rec.pid, inst.rec.start);
         inst.write_page();
         // A process NVML saw before this registration (taken for training) may be this one's.
         self.attributor.forget_training();
@@ -1056,6 +1070,8 @@ impl State {
                 .entry(pid)
                 .or_insert(attribution::Owner::Released(r.instance));
         }
+        // Fork records of functions that are gone go with them (bounded memory).
+        self.lineage.retain_roots(|pid| roots.contains_key(&pid));
         let mut actions = Vec::new();
         let mut reshare = Vec::new();
         let mut growths = Vec::new();
@@ -1115,6 +1131,7 @@ impl State {
                 let usage = split.instances.remove(&inst.rec.id).unwrap_or_default();
                 inst.nvml_used = usage.used;
                 inst.sm_used = (!usage.pids.is_empty()).then_some(usage.sm);
+                inst.gpu_pids.clone_from(&usage.pids);
                 if let Some(p) = inst.rec.preempt.as_mut() {
                     // Preempted: its page cap is 0 and its requests are refused; the only rule
                     // left is the deadline. The watchdog's other checks do not apply (it is
@@ -1367,6 +1384,7 @@ impl State {
             let now = self.clock.now();
             let mut inst = Instance::new(p, None, "restored after arbiter restart".into(), now);
             inst.track(self.procs.as_ref());
+            self.lineage.add_root(inst.rec.pid, inst.rec.start);
             self.instances.insert(id, inst);
             self.event(EventKind::Restored, Some(id), Some(pid), msg);
         }
@@ -1426,6 +1444,7 @@ impl State {
                 "memory_safety": self.cfg.memory_safety,
                 "theta_train": self.cfg.theta_train,
                 "failure_policy": self.cfg.failure_policy,
+                "descendants": self.lineage.mode().describe(),
                 "started_at": self.started_at,
                 "now": self.clock.now(),
             },
