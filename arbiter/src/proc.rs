@@ -111,6 +111,31 @@ pub fn parent(pid: u32) -> Option<u32> {
     stat(pid).map(|s| s.ppid)
 }
 
+/// The groups `pid` acts with: its effective gid and its supplementary groups (from
+/// `/proc/<pid>/status`); None when it cannot be read.
+pub fn groups(pid: u32) -> Option<Vec<u32>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_groups(&status)
+}
+
+/// The `Gid:` (effective, the second field) and `Groups:` lines of a status text.
+pub fn parse_groups(status: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    let mut gid_seen = false;
+    for line in status.lines() {
+        if let Some(rest) = line.strip_prefix("Gid:") {
+            out.push(rest.split_whitespace().nth(1)?.parse().ok()?);
+            gid_seen = true;
+        } else if let Some(rest) = line.strip_prefix("Groups:") {
+            out.extend(
+                rest.split_whitespace()
+                    .filter_map(|g| g.parse::<u32>().ok()),
+            );
+        }
+    }
+    gid_seen.then_some(out)
+}
+
 /// Session id of `pid` (the pid of its session's leader).
 pub fn session(pid: u32) -> Option<u32> {
     stat(pid).map(|s| s.session)
@@ -292,6 +317,14 @@ mod tests {
             matches!(stat_checked(pid), Ok(None)),
             "gone is a fact, not an error"
         );
+    }
+
+    #[test]
+    fn groups_are_the_effective_gid_and_the_supplementary_ones() {
+        let status = "Name:\tx\nUid:\t0\t0\t0\t0\nGid:\t5\t6\t6\t6\nGroups:\t7 8 \n";
+        assert_eq!(parse_groups(status), Some(vec![6, 7, 8]));
+        assert_eq!(parse_groups("Name:\tx\n"), None);
+        assert!(groups(std::process::id()).is_some());
     }
 
     #[test]

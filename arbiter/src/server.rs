@@ -467,7 +467,6 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
         pid: cred.pid,
         uid: cred.uid,
     };
-    let my_uid = rustix::process::getuid().as_raw();
     let mut registered: Option<u64> = None;
     let mut attached: Option<u64> = None;
     loop {
@@ -510,17 +509,9 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
             );
             break;
         }
-        let operator = peer.uid == 0 || peer.uid == my_uid;
         let (reply, fd_page) = {
             let mut st = lock(&state);
-            let r = handle(
-                &mut st,
-                peer,
-                operator,
-                &mut registered,
-                &mut attached,
-                env.req,
-            );
+            let r = handle(&mut st, peer, &mut registered, &mut attached, env.req);
             // Persisted before the reply announces the change (written outside the lock).
             persist_unlocked(&state, st);
             r
@@ -560,7 +551,6 @@ fn preempted(st: &State, id: u64) -> Option<Reply> {
 fn handle(
     st: &mut State,
     peer: Peer,
-    operator: bool,
     registered: &mut Option<u64>,
     attached: &mut Option<u64>,
     req: Request,
@@ -681,14 +671,8 @@ fn handle(
             None,
         ),
         Request::SetShare { instance, share } => {
-            if !operator {
-                return (
-                    error(
-                        ErrorCode::Forbidden,
-                        "only root or the arbiter's user may change shares",
-                    ),
-                    None,
-                );
+            if let Err(why) = st.operator(peer) {
+                return (error(ErrorCode::Forbidden, why), None);
             }
             let share = (share != 0).then_some(share);
             match st.set_share(instance, share) {
@@ -697,14 +681,8 @@ fn handle(
             }
         }
         Request::SetMemory { instance, bytes } => {
-            if !operator {
-                return (
-                    error(
-                        ErrorCode::Forbidden,
-                        "only root or the arbiter's user may change caps",
-                    ),
-                    None,
-                );
+            if let Err(why) = st.operator(peer) {
+                return (error(ErrorCode::Forbidden, why), None);
             }
             match st.set_memory(instance, bytes) {
                 Ok(()) => (Reply::Ok, None),
@@ -771,20 +749,20 @@ mod tests {
             ..Default::default()
         });
         for req in [register.clone(), Request::Attach { instance: 1 }] {
-            let (reply, page) = handle(&mut st, hidden, true, &mut reg, &mut att, req);
+            let (reply, page) = handle(&mut st, hidden, &mut reg, &mut att, req);
             assert_eq!(reply, error(ErrorCode::Forbidden, PEER_OUTSIDE_NAMESPACE));
             assert!(page.is_none());
         }
         assert!(st.instances.is_empty());
         // Status still answers (an operator tool in a container may read it).
-        let (reply, _) = handle(&mut st, hidden, true, &mut reg, &mut att, Request::Status);
+        let (reply, _) = handle(&mut st, hidden, &mut reg, &mut att, Request::Status);
         assert!(matches!(reply, Reply::Status { .. }));
         // The same request from a visible peer registers.
         let me = Peer {
             pid: std::process::id(),
             uid: 0,
         };
-        let (reply, page) = handle(&mut st, me, true, &mut reg, &mut att, register);
+        let (reply, page) = handle(&mut st, me, &mut reg, &mut att, register);
         assert!(matches!(reply, Reply::Granted(_)), "{reply:?}");
         assert!(page.is_some());
     }

@@ -117,39 +117,7 @@ impl Attributor {
             return Some(k.owner);
         }
         let start = facts.start_time(pid)?;
-        let mut owner = Owner::Training;
-        let recorded = self
-            .lineage
-            .as_ref()
-            .and_then(|l| l.root_of(pid, start))
-            .and_then(|root| roots.get(&root).copied());
-        let mut p = pid;
-        for _ in 0..MAX_ANCESTRY_DEPTH {
-            if let Some(o) = recorded {
-                owner = o;
-                break;
-            }
-            if let Some(&o) = roots.get(&p) {
-                owner = o;
-                break;
-            }
-            if p != pid {
-                if let Some(k) = self.known.get(&p).filter(|k| k.owner != Owner::Training) {
-                    owner = k.owner;
-                    break;
-                }
-            }
-            match facts.parent(p) {
-                Some(pp) if pp != 0 && pp != p => p = pp,
-                _ => break,
-            }
-        }
-        if owner == Owner::Training {
-            // Left the parent chain (re-parented) but not the session a function leads.
-            if let Some(&o) = facts.session(pid).and_then(|sid| roots.get(&sid)) {
-                owner = o;
-            }
-        }
+        let owner = self.resolve(pid, start, roots, facts);
         self.known.insert(
             pid,
             Known {
@@ -159,6 +127,42 @@ impl Attributor {
             },
         );
         Some(owner)
+    }
+
+    /// Whose the process `pid` (which had `start`) is, without caching the answer (fork
+    /// records, then the parent walk, then the session).
+    pub fn resolve(&self, pid: u32, start: u64, roots: &Roots, facts: &dyn ProcFacts) -> Owner {
+        if let Some(&o) = roots.get(&pid) {
+            return o;
+        }
+        if let Some(o) = self
+            .lineage
+            .as_ref()
+            .and_then(|l| l.root_of(pid, start))
+            .and_then(|root| roots.get(&root).copied())
+        {
+            return o;
+        }
+        let mut p = pid;
+        for _ in 0..MAX_ANCESTRY_DEPTH {
+            if let Some(&o) = roots.get(&p) {
+                return o;
+            }
+            if p != pid {
+                if let Some(k) = self.known.get(&p).filter(|k| k.owner != Owner::Training) {
+                    return k.owner;
+                }
+            }
+            match facts.parent(p) {
+                Some(pp) if pp != 0 && pp != p => p = pp,
+                _ => break,
+            }
+        }
+        // Left the parent chain (re-parented) but not the session a function leads.
+        match facts.session(pid).and_then(|sid| roots.get(&sid)) {
+            Some(&o) => o,
+            None => Owner::Training,
+        }
     }
 
     /// Whether the shim is mapped into `pid` (read once per process; None: cannot tell).

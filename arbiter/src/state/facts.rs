@@ -52,6 +52,10 @@ pub trait ProcFacts: Send {
     fn session(&self, _pid: u32) -> Option<u32> {
         None
     }
+    /// The groups `pid` acts with (effective gid + supplementary); None: unknown.
+    fn groups(&self, _pid: u32) -> Option<Vec<u32>> {
+        None
+    }
     /// Whether the smore shim is mapped into `pid` (None: cannot tell).
     fn shim_mapped(&self, pid: u32) -> Option<bool>;
 
@@ -163,6 +167,9 @@ impl ProcFacts for LiveProcs {
     }
     fn session(&self, pid: u32) -> Option<u32> {
         crate::proc::session(pid)
+    }
+    fn groups(&self, pid: u32) -> Option<Vec<u32>> {
+        crate::proc::groups(pid)
     }
     fn shim_mapped(&self, pid: u32) -> Option<bool> {
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;

@@ -340,6 +340,71 @@ impl State {
         st
     }
 
+    /// The functions' registered processes: live instances, and functions that released their
+    /// grant and live on. Several instances may share a process (a runtime registering more
+    /// than once): its GPU use goes to the oldest, as it always has.
+    fn roots(&self) -> attribution::Roots {
+        let mut roots = attribution::Roots::new();
+        for i in self.instances.values() {
+            roots
+                .entry(i.rec.pid)
+                .or_insert(attribution::Owner::Instance(i.rec.id));
+        }
+        for (&pid, r) in &self.released {
+            roots
+                .entry(pid)
+                .or_insert(attribution::Owner::Released(r.instance));
+        }
+        roots
+    }
+
+    /// Whether `peer` may change shares and caps: its user or one of its groups is listed in
+    /// `[arbiter] operators`, and it is neither a function's process nor a descendant of one,
+    /// whatever its user (a function running as root must not raise its own cap). Err: why not,
+    /// for the refusal.
+    pub fn operator(&self, peer: Peer) -> Result<(), String> {
+        let roots = self.roots();
+        if let Some(start) = self.procs.start_time(peer.pid) {
+            let owner = self
+                .attributor
+                .resolve(peer.pid, start, &roots, self.procs.as_ref());
+            let id = match owner {
+                attribution::Owner::Instance(id) | attribution::Owner::Released(id) => Some(id),
+                attribution::Owner::Training => None,
+            };
+            if let Some(id) = id {
+                let function = self
+                    .instances
+                    .get(&id)
+                    .map(|i| i.rec.function.clone())
+                    .or_else(|| {
+                        self.released
+                            .values()
+                            .find(|r| r.instance == id)
+                            .map(|r| r.function.clone())
+                    })
+                    .unwrap_or_default();
+                return Err(format!(
+                    "process {} belongs to function {function} (instance {id}): a function or its descendant is never an operator, whatever its user; change shares and caps from outside the function",
+                    peer.pid
+                ));
+            }
+        }
+        let groups = if self.cfg.operators.has_groups() {
+            self.procs.groups(peer.pid).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        if self.cfg.operators.admits(peer.uid, &groups) {
+            Ok(())
+        } else {
+            Err(format!(
+                "uid {} is not an operator on this node: `[arbiter] operators` lists the users and @groups that may change shares and caps",
+                peer.uid
+            ))
+        }
+    }
+
     /// Follows functions' descendants through `lineage` (the daemon's fork-event record):
     /// attribution asks it before walking parents, and every live function is a root of it.
     pub fn set_lineage(&mut self, lineage: Arc<crate::lineage::Lineage>) {
@@ -556,6 +621,15 @@ impl State {
         if args.function.trim().is_empty() {
             return Err(refuse(RefuseCode::Invalid, "empty function name".into()));
         }
+        if peer.uid == 0 && !self.cfg.allow_root {
+            return Err(refuse(
+                RefuseCode::Invalid,
+                format!(
+                    "function {} runs as root, which this node refuses ([functions] allow_root = false): run it as an unprivileged user",
+                    args.function
+                ),
+            ));
+        }
         for (what, s) in [
             ("function name", Some(&args.function)),
             ("model id", args.model.as_ref()),
@@ -696,12 +770,24 @@ impl State {
         self.counters.registrations += 1;
         self.dirty = true;
         let share = self.instances[&id].rec.share;
+        // A function running as root is warned about in its admission event and the log
+        // (refused with `[functions] allow_root = false`, checked above).
+        let as_root = if peer.uid == 0 {
+            let why = format!(
+                "function {} (pid {}) runs as root: it is refused operator requests, but root can reach around any per-process limit; run functions as an unprivileged user ([functions] allow_root = false refuses them)",
+                ask.function, peer.pid
+            );
+            tracing::warn!("{why}");
+            format!("; warning: {why}")
+        } else {
+            String::new()
+        };
         self.event(
             EventKind::Admitted,
             Some(id),
             Some(peer.pid),
             format!(
-                "function {} → GPU {gpu}, cap {}, share {share} %; {rule}",
+                "function {} → GPU {gpu}, cap {}, share {share} %; {rule}{as_root}",
                 ask.function,
                 format_size(cap)
             ),
@@ -1057,19 +1143,7 @@ impl State {
         self.attributor.prune(self.procs.as_ref());
         let procs = self.procs.as_ref();
         self.released.retain(|_, r| r.life.alive(procs));
-        // Several instances may share a process (a runtime registering more than once): its
-        // GPU use goes to the oldest, as it always has.
-        let mut roots = attribution::Roots::new();
-        for i in self.instances.values() {
-            roots
-                .entry(i.rec.pid)
-                .or_insert(attribution::Owner::Instance(i.rec.id));
-        }
-        for (&pid, r) in &self.released {
-            roots
-                .entry(pid)
-                .or_insert(attribution::Owner::Released(r.instance));
-        }
+        let roots = self.roots();
         // Fork records of functions that are gone go with them (bounded memory).
         self.lineage.retain_roots(|pid| roots.contains_key(&pid));
         let mut actions = Vec::new();
@@ -1085,7 +1159,10 @@ impl State {
                 let Some(r) = self.released.values_mut().find(|r| r.instance == id) else {
                     continue;
                 };
-                if let Some(action) = r.escalation.step(now, self.cfg.watchdog_action) {
+                if let Some(action) =
+                    r.escalation
+                        .step_with(now, self.cfg.watchdog_action, self.cfg.kill_after_s)
+                {
                     let violation = Violation::AfterRelease { pid };
                     let reason = watchdog::Described {
                         violation: &violation,
@@ -1208,7 +1285,11 @@ impl State {
                     Err(v) => v,
                 };
                 {
-                    let Some(action) = inst.escalation.step(now, self.cfg.watchdog_action) else {
+                    let Some(action) = inst.escalation.step_with(
+                        now,
+                        self.cfg.watchdog_action,
+                        self.cfg.kill_after_s,
+                    ) else {
                         continue;
                     };
                     let reason = watchdog::Described {

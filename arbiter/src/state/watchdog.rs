@@ -44,8 +44,20 @@ pub struct Escalation {
 }
 
 impl Escalation {
-    /// What to do at `now` about a violation that is still there (None: nothing this round).
+    /// What to do at `now` about a violation that is still there (None: nothing this round),
+    /// with the default grace [`KILL_AFTER_S`].
     pub fn step(&mut self, now: f64, configured: WatchdogAction) -> Option<WatchdogAction> {
+        self.step_with(now, configured, KILL_AFTER_S)
+    }
+
+    /// [`Escalation::step`] with a grace of `kill_after_s` seconds before SIGKILL
+    /// (`[watchdog] kill_after_s`).
+    pub fn step_with(
+        &mut self,
+        now: f64,
+        configured: WatchdogAction,
+        kill_after_s: f64,
+    ) -> Option<WatchdogAction> {
         let Some(first) = self.first else {
             self.first = Some(now);
             if configured == WatchdogAction::Sigkill {
@@ -58,7 +70,7 @@ impl Escalation {
         }
         let due = match self.last_kill {
             Some(k) => k + KILL_REPEAT_S,
-            None => first + KILL_AFTER_S,
+            None => first + kill_after_s,
         };
         (now >= due).then(|| {
             self.last_kill = Some(now);
