@@ -66,8 +66,12 @@ struct Proc {
 struct Inner {
     /// Functions' registered processes: pid → start time.
     roots: HashMap<u32, u64>,
-    /// Descendants: pid → (its start time, its root).
-    descendants: HashMap<u32, (u64, Proc)>,
+    /// Descendants: pid → (its start time, its root). The start time is None for a process
+    /// that was gone (or a zombie) by the time its fork event was read — the middle of a double
+    /// fork exits at once: it is kept only as a link, so its children are recorded, and is
+    /// never itself attributed. Events come in order, so its exit removes it before its pid
+    /// can fork again as another process.
+    descendants: HashMap<u32, (Option<u64>, Proc)>,
     /// Whether the bound was hit (logged once).
     full_logged: bool,
 }
@@ -161,7 +165,7 @@ impl Lineage {
     pub fn root_of(&self, pid: u32, start: u64) -> Option<u32> {
         let g = self.lock();
         let &(s, root) = g.descendants.get(&pid)?;
-        (s == start && g.roots.get(&root.pid) == Some(&root.start)).then_some(root.pid)
+        (s == Some(start) && g.roots.get(&root.pid) == Some(&root.start)).then_some(root.pid)
     }
 
     /// Descendants recorded now.
@@ -187,10 +191,8 @@ impl Lineage {
                 },
             }
         };
-        // Read outside the lock (a /proc read); a child that already exited is not recorded.
-        let Some(start) = child_start() else {
-            return;
-        };
+        // Read outside the lock (a /proc read); a child already gone is kept as a link only.
+        let start = child_start();
         let mut g = self.lock();
         if g.descendants.len() >= MAX_DESCENDANTS && !g.descendants.contains_key(&child) {
             if !g.full_logged {
@@ -213,11 +215,12 @@ impl Lineage {
     }
 
     /// Events were lost (the socket overflowed): drops every recorded process that is not the
-    /// one recorded any more (exited, or its pid recycled).
+    /// one recorded any more (exited, or its pid recycled), and every link (its exit may have
+    /// been among the lost events).
     pub fn revalidate(&self, same: impl Fn(u32, u64) -> bool) {
         self.lock()
             .descendants
-            .retain(|&pid, (start, _)| same(pid, *start));
+            .retain(|&pid, (start, _)| start.is_some_and(|s| same(pid, s)));
     }
 }
 
@@ -475,12 +478,30 @@ mod tests {
     }
 
     #[test]
-    fn a_child_that_exited_before_it_was_read_is_not_recorded_and_revalidation_drops_recycled_pids()
-    {
+    fn a_middle_process_gone_when_read_links_its_children_and_revalidation_drops_recycled_pids() {
         let l = Lineage::without_connector("test");
         l.add_root(100, 10);
+        // The middle of a double fork, gone (or a zombie) when its fork event is read.
         l.on_fork(100, 101, || None);
-        assert!(l.is_empty());
+        l.on_fork(101, 105, || Some(15));
+        assert_eq!(
+            l.root_of(105, 15),
+            Some(100),
+            "linked through the middle process"
+        );
+        assert_eq!(
+            l.root_of(101, 11),
+            None,
+            "a link is never attributed itself"
+        );
+        l.on_exit(101);
+        l.on_fork(101, 106, || Some(16));
+        assert_eq!(
+            l.root_of(106, 16),
+            None,
+            "a recycled pid of the link is nobody's"
+        );
+        l.on_exit(105);
         l.on_fork(100, 102, || Some(12));
         l.on_fork(100, 103, || Some(13));
         l.revalidate(|pid, _| pid == 103);

@@ -72,6 +72,10 @@ pub struct Instance {
     /// SIGKILL while it lasts; docs/arbiter.md, "Watchdog").
     #[serde(skip)]
     pub escalation: super::watchdog::Escalation,
+    /// How far the watchdog went against its use of GPUs it was not granted (its own
+    /// escalation: the checks on its granted GPU clear theirs every clean round).
+    #[serde(skip)]
+    pub ungranted_escalation: super::watchdog::Escalation,
     /// The SM over-use streak.
     #[serde(skip)]
     pub over_share: SmOveruse,
@@ -110,6 +114,7 @@ impl Instance {
             usage: UsageLedger::default(),
             latencies: VecDeque::new(),
             escalation: Default::default(),
+            ungranted_escalation: Default::default(),
             over_share: SmOveruse::default(),
             life: None,
             gpu_pids: Vec::new(),

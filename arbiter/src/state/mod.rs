@@ -130,6 +130,9 @@ pub struct Gpu {
     /// The functions' time budget.
     #[serde(flatten)]
     pub budget: TimeBudget,
+    /// Memory functions' processes use on this GPU without a grant for it, bytes (last sample):
+    /// counted by admission like training's reservation (issue 12, item 9).
+    pub ungranted_used: u64,
     /// Harvest: the functions' collision time with training, as their shims report it.
     #[serde(skip)]
     pub meter: ContentionMeter,
@@ -146,6 +149,7 @@ impl Gpu {
             util: None,
             training: Vec::new(),
             training_used: 0,
+            ungranted_used: 0,
             estimate: TrainingEstimate::default(),
             memory: TrainingMemory::default(),
             budget: TimeBudget::default(),
@@ -495,7 +499,8 @@ impl State {
             index: g.info.index,
             total: g.info.total,
             training_used: g.training_used,
-            training_reserved: self.training_reserved(g),
+            // What functions use here without a grant is as unavailable as training's memory.
+            training_reserved: self.training_reserved(g) + g.ungranted_used,
             admission_hold_s: g.memory.hold(self.clock.now(), self.cfg.reclaim_hold_s),
             has_training: !g.training.is_empty(),
             // Until enough solo samples are in (a job just starting looks idle), unknown: the
@@ -1150,6 +1155,7 @@ impl State {
         let mut reshare = Vec::new();
         let mut growths = Vec::new();
         let mut preempt_kills = 0;
+        let mut ungranted = std::collections::BTreeSet::new();
         for (index, s) in samples {
             let Some(gi) = self.gpus.iter().position(|g| g.info.index == *index) else {
                 continue;
@@ -1317,6 +1323,65 @@ impl State {
                         });
                     }
                 }
+            }
+            // What is left of the split is functions' use of this GPU without a grant for it
+            // (issue 12, item 9): counted by this GPU's admission and acted on like any
+            // violation, with an escalation of its own.
+            let mut ungranted_used = 0;
+            for (id, usage) in std::mem::take(&mut split.instances) {
+                let Some(inst) = self.instances.get_mut(&id) else {
+                    continue;
+                };
+                if inst.rec.gpu == *index || usage.pids.is_empty() {
+                    continue;
+                }
+                let pid = inst.rec.pid;
+                if self
+                    .instances
+                    .values()
+                    .any(|i| i.rec.pid == pid && i.rec.gpu == *index)
+                {
+                    // A runtime holding grants on several GPUs (`grants_per_process` > 1).
+                    continue;
+                }
+                let Some(inst) = self.instances.get_mut(&id) else {
+                    continue;
+                };
+                ungranted_used += usage.used;
+                ungranted.insert(id);
+                let Some(action) = inst.ungranted_escalation.step_with(
+                    now,
+                    self.cfg.watchdog_action,
+                    self.cfg.kill_after_s,
+                ) else {
+                    continue;
+                };
+                let violation = Violation::UngrantedGpu {
+                    used: usage.used,
+                    sm: usage.sm,
+                    granted: inst.rec.gpu,
+                };
+                let reason = watchdog::Described {
+                    violation: &violation,
+                    function: &inst.rec.function,
+                    gpu: *index,
+                }
+                .to_string();
+                for &pid in &usage.pids {
+                    actions.push(Enforcement {
+                        pid,
+                        action,
+                        instance: id,
+                        violation: violation.clone(),
+                        reason: reason.clone(),
+                    });
+                }
+            }
+            self.gpus[gi].ungranted_used = ungranted_used;
+        }
+        for inst in self.instances.values_mut() {
+            if !ungranted.contains(&inst.rec.id) {
+                inst.ungranted_escalation.clear();
             }
         }
         if preempt_kills > 0 {
@@ -1969,6 +2034,68 @@ mod injected_facts_tests {
             ..Default::default()
         };
         s.register(Peer { pid, uid: 0 }, args).unwrap().0.instance
+    }
+
+    #[test]
+    fn use_of_a_gpu_not_granted_is_a_violation_and_counted_by_its_admission() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true);
+        let gpu = |index, total| GpuInfo {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "sim".into(),
+            total,
+        };
+        let cfg = Config {
+            prewarm_policy: "off".into(),
+            kill_after_s: 2.0,
+            ..Config::default()
+        };
+        let mut s = State::with_facts(
+            cfg,
+            vec![gpu(0, 16 << 30), gpu(1, 8 << 30)],
+            Box::new(FitPolicy),
+            Box::new(clock.clone()),
+            Box::new(procs.clone()),
+        );
+        let id = register(&mut s, 100);
+        assert_eq!(s.instances[&id].rec.gpu, 0);
+        let free1 = |s: &State| s.views()[1].free_for_functions(s.cfg.memory_safety);
+        let before = free1(&s);
+        // Its process puts 3 GiB and 80 % SM on GPU 1.
+        let mut on1 = GpuSample::default();
+        on1.procs.insert(100, 3 << 30);
+        on1.proc_util.insert(100, 80);
+        let samples = [(0, GpuSample::default()), (1, on1)];
+        let acts = s.reconcile(&samples);
+        assert_eq!(acts.len(), 1, "{acts:?}");
+        assert_eq!(
+            acts[0].violation,
+            Violation::UngrantedGpu {
+                used: 3 << 30,
+                sm: 80,
+                granted: 0
+            }
+        );
+        assert_eq!(acts[0].action, WatchdogAction::Sigterm);
+        assert!(
+            acts[0].reason.contains("granted GPU 0 only"),
+            "{}",
+            acts[0].reason
+        );
+        // Counted by GPU 1's admission, never as training.
+        assert_eq!(before - free1(&s), 3 << 30);
+        assert!(s.gpus[1].training.is_empty());
+        // Escalated while it lasts, though its granted GPU stays clean.
+        clock.advance(1.0);
+        assert!(s.reconcile(&samples).is_empty());
+        clock.advance(1.0);
+        let acts = s.reconcile(&samples);
+        assert_eq!(acts[0].action, WatchdogAction::Sigkill);
+        // Gone: the memory is free again and the escalation starts over.
+        s.reconcile(&[(0, GpuSample::default()), (1, GpuSample::default())]);
+        assert_eq!(free1(&s), before);
+        assert!(!s.instances[&id].ungranted_escalation.acted());
     }
 
     #[test]

@@ -116,6 +116,16 @@ pub enum Violation {
         /// Device memory NVML still shows for it, bytes.
         used: u64,
     },
+    /// A function's processes use a GPU it was not granted (issue 12, item 9): memory or SM
+    /// time there is outside every cap and share.
+    UngrantedGpu {
+        /// NVML memory of its processes on that GPU, bytes.
+        used: u64,
+        /// Their SM utilization there, percent.
+        sm: u32,
+        /// The GPU it was granted.
+        granted: u32,
+    },
     /// NVML shows more memory than the cap (+ slack).
     OverCap {
         /// NVML memory of its processes, bytes.
@@ -156,6 +166,11 @@ impl fmt::Display for Described<'_> {
             Violation::PreemptExpired { used } => write!(
                 f,
                 "function {function} was preempted on GPU {gpu} and still holds {} after its grace period",
+                format_size(used)
+            ),
+            Violation::UngrantedGpu { used, sm, granted } => write!(
+                f,
+                "function {function} uses GPU {gpu} ({} of memory, {sm} % SM in NVML) but was granted GPU {granted} only",
                 format_size(used)
             ),
             Violation::OverCap { used, cap, slack } => write!(

@@ -148,3 +148,143 @@ fn a_double_forked_setsid_grandchild_is_its_functions() {
     let _ = function.kill();
     let _ = function.wait();
 }
+
+/// A function under `smore run`, bypassing the shim, that ignores SIGTERM (`trap '' TERM` is
+/// inherited across `exec`) and runs `probe` with `args`; its stderr goes to a file.
+struct Stubborn {
+    child: std::process::Child,
+    stderr: std::path::PathBuf,
+}
+
+impl Stubborn {
+    fn start(arb: &Arbiter, sim: &SimGpu, function: &str, env: &str, args: &str) -> Stubborn {
+        let stderr = sim.dir().join(format!("{function}.stderr"));
+        let probe = smore_e2e::bin("sim-probe");
+        let child = run_bypassing_the_shim(arb, function)
+            .args([
+                "sh",
+                "-c",
+                &format!("trap '' TERM; exec {env} {} {args}", probe.display()),
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        Stubborn { child, stderr }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Waits for the watchdog's SIGKILL; the time from its SIGTERM event to its SIGKILL event.
+    fn killed(&mut self, arb: &Arbiter, what: &str) -> f64 {
+        use std::os::unix::process::ExitStatusExt;
+        let path = self.stderr.clone();
+        let status = smore_e2e::wait_exit(
+            &mut self.child,
+            "SIGKILL after the grace",
+            Duration::from_secs(30),
+            || {
+                let err = std::fs::read_to_string(&path).unwrap_or_default();
+                format!("{}\n{err}", arb.status()["events"])
+            },
+        );
+        assert_eq!(status.signal(), Some(9), "{status}");
+        let ev = events(arb, what);
+        let at = |action: &str| {
+            ev.iter()
+                .find(|e| e["message"].as_str().unwrap().starts_with(action))
+                .unwrap_or_else(|| panic!("no {action} event: {ev:?}"))["time"]
+                .as_f64()
+                .unwrap()
+        };
+        let grace = at("Sigkill") - at("Sigterm");
+        let err = self.stderr();
+        assert!(
+            err.contains(&format!("smore watchdog: {what}"))
+                && err.contains("sending Sigterm")
+                && err.contains("sending Sigkill"),
+            "the function's stderr says so: {err}"
+        );
+        grace
+    }
+}
+
+/// Issue 12, item 9 (arbiter side): a function granted GPU 0 unsets `CUDA_VISIBLE_DEVICES` and
+/// puts 1 GiB on GPU 1. That use is counted by GPU 1's admission (never invisible, never
+/// training) and is a violation acted on like any other: SIGTERM, then SIGKILL after the grace
+/// when ignored, said in events and on the function's stderr.
+#[test]
+fn use_of_a_gpu_not_granted_is_counted_and_acted_on() {
+    let sim = SimGpu::exact(2, "16GiB");
+    let arb = Arbiter::new(
+        &sim,
+        "[watchdog]\naction = \"sigterm\"\ncheck_shim = false\nkill_after_s = 3\n",
+    );
+    let free1 = |arb: &Arbiter| {
+        arb.status()["gpus"][1]["free_for_functions"]
+            .as_u64()
+            .unwrap()
+    };
+    let before = free1(&arb);
+    let mut f = Stubborn::start(
+        &arb,
+        &sim,
+        "roamer",
+        "env -u CUDA_VISIBLE_DEVICES",
+        "--device 1 alloc:v2:1GiB sleep:60000",
+    );
+    wait_until("registered", Duration::from_secs(10), || {
+        !arb.functions().is_empty()
+    });
+    assert_eq!(arb.functions()[0]["gpu"], 0, "placed on GPU 0");
+    wait_until(
+        "GPU 1's admission counts the ungranted use",
+        Duration::from_secs(15),
+        || {
+            let s = arb.status();
+            s["gpus"][1]["ungranted_used"].as_u64().unwrap_or(0) >= 1 << 30
+                && before - free1(&arb) >= 1 << 30
+        },
+    );
+    assert_eq!(arb.status()["gpus"][1]["training"], serde_json::json!([]));
+    let grace = f.killed(&arb, "function roamer uses GPU 1");
+    assert!(grace >= 3.0, "SIGKILL {grace} s after SIGTERM");
+    assert!(events(&arb, "but was granted GPU 0 only")
+        .iter()
+        .all(|e| e["pid"] == f.child.id()),);
+    wait_until("GPU 1 free again", Duration::from_secs(10), || {
+        free1(&arb) == before
+    });
+}
+
+/// Issue 12, item 5 end to end: a function that ignores SIGTERM and keeps 3 GiB under a 1 GiB
+/// cap through a bypass of the shim gets SIGTERM, then SIGKILL after the configured grace
+/// (`[watchdog] kill_after_s`); events and its stderr say so; its grant is released.
+#[test]
+fn a_function_ignoring_sigterm_over_its_cap_is_killed_after_the_grace_and_released() {
+    let sim = SimGpu::exact(1, "16GiB");
+    let arb = Arbiter::new(
+        &sim,
+        "[watchdog]\naction = \"sigterm\"\ncheck_shim = false\nkill_after_s = 2\n",
+    );
+    let mut f = Stubborn::start(&arb, &sim, "stubborn", "", "alloc:v2:3GiB sleep:60000");
+    let grace = f.killed(&arb, "function stubborn uses 3GiB on GPU 0");
+    assert!(
+        (2.0..10.0).contains(&grace),
+        "SIGKILL {grace} s after SIGTERM (grace 2 s)"
+    );
+    assert!(events(&arb, "over its cap")
+        .iter()
+        .all(|e| e["pid"] == f.child.id()));
+    wait_until("its grant released", Duration::from_secs(5), || {
+        arb.functions().is_empty()
+    });
+    let ev = arb.status()["events"].clone();
+    assert!(
+        ev.as_array().unwrap().iter().any(|e| e["kind"] == "released"
+            && e["message"].as_str().unwrap().contains("stubborn")),
+        "{ev}"
+    );
+}
