@@ -155,14 +155,20 @@ fn live_share_changes_reach_the_page_before_the_reply() {
         arb.functions().len() == 1
     });
     let instance = arb.functions()[0]["id"].as_u64().unwrap();
-    let environ = std::fs::read(format!("/proc/{}/environ", function.id())).unwrap();
-    let page_fd = String::from_utf8_lossy(&environ)
-        .split('\0')
-        .find_map(|v| {
+    // Registered before it execs the command: the page fd is in the command's environment.
+    let page_fd = || {
+        let environ = std::fs::read(format!("/proc/{}/environ", function.id())).ok()?;
+        String::from_utf8_lossy(&environ).split('\0').find_map(|v| {
             v.strip_prefix(&format!("{}=", wire::ENV_GRANT_FD))
                 .map(str::to_string)
         })
-        .expect("smore run hands the page fd to the command");
+    };
+    wait_until(
+        "smore run hands the page fd to the command",
+        Duration::from_secs(10),
+        || page_fd().is_some(),
+    );
+    let page_fd = page_fd().unwrap();
     let fd = OwnedFd::from(
         std::fs::File::open(format!("/proc/{}/fd/{page_fd}", function.id())).unwrap(),
     );

@@ -377,13 +377,13 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
                                     .flatten()
                             })
                         });
-                    if let Some(id) = id {
-                        let env = std::fs::read(format!("/proc/{}/environ", holder.id()))?;
-                        let key = format!("{}=", smore_protocol::wire::ENV_GRANT_FD);
-                        let n = String::from_utf8_lossy(&env)
-                            .split('\0')
-                            .find_map(|v| v.strip_prefix(&key).map(str::to_string))
-                            .context("smore run handed no page fd to its command")?;
+                    // Registered before it execs the command, whose environment names the fd.
+                    let env = std::fs::read(format!("/proc/{}/environ", holder.id()))?;
+                    let key = format!("{}=", smore_protocol::wire::ENV_GRANT_FD);
+                    let n = String::from_utf8_lossy(&env)
+                        .split('\0')
+                        .find_map(|v| v.strip_prefix(&key).map(str::to_string));
+                    if let (Some(id), Some(n)) = (id, n) {
                         let f = std::fs::File::open(format!("/proc/{}/fd/{n}", holder.id()))?;
                         return Ok((id, f.into()));
                     }
