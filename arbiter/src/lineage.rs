@@ -168,6 +168,16 @@ impl Lineage {
         (s == Some(start) && g.roots.get(&root.pid) == Some(&root.start)).then_some(root.pid)
     }
 
+    /// The recorded descendants of `root` whose start time is known: (pid, start).
+    pub fn descendants_of(&self, root: u32) -> Vec<(u32, u64)> {
+        self.lock()
+            .descendants
+            .iter()
+            .filter(|(_, (_, r))| r.pid == root)
+            .filter_map(|(&pid, &(start, _))| Some((pid, start?)))
+            .collect()
+    }
+
     /// Descendants recorded now.
     pub fn len(&self) -> usize {
         self.lock().descendants.len()
@@ -471,6 +481,7 @@ mod tests {
         assert_eq!(l.root_of(102, 12), Some(100));
         // A recycled pid (another start time) is not the descendant.
         assert_eq!(l.root_of(102, 99), None);
+        assert_eq!(l.descendants_of(100), vec![(102, 12)]);
         // The function goes: its descendants go with it.
         l.retain_roots(|_| false);
         assert_eq!(l.root_of(102, 12), None);

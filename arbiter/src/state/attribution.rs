@@ -100,6 +100,15 @@ impl Attributor {
             .retain(|_, k| matches!(k.owner, Owner::Instance(_)));
     }
 
+    /// The GPU processes attributed to instance `id`: (pid, start).
+    pub fn processes_of(&self, id: InstanceId) -> Vec<(u32, u64)> {
+        self.known
+            .values()
+            .filter(|k| k.owner == Owner::Instance(id))
+            .map(|k| (k.life.pid, k.life.start))
+            .collect()
+    }
+
     /// GPU processes remembered.
     pub fn len(&self) -> usize {
         self.known.len()

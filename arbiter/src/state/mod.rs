@@ -854,6 +854,9 @@ impl State {
     /// Releases an instance (connection closed, process gone, or `Release`).
     pub fn release(&mut self, id: InstanceId, why: &str) {
         if let Some(inst) = self.instances.remove(&id) {
+            if !inst.alive(self.procs.as_ref()) {
+                self.adopt_orphans(&inst);
+            }
             self.attributor.forget_instance(id);
             self.counters.releases += 1;
             self.dirty = true;
@@ -867,6 +870,50 @@ impl State {
                     inst.rec.function, inst.rec.gpu
                 ),
             );
+        }
+    }
+
+    /// The registered process of `inst` exited: its descendants that live on (GPU processes
+    /// attributed to it, and processes its fork records name) stay watched as a released
+    /// function's, so that a function cannot daemonize a child and exit to leave it unwatched
+    /// as "training" (issue 12, item 6). Their GPU use is [`Violation::AfterRelease`].
+    fn adopt_orphans(&mut self, inst: &Instance) {
+        let mut orphans = self.attributor.processes_of(inst.rec.id);
+        orphans.extend(self.lineage.descendants_of(inst.rec.pid));
+        self.adopt(
+            orphans,
+            inst.rec.pid,
+            inst.rec.id,
+            &inst.rec.function,
+            inst.rec.gpu,
+        );
+    }
+
+    /// Watches the live processes among `orphans` as function `instance`'s after its process
+    /// `dead` exited (each its own record and fork-record root, so a chain of exiting middle
+    /// processes passes its descendants on).
+    fn adopt(
+        &mut self,
+        mut orphans: Vec<(u32, u64)>,
+        dead: u32,
+        instance: InstanceId,
+        function: &str,
+        gpu: u32,
+    ) {
+        orphans.sort_unstable();
+        orphans.dedup();
+        for (pid, start) in orphans {
+            if pid == dead || !self.procs.is_same_process(pid, start) {
+                continue;
+            }
+            self.lineage.add_root(pid, start);
+            self.released.entry(pid).or_insert_with(|| Released {
+                life: facts::Tracked::new(pid, start, self.procs.as_ref()),
+                instance,
+                function: function.to_string(),
+                gpu,
+                escalation: Default::default(),
+            });
         }
     }
 
@@ -1147,7 +1194,18 @@ impl State {
         // GPU processes that exited are forgotten; the others keep their attribution.
         self.attributor.prune(self.procs.as_ref());
         let procs = self.procs.as_ref();
-        self.released.retain(|_, r| r.life.alive(procs));
+        let gone: Vec<(u32, InstanceId, String, u32)> = self
+            .released
+            .iter()
+            .filter(|(_, r)| !r.life.alive(procs))
+            .map(|(&pid, r)| (pid, r.instance, r.function.clone(), r.gpu))
+            .collect();
+        for (pid, instance, function, gpu) in gone {
+            self.released.remove(&pid);
+            // What it forked lives on as the same function's (a daemonizing middle process).
+            let orphans = self.lineage.descendants_of(pid);
+            self.adopt(orphans, pid, instance, &function, gpu);
+        }
         let roots = self.roots();
         // Fork records of functions that are gone go with them (bounded memory).
         self.lineage.retain_roots(|pid| roots.contains_key(&pid));
@@ -1162,7 +1220,12 @@ impl State {
             };
             let mut split = self.attributor.split(s, &roots, self.procs.as_ref());
             for &(pid, id) in &split.released {
-                let Some(r) = self.released.values_mut().find(|r| r.instance == id) else {
+                // Its own record (a released root or an adopted orphan), else its root's.
+                let r = match self.released.contains_key(&pid) {
+                    true => self.released.get_mut(&pid),
+                    false => self.released.values_mut().find(|r| r.instance == id),
+                };
+                let Some(r) = r else {
                     continue;
                 };
                 if let Some(action) =
@@ -2037,6 +2100,37 @@ mod injected_facts_tests {
     }
 
     #[test]
+    fn descendants_left_behind_by_an_exited_function_stay_watched() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true); // the function
+        procs.spawn(101, 100, 11, true); // a worker on the GPU
+        let mut s = state(&procs, &clock);
+        let lineage = std::sync::Arc::new(crate::lineage::Lineage::without_connector("test"));
+        s.set_lineage(lineage.clone());
+        let id = register(&mut s, 100);
+        // A daemonized child the fork events recorded, not on the GPU yet.
+        lineage.on_fork(100, 102, || Some(12));
+        procs.spawn(102, 1, 12, true);
+        let mut gpu = GpuSample::default();
+        gpu.procs.insert(101, 1 << 20);
+        assert!(s.reconcile(&[(0, gpu.clone())]).is_empty());
+        // The function exits; its worker and its daemon live on, re-parented.
+        procs.exit(100);
+        procs.reparent(101, 1, None);
+        let mut acts = s.reconcile(&[(0, gpu.clone())]);
+        assert!(s.instances.is_empty(), "released: its process exited");
+        gpu.procs.insert(102, 2 << 30);
+        acts.extend(s.reconcile(&[(0, gpu)]));
+        let mut pids: Vec<u32> = acts.iter().map(|a| a.pid).collect();
+        pids.sort_unstable();
+        assert_eq!(pids, vec![101, 102], "{acts:?}");
+        assert!(acts
+            .iter()
+            .all(|a| a.instance == id && matches!(a.violation, Violation::AfterRelease { .. })));
+        assert!(s.gpus[0].training.is_empty(), "never taken for training");
+    }
+
+    #[test]
     fn use_of_a_gpu_not_granted_is_a_violation_and_counted_by_its_admission() {
         let (procs, clock) = (FakeProcs::default(), FakeClock::default());
         procs.spawn(100, 1, 10, true);
@@ -2115,9 +2209,20 @@ mod injected_facts_tests {
         assert_eq!(s.gpus[0].training_used, 2 << 30);
         // The function's process exits and its pid is reused by another process: released.
         procs.spawn(100, 1, 99, true);
-        s.reconcile(&[(0, sample)]);
+        let acts = s.reconcile(&[(0, sample)]);
         assert!(s.instances.is_empty());
-        assert_eq!(s.events.recent().back().unwrap().kind, EventKind::Released);
+        let released = s
+            .events
+            .recent()
+            .iter()
+            .rev()
+            .find(|e| e.kind != EventKind::Watchdog)
+            .unwrap();
+        assert_eq!(released.kind, EventKind::Released);
+        // Its worker, left on the GPU, stays watched (never training).
+        assert_eq!(acts.len(), 1);
+        assert_eq!(acts[0].violation, Violation::AfterRelease { pid: 101 });
+        assert_eq!(s.gpus[0].training.len(), 1, "only the stranger");
     }
 
     #[test]

@@ -288,3 +288,62 @@ fn a_function_ignoring_sigterm_over_its_cap_is_killed_after_the_grace_and_releas
         "{ev}"
     );
 }
+
+/// Issue 12, item 6, the daemon pattern: the function double-forks a grandchild into a session
+/// of its own and exits at once. Its grant is released (its process exited), but the grandchild
+/// it left on the GPU stays watched as that function's: acted on as a use after release, never
+/// taken for training.
+#[test]
+fn a_daemon_left_behind_by_an_exited_function_stays_watched() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let init_ns = std::fs::read_link("/proc/self/ns/pid")
+        .is_ok_and(|l| l.to_string_lossy() == "pid:[4026531836]");
+    if !(root && init_ns) {
+        eprintln!("skipped: no process connector for an unprivileged or namespaced arbiter");
+        return;
+    }
+    let sim = SimGpu::exact(1, "16GiB");
+    let arb = Arbiter::new(
+        &sim,
+        "[watchdog]\naction = \"sigterm\"\ncheck_shim = false\nkill_after_s = 2\n",
+    );
+    let pidfile = sim.dir().join("daemon.pid");
+    let probe = smore_e2e::bin("sim-probe");
+    let script = format!(
+        "( setsid sh -c 'echo $$ > {pidfile}; exec {probe} alloc:v2:512MiB sleep:60000' & )",
+        pidfile = pidfile.display(),
+        probe = probe.display()
+    );
+    let status = run_bypassing_the_shim(&arb, "daemonizer")
+        .args(["sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "{status}");
+    wait_until("the daemon wrote its pid", Duration::from_secs(20), || {
+        read_pid(&pidfile).is_some()
+    });
+    let daemon = read_pid(&pidfile).unwrap();
+    wait_until(
+        "the daemon stopped by the watchdog",
+        Duration::from_secs(30),
+        || dead(daemon),
+    );
+    let ev = events(&arb, "after releasing its grant");
+    assert!(
+        ev.iter().any(|e| e["pid"] == daemon
+            && e["message"]
+                .as_str()
+                .unwrap()
+                .contains("function daemonizer")),
+        "{}",
+        arb.status()["events"]
+    );
+    let s = arb.status();
+    assert_eq!(
+        s["counters"]["growth_events"], 0,
+        "never seen as training: {s}"
+    );
+}
