@@ -3,7 +3,9 @@
 //! Threads: one acceptor; one thread per connection (a function holds its connection for its
 //! whole life, so the count is bounded by the functions on the node); one reconcile thread that
 //! samples NVML every `reconcile_ms`, folds the samples into the state and carries out watchdog
-//! actions; one metrics thread. All share one `Mutex<State>`; no decision takes more than
+//! actions; one metrics thread; one thread reading the kernel's fork events (`lineage`, where
+//! the process connector is available; it takes only the lineage's own lock, never the
+//! state's). All share one `Mutex<State>`; no decision takes more than
 //! microseconds under it, and NVML is sampled *outside* it.
 //!
 //! Must never: trust identity from a message (peers are `SO_PEERCRED`), let one malformed client

@@ -3,7 +3,9 @@
 //! first violation of an instance into one enforcement per process (once per instance).
 //!
 //! Owns: the three rules — the shim is loaded, SM time stays within the share (sustained), NVML
-//! memory stays within the cap (+ slack) — and their thresholds. Must never: act on one noisy
+//! memory stays within the cap (+ slack) — and their thresholds, the [`Violation`]s `State`
+//! finds itself (use after release, an expired preemption, a GPU not granted) and the
+//! [`Escalation`] every one of them goes through. Must never: act on one noisy
 //! sample (SM use must exceed the share for [`SM_OVERUSE_SAMPLES`] samples in a row).
 
 use crate::config::WatchdogAction;
