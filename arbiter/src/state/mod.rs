@@ -367,6 +367,12 @@ impl State {
     /// whatever its user (a function running as root must not raise its own cap). Err: why not,
     /// for the refusal.
     pub fn operator(&self, peer: Peer) -> Result<(), String> {
+        if peer.pid == 0 {
+            // Outside the arbiter's pid namespace: whether it is a function cannot be told.
+            return Err(
+                "the arbiter cannot see this process's pid (SO_PEERCRED reports 0 outside its pid namespace), so it cannot tell it is not a function: send operator requests from the arbiter's pid namespace".into(),
+            );
+        }
         let roots = self.roots();
         if let Some(start) = self.procs.start_time(peer.pid) {
             let owner = self
@@ -2128,6 +2134,29 @@ mod injected_facts_tests {
             .iter()
             .all(|a| a.instance == id && matches!(a.violation, Violation::AfterRelease { .. })));
         assert!(s.gpus[0].training.is_empty(), "never taken for training");
+    }
+
+    #[test]
+    fn a_function_and_its_descendants_are_never_operators() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true); // a function, as root
+        procs.spawn(101, 100, 11, true); // its child
+        procs.spawn(300, 1, 30, true); // the admin's shell
+        let mut s = state(&procs, &clock);
+        register(&mut s, 100);
+        for pid in [100, 101] {
+            let e = s.operator(Peer { pid, uid: 0 }).unwrap_err();
+            assert!(e.contains("never an operator") && e.contains("f100"), "{e}");
+        }
+        assert!(s.operator(Peer { pid: 300, uid: 0 }).is_ok());
+        let e = s
+            .operator(Peer {
+                pid: 300,
+                uid: 4242,
+            })
+            .unwrap_err();
+        assert!(e.contains("uid 4242 is not an operator"), "{e}");
+        assert!(s.operator(Peer { pid: 0, uid: 0 }).is_err(), "cannot tell");
     }
 
     #[test]
