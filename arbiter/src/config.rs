@@ -69,6 +69,7 @@ struct RawArbiter {
     metrics_addr: Option<Spanned<String>>,
     failure_policy: Option<FailurePolicy>,
     reconcile_ms: Option<Spanned<u64>>,
+    operators: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -106,6 +107,7 @@ struct RawFunctions {
     default_slo_ms: Option<Spanned<f64>>,
     default_memory: Option<Spanned<String>>,
     grants_per_process: Option<Spanned<u32>>,
+    allow_root: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -114,6 +116,7 @@ struct RawWatchdog {
     action: Option<WatchdogAction>,
     memory_slack: Option<Spanned<String>>,
     check_shim: Option<bool>,
+    kill_after_s: Option<Spanned<f64>>,
 }
 
 /// A fraction as the file may spell it: a number (`0.1`) or a percentage string (`"10%"`).
@@ -155,6 +158,73 @@ impl SocketGroup {
     }
 }
 
+/// Who may change shares and caps (`[arbiter] operators`), resolved at load so that
+/// `smore arbiter --check` reports an unknown user or group. A process that is a function or a
+/// function's descendant is never an operator, whatever its user (`State::operator`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Operators {
+    /// Operator users (uids).
+    pub uids: Vec<u32>,
+    /// Operator groups (gids): a process whose effective or supplementary groups hold one.
+    pub gids: Vec<u32>,
+}
+
+impl Default for Operators {
+    /// Root and the arbiter's own user: the admin who runs `smore share` / `smore status` on
+    /// the node keeps working as before the list existed.
+    fn default() -> Self {
+        let me = rustix::process::getuid().as_raw();
+        let mut uids = vec![0];
+        if me != 0 {
+            uids.push(me);
+        }
+        Operators {
+            uids,
+            gids: Vec::new(),
+        }
+    }
+}
+
+impl Operators {
+    /// Users (`"root"`, `"1000"`) and groups (`"@smore-admin"`, `"@1001"`), names looked up
+    /// through NSS as `chown` does.
+    pub fn resolve(specs: &[String]) -> Result<Operators, String> {
+        let mut o = Operators {
+            uids: Vec::new(),
+            gids: Vec::new(),
+        };
+        for spec in specs {
+            let spec = spec.trim();
+            if let Some(group) = spec.strip_prefix('@') {
+                o.gids.push(SocketGroup::resolve(group)?.gid);
+            } else if let Ok(uid) = spec.parse::<u32>() {
+                o.uids.push(uid);
+            } else {
+                match nix::unistd::User::from_name(spec) {
+                    Ok(Some(u)) => o.uids.push(u.uid.as_raw()),
+                    Ok(None) => {
+                        return Err(format!(
+                            "no user named {spec:?} on this node: give an existing user, a numeric uid, or a group as \"@group\""
+                        ))
+                    }
+                    Err(e) => return Err(format!("looking up user {spec:?}: {e}")),
+                }
+            }
+        }
+        Ok(o)
+    }
+
+    /// Whether a process of `uid` with groups `gids` is an operator (before the function check).
+    pub fn admits(&self, uid: u32, gids: &[u32]) -> bool {
+        self.uids.contains(&uid) || gids.iter().any(|g| self.gids.contains(g))
+    }
+
+    /// Whether any group is listed (then the peer's groups are worth reading).
+    pub fn has_groups(&self) -> bool {
+        !self.gids.is_empty()
+    }
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Config {
@@ -175,6 +245,8 @@ pub struct Config {
     pub failure_policy: FailurePolicy,
     /// Period of the NVML reconcile / watchdog loop, milliseconds.
     pub reconcile_ms: u64,
+    /// Who may change shares and caps.
+    pub operators: Operators,
     /// Whether to discover GPUs through NVML at start.
     pub discover: bool,
     /// The GPUs to manage by NVML index (None: all).
@@ -212,6 +284,9 @@ pub struct Config {
     /// Live grants one process may hold (1: one instance per process, so one process cannot
     /// collect grants and refuse legitimate functions; issue 12, item 13).
     pub grants_per_process: u32,
+    /// Whether functions may run as root: true registers them with a warning (event + log),
+    /// false refuses them.
+    pub allow_root: bool,
     /// What the watchdog does to a function breaking its grant.
     pub watchdog_action: WatchdogAction,
     /// Bytes a function may exceed its cap by in NVML before the watchdog acts (the context and
@@ -219,6 +294,9 @@ pub struct Config {
     pub memory_slack: u64,
     /// Whether the watchdog checks that a registered process actually loaded the shim.
     pub check_shim: bool,
+    /// Seconds a function may go on breaking its grant after the configured action before the
+    /// watchdog sends SIGKILL (docs/arbiter.md, "Watchdog").
+    pub kill_after_s: f64,
     /// Prewarm policy the arbiter runs online over request reports (`off` disables hints).
     pub prewarm_policy: String,
     /// Memory kept free above a GPU's training high-water mark, bytes (at least; see
@@ -252,6 +330,7 @@ impl Default for Config {
             // 250 ms: NVML's process samples refresh about every 1/6 s; faster polling only
             // re-reads the same sample.
             reconcile_ms: 250,
+            operators: Operators::default(),
             discover: true,
             gpu_indices: None,
             nvml_library: "libnvidia-ml.so.1".into(),
@@ -273,10 +352,14 @@ impl Default for Config {
             default_slo_ms: 100.0,
             default_memory: 2 << 30,
             grants_per_process: 1,
+            // Warn only: CI and many single-user nodes run everything as root; a node that
+            // separates users should refuse (docs/arbiter.md, "Operators").
+            allow_root: true,
             watchdog_action: WatchdogAction::Sigterm,
             // 64 MiB: covers allocator rounding (2 MiB pages) and small context growth.
             memory_slack: 64 << 20,
             check_shim: true,
+            kill_after_s: crate::state::watchdog::KILL_AFTER_S,
             // HHP: the serverless industry baseline (Shahrad et al., ATC'20); needs no training.
             prewarm_policy: "hhp".into(),
             // 2 GiB or 10 % of the high-water mark, whichever is larger: PyTorch's caching
@@ -452,6 +535,11 @@ impl Config {
                 SocketGroup::resolve(g.get_ref())
                     .map_err(|what| err(span, "arbiter.socket_group", what))?,
             );
+        }
+        if let Some(o) = a.operators {
+            let span = o.span();
+            c.operators = Operators::resolve(o.get_ref())
+                .map_err(|what| err(span, "arbiter.operators", what))?;
         }
         if let Some(s) = a.state_dir {
             c.state_dir = PathBuf::from(s.into_inner());
@@ -672,6 +760,20 @@ impl Config {
             }
             c.grants_per_process = v.into_inner();
         }
+        if let Some(b) = raw.functions.allow_root {
+            c.allow_root = b;
+        }
+        if let Some(v) = raw.watchdog.kill_after_s {
+            let x = *v.get_ref();
+            if !(x.is_finite() && x > 0.0 && x <= 600.0) {
+                return Err(err(
+                    v.span(),
+                    "watchdog.kill_after_s",
+                    format!("{x} must be a number of seconds in (0, 600]: how long a function may ignore SIGTERM while breaking its grant"),
+                ));
+            }
+            c.kill_after_s = x;
+        }
         if let Some(a) = raw.watchdog.action {
             c.watchdog_action = a;
         }
@@ -739,6 +841,36 @@ mod tests {
                 && e.contains("groupadd"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn operators_are_users_and_groups_and_unknown_names_are_refused() {
+        let c = Config::parse(
+            "[arbiter]\noperators = [\"root\", \"4242\", \"@root\", \"@77\"]\n",
+            "node.toml",
+        )
+        .unwrap();
+        assert_eq!(c.operators.uids, vec![0, 4242]);
+        assert_eq!(c.operators.gids, vec![0, 77]);
+        assert!(c.operators.admits(4242, &[]));
+        assert!(c.operators.admits(1000, &[5, 77]));
+        assert!(!c.operators.admits(1000, &[5]));
+        assert!(Config::default().operators.admits(0, &[]));
+        for bad in ["\"no-such-user-smore\"", "\"@no-such-group-smore\""] {
+            let e = error_of(&format!("[arbiter]\noperators = [{bad}]\n"));
+            assert!(
+                e.starts_with("node.toml:2:") && e.contains("arbiter.operators"),
+                "{e}"
+            );
+        }
+        let c = Config::parse(
+            "[functions]\nallow_root = false\n[watchdog]\nkill_after_s = 0.5\n",
+            "x",
+        )
+        .unwrap();
+        assert!(!c.allow_root && Config::default().allow_root);
+        assert_eq!(c.kill_after_s, 0.5);
+        assert!(error_of("[watchdog]\nkill_after_s = 0\n").contains("watchdog.kill_after_s"));
     }
 
     #[test]

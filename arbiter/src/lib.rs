@@ -9,7 +9,7 @@
 //! Layout: [`config`] (the TOML file), [`gpus`] (NVML), [`proc`] (`/proc` facts), [`grantpage`]
 //! (the sealed memfd — the only `unsafe` here), [`policy`] (the seam and the fit policy),
 //! [`state`] (every state transition, pure), [`server`] (sockets, threads, persistence),
-//! [`metrics`], [`cdi`] (the Container Device Interface spec `smore cdi generate` writes). The demo, benchmarks and the offline evaluation live in their own crates
+//! [`lineage`] (functions' descendants from the kernel's fork events), [`metrics`], [`cdi`] (the Container Device Interface spec `smore cdi generate` writes). The demo, benchmarks and the offline evaluation live in their own crates
 //! (`demo/`, `eval/`), so the daemon links neither plotting nor process-spawning code.
 //!
 //! Must never: touch a training process (they are observed through NVML only), hand out memory
@@ -24,6 +24,7 @@ pub mod gpus;
 pub mod grantpage;
 pub mod harvest;
 pub mod lifecycle;
+pub mod lineage;
 pub mod metrics;
 pub mod policy;
 pub mod proc;

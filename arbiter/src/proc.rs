@@ -24,6 +24,8 @@ pub struct Stat {
     pub state: u8,
     /// Parent pid (field 4).
     pub ppid: u32,
+    /// Session id (field 6): the pid of the session's leader.
+    pub session: u32,
     /// Start time in clock ticks since boot (field 22).
     pub start: u64,
 }
@@ -44,9 +46,16 @@ pub fn parse_stat(line: &[u8]) -> Option<Stat> {
         .filter(|f| !f.is_empty());
     let state = *fields.next()?.first()?;
     let ppid = parse_u64(fields.next()?)? as u32;
-    // Fields 5..=21 skipped; field 22 is the 19th after the state.
-    let start = parse_u64(fields.nth(17)?)?;
-    Some(Stat { state, ppid, start })
+    let _pgrp = fields.next()?;
+    let session = parse_u64(fields.next()?)? as u32;
+    // Fields 7..=21 skipped; field 22 is the 16th after the session.
+    let start = parse_u64(fields.nth(15)?)?;
+    Some(Stat {
+        state,
+        ppid,
+        session,
+        start,
+    })
 }
 
 fn parse_u64(b: &[u8]) -> Option<u64> {
@@ -100,6 +109,36 @@ pub fn start_time(pid: u32) -> Option<u64> {
 /// Parent pid of `pid`.
 pub fn parent(pid: u32) -> Option<u32> {
     stat(pid).map(|s| s.ppid)
+}
+
+/// The groups `pid` acts with: its effective gid and its supplementary groups (from
+/// `/proc/<pid>/status`); None when it cannot be read.
+pub fn groups(pid: u32) -> Option<Vec<u32>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_groups(&status)
+}
+
+/// The `Gid:` (effective, the second field) and `Groups:` lines of a status text.
+pub fn parse_groups(status: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    let mut gid_seen = false;
+    for line in status.lines() {
+        if let Some(rest) = line.strip_prefix("Gid:") {
+            out.push(rest.split_whitespace().nth(1)?.parse().ok()?);
+            gid_seen = true;
+        } else if let Some(rest) = line.strip_prefix("Groups:") {
+            out.extend(
+                rest.split_whitespace()
+                    .filter_map(|g| g.parse::<u32>().ok()),
+            );
+        }
+    }
+    gid_seen.then_some(out)
+}
+
+/// Session id of `pid` (the pid of its session's leader).
+pub fn session(pid: u32) -> Option<u32> {
+    stat(pid).map(|s| s.session)
 }
 
 /// Whether `pid` is alive and is the same process that had `start` (pid reuse check).
@@ -281,6 +320,14 @@ mod tests {
     }
 
     #[test]
+    fn groups_are_the_effective_gid_and_the_supplementary_ones() {
+        let status = "Name:\tx\nUid:\t0\t0\t0\t0\nGid:\t5\t6\t6\t6\nGroups:\t7 8 \n";
+        assert_eq!(parse_groups(status), Some(vec![6, 7, 8]));
+        assert_eq!(parse_groups("Name:\tx\n"), None);
+        assert!(groups(std::process::id()).is_some());
+    }
+
+    #[test]
     fn stat_lines_with_odd_command_names_parse() {
         let line = b"42 (a) b (c)) S 7 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 1000 10 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n";
         assert_eq!(
@@ -288,6 +335,7 @@ mod tests {
             Some(Stat {
                 state: b'S',
                 ppid: 7,
+                session: 42,
                 start: 123456
             })
         );

@@ -3,7 +3,9 @@
 //! Threads: one acceptor; one thread per connection (a function holds its connection for its
 //! whole life, so the count is bounded by the functions on the node); one reconcile thread that
 //! samples NVML every `reconcile_ms`, folds the samples into the state and carries out watchdog
-//! actions; one metrics thread. All share one `Mutex<State>`; no decision takes more than
+//! actions; one metrics thread; one thread reading the kernel's fork events (`lineage`, where
+//! the process connector is available; it takes only the lineage's own lock, never the
+//! state's). All share one `Mutex<State>`; no decision takes more than
 //! microseconds under it, and NVML is sampled *outside* it.
 //!
 //! Must never: trust identity from a message (peers are `SO_PEERCRED`), let one malformed client
@@ -217,6 +219,7 @@ impl Daemon {
         let persisted = load_persisted(&cfg)?;
         let policy = make_policy(&cfg)?;
         let mut state = State::new(cfg.clone(), gpus, policy);
+        state.set_lineage(crate::lineage::Lineage::start());
         for g in &state.gpus {
             tracing::info!(
                 "managing GPU {} {} ({}, {} MiB)",
@@ -466,7 +469,6 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
         pid: cred.pid,
         uid: cred.uid,
     };
-    let my_uid = rustix::process::getuid().as_raw();
     let mut registered: Option<u64> = None;
     let mut attached: Option<u64> = None;
     loop {
@@ -509,17 +511,9 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
             );
             break;
         }
-        let operator = peer.uid == 0 || peer.uid == my_uid;
         let (reply, fd_page) = {
             let mut st = lock(&state);
-            let r = handle(
-                &mut st,
-                peer,
-                operator,
-                &mut registered,
-                &mut attached,
-                env.req,
-            );
+            let r = handle(&mut st, peer, &mut registered, &mut attached, env.req);
             // Persisted before the reply announces the change (written outside the lock).
             persist_unlocked(&state, st);
             r
@@ -559,7 +553,6 @@ fn preempted(st: &State, id: u64) -> Option<Reply> {
 fn handle(
     st: &mut State,
     peer: Peer,
-    operator: bool,
     registered: &mut Option<u64>,
     attached: &mut Option<u64>,
     req: Request,
@@ -680,14 +673,8 @@ fn handle(
             None,
         ),
         Request::SetShare { instance, share } => {
-            if !operator {
-                return (
-                    error(
-                        ErrorCode::Forbidden,
-                        "only root or the arbiter's user may change shares",
-                    ),
-                    None,
-                );
+            if let Err(why) = st.operator(peer) {
+                return (error(ErrorCode::Forbidden, why), None);
             }
             let share = (share != 0).then_some(share);
             match st.set_share(instance, share) {
@@ -696,14 +683,8 @@ fn handle(
             }
         }
         Request::SetMemory { instance, bytes } => {
-            if !operator {
-                return (
-                    error(
-                        ErrorCode::Forbidden,
-                        "only root or the arbiter's user may change caps",
-                    ),
-                    None,
-                );
+            if let Err(why) = st.operator(peer) {
+                return (error(ErrorCode::Forbidden, why), None);
             }
             match st.set_memory(instance, bytes) {
                 Ok(()) => (Reply::Ok, None),
@@ -770,20 +751,20 @@ mod tests {
             ..Default::default()
         });
         for req in [register.clone(), Request::Attach { instance: 1 }] {
-            let (reply, page) = handle(&mut st, hidden, true, &mut reg, &mut att, req);
+            let (reply, page) = handle(&mut st, hidden, &mut reg, &mut att, req);
             assert_eq!(reply, error(ErrorCode::Forbidden, PEER_OUTSIDE_NAMESPACE));
             assert!(page.is_none());
         }
         assert!(st.instances.is_empty());
         // Status still answers (an operator tool in a container may read it).
-        let (reply, _) = handle(&mut st, hidden, true, &mut reg, &mut att, Request::Status);
+        let (reply, _) = handle(&mut st, hidden, &mut reg, &mut att, Request::Status);
         assert!(matches!(reply, Reply::Status { .. }));
         // The same request from a visible peer registers.
         let me = Peer {
             pid: std::process::id(),
             uid: 0,
         };
-        let (reply, page) = handle(&mut st, me, true, &mut reg, &mut att, register);
+        let (reply, page) = handle(&mut st, me, &mut reg, &mut att, register);
         assert!(matches!(reply, Reply::Granted(_)), "{reply:?}");
         assert!(page.is_some());
     }

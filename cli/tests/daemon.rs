@@ -142,16 +142,42 @@ fn registration_gets_a_grant_page_it_cannot_write() {
 fn live_share_changes_reach_the_page_before_the_reply() {
     let sim = SimGpu::exact(1, "16GiB");
     let arb = Arbiter::new(&sim, "");
-    let c = arb.client();
-    let (Reply::Granted(g), Some(fd)) = register(&c, "f", 1 << 30) else {
-        panic!()
+    // The function is another process: a function (or its descendant, like a `smore share`
+    // this test spawns) is never an operator. Its page is read through /proc/<pid>/fd.
+    let mut function = arb
+        .smore()
+        .args(["run", "--function", "f", "--memory", "1GiB", "--shim"])
+        .arg(smore_e2e::shim_lib())
+        .args(["--", "sleep", "60"])
+        .spawn()
+        .unwrap();
+    wait_until("registration", Duration::from_secs(10), || {
+        arb.functions().len() == 1
+    });
+    let instance = arb.functions()[0]["id"].as_u64().unwrap();
+    // Registered before it execs the command: the page fd is in the command's environment.
+    let page_fd = || {
+        let environ = std::fs::read(format!("/proc/{}/environ", function.id())).ok()?;
+        String::from_utf8_lossy(&environ).split('\0').find_map(|v| {
+            v.strip_prefix(&format!("{}=", wire::ENV_GRANT_FD))
+                .map(str::to_string)
+        })
     };
+    wait_until(
+        "smore run hands the page fd to the command",
+        Duration::from_secs(10),
+        || page_fd().is_some(),
+    );
+    let page_fd = page_fd().unwrap();
+    let fd = OwnedFd::from(
+        std::fs::File::open(format!("/proc/{}/fd/{page_fd}", function.id())).unwrap(),
+    );
     let view = PageView::map(&fd);
     let gen0 = view.page().generation(0);
     let t0 = Instant::now();
     let out = arb
         .smore()
-        .args(["share", &g.instance.to_string(), "25"])
+        .args(["share", &instance.to_string(), "25"])
         .output()
         .unwrap();
     assert!(
@@ -169,7 +195,7 @@ fn live_share_changes_reach_the_page_before_the_reply() {
     // Back to the policy's share.
     let out = arb
         .smore()
-        .args(["share", &g.instance.to_string(), "auto"])
+        .args(["share", &instance.to_string(), "auto"])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -177,11 +203,13 @@ fn live_share_changes_reach_the_page_before_the_reply() {
     // Bad values are refused with a message.
     let out = arb
         .smore()
-        .args(["share", &g.instance.to_string(), "140"])
+        .args(["share", &instance.to_string(), "140"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("1–100"));
+    function.kill().unwrap();
+    function.wait().unwrap();
 }
 
 #[test]

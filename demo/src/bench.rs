@@ -319,20 +319,101 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
         drop(held);
         // 3. Grant-change propagation: `set_share` sent → new value visible in the client's
         // read-only mapping (what the shim reads on its next launch).
-        let holder = Client::connect(&socket)?;
-        let (g, fd) = register(&holder, "propagation")?;
-        let view = smore_arbiter::grantpage::PageView::map(fd.context("no page fd")?)?;
+        // The function is a process of its own (`smore run -- sleep`), its page read through
+        // /proc/<pid>/fd: a function is never an operator, and this process registered the
+        // rounds above (their releases must have landed before it asks as the operator).
         let op = Client::connect(&socket)?;
+        let me = std::process::id();
+        let t = Instant::now();
+        loop {
+            let mine = match op.call(Request::Status)? {
+                Reply::Status { snapshot } => {
+                    snapshot["gpus"].as_array().into_iter().flatten().any(|g| {
+                        g["functions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|f| f["pid"] == me)
+                    })
+                }
+                other => anyhow::bail!("status answered {other:?}"),
+            };
+            if !mine {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                anyhow::bail!("the bench's own registrations were not released");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut holder = node
+            .command(std::env::current_exe()?)
+            .args([
+                "run",
+                "--function",
+                "propagation",
+                "--memory",
+                "1MiB",
+                "--",
+                "sleep",
+                "600",
+            ])
+            .env(smore_protocol::wire::ENV_SOCKET, &socket)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let found = (|| -> Result<(u64, std::os::fd::OwnedFd)> {
+            let t = Instant::now();
+            loop {
+                if let Reply::Status { snapshot } = op.call(Request::Status)? {
+                    let id = snapshot["gpus"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find_map(|g| {
+                            g["functions"].as_array()?.iter().find_map(|f| {
+                                (f["function"] == "propagation")
+                                    .then(|| f["id"].as_u64())
+                                    .flatten()
+                            })
+                        });
+                    // Registered before it execs the command, whose environment names the fd.
+                    let env = std::fs::read(format!("/proc/{}/environ", holder.id()))?;
+                    let key = format!("{}=", smore_protocol::wire::ENV_GRANT_FD);
+                    let n = String::from_utf8_lossy(&env)
+                        .split('\0')
+                        .find_map(|v| v.strip_prefix(&key).map(str::to_string));
+                    if let (Some(id), Some(n)) = (id, n) {
+                        let f = std::fs::File::open(format!("/proc/{}/fd/{n}", holder.id()))?;
+                        return Ok((id, f.into()));
+                    }
+                }
+                if t.elapsed() > Duration::from_secs(30) {
+                    anyhow::bail!("the propagation function did not register");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })();
+        let (instance, fd) = match found {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = holder.kill();
+                let _ = holder.wait();
+                return Err(e);
+            }
+        };
+        let view = smore_arbiter::grantpage::PageView::map(fd)?;
         let mut prop = Vec::new();
         for i in 0..a.rounds {
             let share = 10 + (i % 80) as u32;
             let s = Instant::now();
-            match op.call(Request::SetShare {
-                instance: g.instance,
-                share,
-            })? {
+            match op.call(Request::SetShare { instance, share })? {
                 Reply::Ok => {}
-                other => anyhow::bail!("set_share answered {other:?}"),
+                other => {
+                    let _ = holder.kill();
+                    let _ = holder.wait();
+                    anyhow::bail!("set_share answered {other:?}")
+                }
             }
             while view.page().share(0) != share {
                 std::hint::spin_loop();
@@ -341,6 +422,8 @@ pub fn arbiter(a: BenchArbiterArgs) -> Result<()> {
         }
         let (p50, p99, max) = percentiles(prop);
         println!("  grant change → visible in the function's page (incl. the operator's round trip): p50 {p50:.0} µs, p99 {p99:.0} µs, max {max:.0} µs");
+        let _ = holder.kill();
+        let _ = holder.wait();
         drop(idle);
         Ok(())
     })();

@@ -69,9 +69,19 @@ pub type Roots = HashMap<u32, Owner>;
 #[derive(Debug, Default)]
 pub struct Attributor {
     known: HashMap<u32, Known>,
+    /// Fork events of functions' descendants (None: parent chain and session only).
+    lineage: Option<std::sync::Arc<crate::lineage::Lineage>>,
 }
 
 impl Attributor {
+    /// Attribution that also asks `lineage` (fork events) before walking parents.
+    pub fn with_lineage(lineage: std::sync::Arc<crate::lineage::Lineage>) -> Attributor {
+        Attributor {
+            known: HashMap::new(),
+            lineage: Some(lineage),
+        }
+    }
+
     /// Forgets every process that exited (one liveness check each: a `poll(2)` on its pidfd).
     pub fn prune(&mut self, facts: &dyn ProcFacts) {
         self.known.retain(|_, k| k.life.alive(facts));
@@ -88,6 +98,15 @@ impl Attributor {
     pub fn forget_training(&mut self) {
         self.known
             .retain(|_, k| matches!(k.owner, Owner::Instance(_)));
+    }
+
+    /// The GPU processes attributed to instance `id`: (pid, start).
+    pub fn processes_of(&self, id: InstanceId) -> Vec<(u32, u64)> {
+        self.known
+            .values()
+            .filter(|k| k.owner == Owner::Instance(id))
+            .map(|k| (k.life.pid, k.life.start))
+            .collect()
     }
 
     /// GPU processes remembered.
@@ -107,24 +126,7 @@ impl Attributor {
             return Some(k.owner);
         }
         let start = facts.start_time(pid)?;
-        let mut owner = Owner::Training;
-        let mut p = pid;
-        for _ in 0..MAX_ANCESTRY_DEPTH {
-            if let Some(&o) = roots.get(&p) {
-                owner = o;
-                break;
-            }
-            if p != pid {
-                if let Some(k) = self.known.get(&p).filter(|k| k.owner != Owner::Training) {
-                    owner = k.owner;
-                    break;
-                }
-            }
-            match facts.parent(p) {
-                Some(pp) if pp != 0 && pp != p => p = pp,
-                _ => break,
-            }
-        }
+        let owner = self.resolve(pid, start, roots, facts);
         self.known.insert(
             pid,
             Known {
@@ -134,6 +136,42 @@ impl Attributor {
             },
         );
         Some(owner)
+    }
+
+    /// Whose the process `pid` (which had `start`) is, without caching the answer (fork
+    /// records, then the parent walk, then the session).
+    pub fn resolve(&self, pid: u32, start: u64, roots: &Roots, facts: &dyn ProcFacts) -> Owner {
+        if let Some(&o) = roots.get(&pid) {
+            return o;
+        }
+        if let Some(o) = self
+            .lineage
+            .as_ref()
+            .and_then(|l| l.root_of(pid, start))
+            .and_then(|root| roots.get(&root).copied())
+        {
+            return o;
+        }
+        let mut p = pid;
+        for _ in 0..MAX_ANCESTRY_DEPTH {
+            if let Some(&o) = roots.get(&p) {
+                return o;
+            }
+            if p != pid {
+                if let Some(k) = self.known.get(&p).filter(|k| k.owner != Owner::Training) {
+                    return k.owner;
+                }
+            }
+            match facts.parent(p) {
+                Some(pp) if pp != 0 && pp != p => p = pp,
+                _ => break,
+            }
+        }
+        // Left the parent chain (re-parented) but not the session a function leads.
+        match facts.session(pid).and_then(|sid| roots.get(&sid)) {
+            Some(&o) => o,
+            None => Owner::Training,
+        }
     }
 
     /// Whether the shim is mapped into `pid` (read once per process; None: cannot tell).
@@ -276,5 +314,40 @@ mod tests {
             assert_eq!(at.shim_mapped(100, &procs), Some(false));
         }
         assert_eq!(procs.reads(), before);
+    }
+
+    #[test]
+    fn a_double_forked_child_is_its_functions_by_fork_record_or_session() {
+        let procs = FakeProcs::default();
+        procs.spawn(100, 1, 10, true); // the function
+        procs.spawn(101, 100, 11, true); // its child, which forks and exits
+        procs.spawn(102, 101, 12, true); // the grandchild
+        let roots = Roots::from([(100, Owner::Instance(7))]);
+        // The grandchild is re-parented to init and left the function's session (setsid).
+        procs.exit(101);
+        procs.reparent(102, 1, Some(102));
+        let s = sample(&[(102, 4 << 30, 50)]);
+        // Without fork records: training (what the parent chain and the session can see).
+        let a = Attributor::default().split(&s, &roots, &procs);
+        assert_eq!(a.training.len(), 1);
+        // With the fork events recorded while the child lived: the function's.
+        let lineage = std::sync::Arc::new(crate::lineage::Lineage::without_connector("test"));
+        lineage.add_root(100, 10);
+        lineage.on_fork(100, 101, || Some(11));
+        lineage.on_fork(101, 102, || Some(12));
+        lineage.on_exit(101);
+        let a = Attributor::with_lineage(lineage.clone()).split(&s, &roots, &procs);
+        assert_eq!(a.instances[&7].pids, vec![102]);
+        assert!(a.training.is_empty());
+        // A process that kept the session the function leads is its function's without records.
+        procs.spawn(103, 1, 13, true);
+        procs.reparent(103, 1, Some(100));
+        let a = Attributor::default().split(&sample(&[(103, 1, 1)]), &roots, &procs);
+        assert_eq!(a.instances[&7].pids, vec![103]);
+        // A session nobody registered leads is no evidence.
+        procs.spawn(104, 1, 14, true);
+        procs.reparent(104, 1, Some(55));
+        let a = Attributor::default().split(&sample(&[(104, 1, 1)]), &roots, &procs);
+        assert_eq!(a.training.len(), 1);
     }
 }

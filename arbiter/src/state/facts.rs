@@ -48,6 +48,14 @@ pub trait ProcFacts: Send {
     fn start_time(&self, pid: u32) -> Option<u64>;
     /// Parent of `pid`.
     fn parent(&self, pid: u32) -> Option<u32>;
+    /// Session of `pid` (its leader's pid); None: unknown.
+    fn session(&self, _pid: u32) -> Option<u32> {
+        None
+    }
+    /// The groups `pid` acts with (effective gid + supplementary); None: unknown.
+    fn groups(&self, _pid: u32) -> Option<Vec<u32>> {
+        None
+    }
     /// Whether the smore shim is mapped into `pid` (None: cannot tell).
     fn shim_mapped(&self, pid: u32) -> Option<bool>;
 
@@ -157,6 +165,12 @@ impl ProcFacts for LiveProcs {
     fn parent(&self, pid: u32) -> Option<u32> {
         crate::proc::parent(pid)
     }
+    fn session(&self, pid: u32) -> Option<u32> {
+        crate::proc::session(pid)
+    }
+    fn groups(&self, pid: u32) -> Option<Vec<u32>> {
+        crate::proc::groups(pid)
+    }
     fn shim_mapped(&self, pid: u32) -> Option<bool> {
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
         Some(self.shim.in_maps(&maps))
@@ -230,6 +244,8 @@ pub(crate) mod fake {
         pub start: u64,
         pub parent: u32,
         pub shim: bool,
+        /// Its session (None: not told; [`ProcFacts::session`] then says None).
+        pub session: Option<u32>,
     }
 
     /// A shared, mutable fake process table; counts the `/proc`-like reads made through it.
@@ -247,8 +263,16 @@ pub(crate) mod fake {
                     start,
                     parent,
                     shim,
+                    session: None,
                 },
             );
+        }
+        /// Re-parents `pid` (its parent exited) and puts it in session `session`.
+        pub fn reparent(&self, pid: u32, parent: u32, session: Option<u32>) {
+            if let Some(p) = self.0.lock().unwrap().get_mut(&pid) {
+                p.parent = parent;
+                p.session = session;
+            }
         }
         pub fn exit(&self, pid: u32) {
             self.0.lock().unwrap().remove(&pid);
@@ -279,6 +303,10 @@ pub(crate) mod fake {
         fn parent(&self, pid: u32) -> Option<u32> {
             self.read();
             self.0.lock().unwrap().get(&pid).map(|p| p.parent)
+        }
+        fn session(&self, pid: u32) -> Option<u32> {
+            self.read();
+            self.0.lock().unwrap().get(&pid).and_then(|p| p.session)
         }
         fn shim_mapped(&self, pid: u32) -> Option<bool> {
             self.read();

@@ -72,6 +72,10 @@ pub struct Instance {
     /// SIGKILL while it lasts; docs/arbiter.md, "Watchdog").
     #[serde(skip)]
     pub escalation: super::watchdog::Escalation,
+    /// How far the watchdog went against its use of GPUs it was not granted (its own
+    /// escalation: the checks on its granted GPU clear theirs every clean round).
+    #[serde(skip)]
+    pub ungranted_escalation: super::watchdog::Escalation,
     /// The SM over-use streak.
     #[serde(skip)]
     pub over_share: SmOveruse,
@@ -82,6 +86,8 @@ pub struct Instance {
     /// Its registered process, tracked across pid reuse (None: not trackable yet).
     #[serde(skip)]
     pub life: Option<Tracked>,
+    /// Its processes on its GPU in the last NVML sample (the registered one and descendants).
+    pub gpu_pids: Vec<u32>,
 }
 
 impl Instance {
@@ -112,9 +118,11 @@ impl Instance {
             usage: UsageLedger::default(),
             latencies: VecDeque::new(),
             escalation: Default::default(),
+            ungranted_escalation: Default::default(),
             over_share: SmOveruse::default(),
             share_debt: ShareDebt::default(),
             life: None,
+            gpu_pids: Vec::new(),
         }
     }
 

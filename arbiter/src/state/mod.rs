@@ -130,6 +130,9 @@ pub struct Gpu {
     /// The functions' time budget.
     #[serde(flatten)]
     pub budget: TimeBudget,
+    /// Memory functions' processes use on this GPU without a grant for it, bytes (last sample):
+    /// counted by admission like training's reservation (issue 12, item 9).
+    pub ungranted_used: u64,
     /// Harvest: the functions' collision time with training, as their shims report it.
     #[serde(skip)]
     pub meter: ContentionMeter,
@@ -146,6 +149,7 @@ impl Gpu {
             util: None,
             training: Vec::new(),
             training_used: 0,
+            ungranted_used: 0,
             estimate: TrainingEstimate::default(),
             memory: TrainingMemory::default(),
             budget: TimeBudget::default(),
@@ -252,6 +256,8 @@ pub struct State {
     procs: Box<dyn ProcFacts>,
     /// Which GPU process is whose, remembered across rounds.
     attributor: attribution::Attributor,
+    /// Functions' descendants as the kernel forked them (crate::lineage).
+    lineage: Arc<crate::lineage::Lineage>,
     /// Functions that released their grant and live on, by pid: still watched (a release must
     /// not turn a function into an unwatched "training" process).
     released: std::collections::HashMap<u32, Released>,
@@ -327,6 +333,7 @@ impl State {
             clock,
             procs,
             attributor: attribution::Attributor::default(),
+            lineage: Default::default(),
             released: Default::default(),
         };
         if let Prewarm::Failed(why) = &st.prewarm {
@@ -335,6 +342,87 @@ impl State {
             st.event(EventKind::Arbiter, None, None, why);
         }
         st
+    }
+
+    /// The functions' registered processes: live instances, and functions that released their
+    /// grant and live on. Several instances may share a process (a runtime registering more
+    /// than once): its GPU use goes to the oldest, as it always has.
+    fn roots(&self) -> attribution::Roots {
+        let mut roots = attribution::Roots::new();
+        for i in self.instances.values() {
+            roots
+                .entry(i.rec.pid)
+                .or_insert(attribution::Owner::Instance(i.rec.id));
+        }
+        for (&pid, r) in &self.released {
+            roots
+                .entry(pid)
+                .or_insert(attribution::Owner::Released(r.instance));
+        }
+        roots
+    }
+
+    /// Whether `peer` may change shares and caps: its user or one of its groups is listed in
+    /// `[arbiter] operators`, and it is neither a function's process nor a descendant of one,
+    /// whatever its user (a function running as root must not raise its own cap). Err: why not,
+    /// for the refusal.
+    pub fn operator(&self, peer: Peer) -> Result<(), String> {
+        if peer.pid == 0 {
+            // Outside the arbiter's pid namespace: whether it is a function cannot be told.
+            return Err(
+                "the arbiter cannot see this process's pid (SO_PEERCRED reports 0 outside its pid namespace), so it cannot tell it is not a function: send operator requests from the arbiter's pid namespace".into(),
+            );
+        }
+        let roots = self.roots();
+        if let Some(start) = self.procs.start_time(peer.pid) {
+            let owner = self
+                .attributor
+                .resolve(peer.pid, start, &roots, self.procs.as_ref());
+            let id = match owner {
+                attribution::Owner::Instance(id) | attribution::Owner::Released(id) => Some(id),
+                attribution::Owner::Training => None,
+            };
+            if let Some(id) = id {
+                let function = self
+                    .instances
+                    .get(&id)
+                    .map(|i| i.rec.function.clone())
+                    .or_else(|| {
+                        self.released
+                            .values()
+                            .find(|r| r.instance == id)
+                            .map(|r| r.function.clone())
+                    })
+                    .unwrap_or_default();
+                return Err(format!(
+                    "process {} belongs to function {function} (instance {id}): a function or its descendant is never an operator, whatever its user; change shares and caps from outside the function",
+                    peer.pid
+                ));
+            }
+        }
+        let groups = if self.cfg.operators.has_groups() {
+            self.procs.groups(peer.pid).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        if self.cfg.operators.admits(peer.uid, &groups) {
+            Ok(())
+        } else {
+            Err(format!(
+                "uid {} is not an operator on this node: `[arbiter] operators` lists the users and @groups that may change shares and caps",
+                peer.uid
+            ))
+        }
+    }
+
+    /// Follows functions' descendants through `lineage` (the daemon's fork-event record):
+    /// attribution asks it before walking parents, and every live function is a root of it.
+    pub fn set_lineage(&mut self, lineage: Arc<crate::lineage::Lineage>) {
+        for i in self.instances.values() {
+            lineage.add_root(i.rec.pid, i.rec.start);
+        }
+        self.attributor = attribution::Attributor::with_lineage(lineage.clone());
+        self.lineage = lineage;
     }
 
     /// Seconds since the arbiter started (the prewarm clock; minute = ⌊t/60⌋).
@@ -417,7 +505,8 @@ impl State {
             index: g.info.index,
             total: g.info.total,
             training_used: g.training_used,
-            training_reserved: self.training_reserved(g),
+            // What functions use here without a grant is as unavailable as training's memory.
+            training_reserved: self.training_reserved(g) + g.ungranted_used,
             admission_hold_s: g.memory.hold(self.clock.now(), self.cfg.reclaim_hold_s),
             has_training: !g.training.is_empty(),
             // Until enough solo samples are in (a job just starting looks idle), unknown: the
@@ -542,6 +631,15 @@ impl State {
         }
         if args.function.trim().is_empty() {
             return Err(refuse(RefuseCode::Invalid, "empty function name".into()));
+        }
+        if peer.uid == 0 && !self.cfg.allow_root {
+            return Err(refuse(
+                RefuseCode::Invalid,
+                format!(
+                    "function {} runs as root, which this node refuses ([functions] allow_root = false): run it as an unprivileged user",
+                    args.function
+                ),
+            ));
         }
         for (what, s) in [
             ("function name", Some(&args.function)),
@@ -668,6 +766,7 @@ impl State {
         inst.predicted_train = pt;
         inst.predicted_fn = pf;
         inst.track(self.procs.as_ref());
+        self.lineage.add_root(inst.rec.pid, inst.rec.start);
         inst.write_page();
         self.stamp_gpu_uuid(&page, gpu, slot);
         // A process NVML saw before this registration (taken for training) may be this one's.
@@ -683,12 +782,24 @@ impl State {
         self.counters.registrations += 1;
         self.dirty = true;
         let share = self.instances[&id].rec.share;
+        // A function running as root is warned about in its admission event and the log
+        // (refused with `[functions] allow_root = false`, checked above).
+        let as_root = if peer.uid == 0 {
+            let why = format!(
+                "function {} (pid {}) runs as root: it is refused operator requests, but root can reach around any per-process limit; run functions as an unprivileged user ([functions] allow_root = false refuses them)",
+                ask.function, peer.pid
+            );
+            tracing::warn!("{why}");
+            format!("; warning: {why}")
+        } else {
+            String::new()
+        };
         self.event(
             EventKind::Admitted,
             Some(id),
             Some(peer.pid),
             format!(
-                "function {} → GPU {gpu}, cap {}, share {share} %; {rule}",
+                "function {} → GPU {gpu}, cap {}, share {share} %; {rule}{as_root}",
                 ask.function,
                 format_size(cap)
             ),
@@ -765,6 +876,9 @@ impl State {
     /// Releases an instance (connection closed, process gone, or `Release`).
     pub fn release(&mut self, id: InstanceId, why: &str) {
         if let Some(inst) = self.instances.remove(&id) {
+            if !inst.alive(self.procs.as_ref()) {
+                self.adopt_orphans(&inst);
+            }
             self.attributor.forget_instance(id);
             self.counters.releases += 1;
             self.dirty = true;
@@ -778,6 +892,50 @@ impl State {
                     inst.rec.function, inst.rec.gpu
                 ),
             );
+        }
+    }
+
+    /// The registered process of `inst` exited: its descendants that live on (GPU processes
+    /// attributed to it, and processes its fork records name) stay watched as a released
+    /// function's, so that a function cannot daemonize a child and exit to leave it unwatched
+    /// as "training" (issue 12, item 6). Their GPU use is [`Violation::AfterRelease`].
+    fn adopt_orphans(&mut self, inst: &Instance) {
+        let mut orphans = self.attributor.processes_of(inst.rec.id);
+        orphans.extend(self.lineage.descendants_of(inst.rec.pid));
+        self.adopt(
+            orphans,
+            inst.rec.pid,
+            inst.rec.id,
+            &inst.rec.function,
+            inst.rec.gpu,
+        );
+    }
+
+    /// Watches the live processes among `orphans` as function `instance`'s after its process
+    /// `dead` exited (each its own record and fork-record root, so a chain of exiting middle
+    /// processes passes its descendants on).
+    fn adopt(
+        &mut self,
+        mut orphans: Vec<(u32, u64)>,
+        dead: u32,
+        instance: InstanceId,
+        function: &str,
+        gpu: u32,
+    ) {
+        orphans.sort_unstable();
+        orphans.dedup();
+        for (pid, start) in orphans {
+            if pid == dead || !self.procs.is_same_process(pid, start) {
+                continue;
+            }
+            self.lineage.add_root(pid, start);
+            self.released.entry(pid).or_insert_with(|| Released {
+                life: facts::Tracked::new(pid, start, self.procs.as_ref()),
+                instance,
+                function: function.to_string(),
+                gpu,
+                escalation: Default::default(),
+            });
         }
     }
 
@@ -1058,36 +1216,46 @@ impl State {
         // GPU processes that exited are forgotten; the others keep their attribution.
         self.attributor.prune(self.procs.as_ref());
         let procs = self.procs.as_ref();
-        self.released.retain(|_, r| r.life.alive(procs));
-        // Several instances may share a process (a runtime registering more than once): its
-        // GPU use goes to the oldest, as it always has.
-        let mut roots = attribution::Roots::new();
-        for i in self.instances.values() {
-            roots
-                .entry(i.rec.pid)
-                .or_insert(attribution::Owner::Instance(i.rec.id));
+        let gone: Vec<(u32, InstanceId, String, u32)> = self
+            .released
+            .iter()
+            .filter(|(_, r)| !r.life.alive(procs))
+            .map(|(&pid, r)| (pid, r.instance, r.function.clone(), r.gpu))
+            .collect();
+        for (pid, instance, function, gpu) in gone {
+            self.released.remove(&pid);
+            // What it forked lives on as the same function's (a daemonizing middle process).
+            let orphans = self.lineage.descendants_of(pid);
+            self.adopt(orphans, pid, instance, &function, gpu);
         }
-        for (&pid, r) in &self.released {
-            roots
-                .entry(pid)
-                .or_insert(attribution::Owner::Released(r.instance));
-        }
+        let roots = self.roots();
+        // Fork records of functions that are gone go with them (bounded memory).
+        self.lineage.retain_roots(|pid| roots.contains_key(&pid));
         let mut actions = Vec::new();
         let mut reshare = Vec::new();
         let mut growths = Vec::new();
         let mut preempt_kills = 0;
         // Over-use debt corrections and restorations (instance, what), told in events.
         let mut debt_events: Vec<(InstanceId, String)> = Vec::new();
+        let mut ungranted = std::collections::BTreeSet::new();
         for (index, s) in samples {
             let Some(gi) = self.gpus.iter().position(|g| g.info.index == *index) else {
                 continue;
             };
             let mut split = self.attributor.split(s, &roots, self.procs.as_ref());
             for &(pid, id) in &split.released {
-                let Some(r) = self.released.values_mut().find(|r| r.instance == id) else {
+                // Its own record (a released root or an adopted orphan), else its root's.
+                let r = match self.released.contains_key(&pid) {
+                    true => self.released.get_mut(&pid),
+                    false => self.released.values_mut().find(|r| r.instance == id),
+                };
+                let Some(r) = r else {
                     continue;
                 };
-                if let Some(action) = r.escalation.step(now, self.cfg.watchdog_action) {
+                if let Some(action) =
+                    r.escalation
+                        .step_with(now, self.cfg.watchdog_action, self.cfg.kill_after_s)
+                {
                     let violation = Violation::AfterRelease { pid };
                     let reason = watchdog::Described {
                         violation: &violation,
@@ -1133,6 +1301,7 @@ impl State {
                 let usage = split.instances.remove(&inst.rec.id).unwrap_or_default();
                 inst.nvml_used = usage.used;
                 inst.sm_used = (!usage.pids.is_empty()).then_some(usage.sm);
+                inst.gpu_pids.clone_from(&usage.pids);
                 if let Some(p) = inst.rec.preempt.as_mut() {
                     // Preempted: its page cap is 0 and its requests are refused; the only rule
                     // left is the deadline. The watchdog's other checks do not apply (it is
@@ -1241,7 +1410,11 @@ impl State {
                     Err(v) => v,
                 };
                 {
-                    let Some(action) = inst.escalation.step(now, self.cfg.watchdog_action) else {
+                    let Some(action) = inst.escalation.step_with(
+                        now,
+                        self.cfg.watchdog_action,
+                        self.cfg.kill_after_s,
+                    ) else {
                         continue;
                     };
                     let reason = watchdog::Described {
@@ -1269,6 +1442,65 @@ impl State {
                         });
                     }
                 }
+            }
+            // What is left of the split is functions' use of this GPU without a grant for it
+            // (issue 12, item 9): counted by this GPU's admission and acted on like any
+            // violation, with an escalation of its own.
+            let mut ungranted_used = 0;
+            for (id, usage) in std::mem::take(&mut split.instances) {
+                let Some(inst) = self.instances.get_mut(&id) else {
+                    continue;
+                };
+                if inst.rec.gpu == *index || usage.pids.is_empty() {
+                    continue;
+                }
+                let pid = inst.rec.pid;
+                if self
+                    .instances
+                    .values()
+                    .any(|i| i.rec.pid == pid && i.rec.gpu == *index)
+                {
+                    // A runtime holding grants on several GPUs (`grants_per_process` > 1).
+                    continue;
+                }
+                let Some(inst) = self.instances.get_mut(&id) else {
+                    continue;
+                };
+                ungranted_used += usage.used;
+                ungranted.insert(id);
+                let Some(action) = inst.ungranted_escalation.step_with(
+                    now,
+                    self.cfg.watchdog_action,
+                    self.cfg.kill_after_s,
+                ) else {
+                    continue;
+                };
+                let violation = Violation::UngrantedGpu {
+                    used: usage.used,
+                    sm: usage.sm,
+                    granted: inst.rec.gpu,
+                };
+                let reason = watchdog::Described {
+                    violation: &violation,
+                    function: &inst.rec.function,
+                    gpu: *index,
+                }
+                .to_string();
+                for &pid in &usage.pids {
+                    actions.push(Enforcement {
+                        pid,
+                        action,
+                        instance: id,
+                        violation: violation.clone(),
+                        reason: reason.clone(),
+                    });
+                }
+            }
+            self.gpus[gi].ungranted_used = ungranted_used;
+        }
+        for inst in self.instances.values_mut() {
+            if !ungranted.contains(&inst.rec.id) {
+                inst.ungranted_escalation.clear();
             }
         }
         for (instance, what) in debt_events {
@@ -1421,6 +1653,7 @@ impl State {
             let now = self.clock.now();
             let mut inst = Instance::new(p, None, "restored after arbiter restart".into(), now);
             inst.track(self.procs.as_ref());
+            self.lineage.add_root(inst.rec.pid, inst.rec.start);
             self.instances.insert(id, inst);
             self.event(EventKind::Restored, Some(id), Some(pid), msg);
         }
@@ -1480,6 +1713,7 @@ impl State {
                 "memory_safety": self.cfg.memory_safety,
                 "theta_train": self.cfg.theta_train,
                 "failure_policy": self.cfg.failure_policy,
+                "descendants": self.lineage.mode().describe(),
                 "started_at": self.started_at,
                 "now": self.clock.now(),
             },
@@ -1926,6 +2160,122 @@ mod injected_facts_tests {
     }
 
     #[test]
+    fn descendants_left_behind_by_an_exited_function_stay_watched() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true); // the function
+        procs.spawn(101, 100, 11, true); // a worker on the GPU
+        let mut s = state(&procs, &clock);
+        let lineage = std::sync::Arc::new(crate::lineage::Lineage::without_connector("test"));
+        s.set_lineage(lineage.clone());
+        let id = register(&mut s, 100);
+        // A daemonized child the fork events recorded, not on the GPU yet.
+        lineage.on_fork(100, 102, || Some(12));
+        procs.spawn(102, 1, 12, true);
+        let mut gpu = GpuSample::default();
+        gpu.procs.insert(101, 1 << 20);
+        assert!(s.reconcile(&[(0, gpu.clone())]).is_empty());
+        // The function exits; its worker and its daemon live on, re-parented.
+        procs.exit(100);
+        procs.reparent(101, 1, None);
+        let mut acts = s.reconcile(&[(0, gpu.clone())]);
+        assert!(s.instances.is_empty(), "released: its process exited");
+        gpu.procs.insert(102, 2 << 30);
+        acts.extend(s.reconcile(&[(0, gpu)]));
+        let mut pids: Vec<u32> = acts.iter().map(|a| a.pid).collect();
+        pids.sort_unstable();
+        assert_eq!(pids, vec![101, 102], "{acts:?}");
+        assert!(acts
+            .iter()
+            .all(|a| a.instance == id && matches!(a.violation, Violation::AfterRelease { .. })));
+        assert!(s.gpus[0].training.is_empty(), "never taken for training");
+    }
+
+    #[test]
+    fn a_function_and_its_descendants_are_never_operators() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true); // a function, as root
+        procs.spawn(101, 100, 11, true); // its child
+        procs.spawn(300, 1, 30, true); // the admin's shell
+        let mut s = state(&procs, &clock);
+        register(&mut s, 100);
+        for pid in [100, 101] {
+            let e = s.operator(Peer { pid, uid: 0 }).unwrap_err();
+            assert!(e.contains("never an operator") && e.contains("f100"), "{e}");
+        }
+        assert!(s.operator(Peer { pid: 300, uid: 0 }).is_ok());
+        let e = s
+            .operator(Peer {
+                pid: 300,
+                uid: 4242,
+            })
+            .unwrap_err();
+        assert!(e.contains("uid 4242 is not an operator"), "{e}");
+        assert!(s.operator(Peer { pid: 0, uid: 0 }).is_err(), "cannot tell");
+    }
+
+    #[test]
+    fn use_of_a_gpu_not_granted_is_a_violation_and_counted_by_its_admission() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true);
+        let gpu = |index, total| GpuInfo {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "sim".into(),
+            total,
+        };
+        let cfg = Config {
+            prewarm_policy: "off".into(),
+            kill_after_s: 2.0,
+            ..Config::default()
+        };
+        let mut s = State::with_facts(
+            cfg,
+            vec![gpu(0, 16 << 30), gpu(1, 8 << 30)],
+            Box::new(FitPolicy),
+            Box::new(clock.clone()),
+            Box::new(procs.clone()),
+        );
+        let id = register(&mut s, 100);
+        assert_eq!(s.instances[&id].rec.gpu, 0);
+        let free1 = |s: &State| s.views()[1].free_for_functions(s.cfg.memory_safety);
+        let before = free1(&s);
+        // Its process puts 3 GiB and 80 % SM on GPU 1.
+        let mut on1 = GpuSample::default();
+        on1.procs.insert(100, 3 << 30);
+        on1.proc_util.insert(100, 80);
+        let samples = [(0, GpuSample::default()), (1, on1)];
+        let acts = s.reconcile(&samples);
+        assert_eq!(acts.len(), 1, "{acts:?}");
+        assert_eq!(
+            acts[0].violation,
+            Violation::UngrantedGpu {
+                used: 3 << 30,
+                sm: 80,
+                granted: 0
+            }
+        );
+        assert_eq!(acts[0].action, WatchdogAction::Sigterm);
+        assert!(
+            acts[0].reason.contains("granted GPU 0 only"),
+            "{}",
+            acts[0].reason
+        );
+        // Counted by GPU 1's admission, never as training.
+        assert_eq!(before - free1(&s), 3 << 30);
+        assert!(s.gpus[1].training.is_empty());
+        // Escalated while it lasts, though its granted GPU stays clean.
+        clock.advance(1.0);
+        assert!(s.reconcile(&samples).is_empty());
+        clock.advance(1.0);
+        let acts = s.reconcile(&samples);
+        assert_eq!(acts[0].action, WatchdogAction::Sigkill);
+        // Gone: the memory is free again and the escalation starts over.
+        s.reconcile(&[(0, GpuSample::default()), (1, GpuSample::default())]);
+        assert_eq!(free1(&s), before);
+        assert!(!s.instances[&id].ungranted_escalation.acted());
+    }
+
+    #[test]
     fn a_worker_is_its_functions_a_recycled_pid_is_released_and_a_stranger_is_training() {
         let (procs, clock) = (FakeProcs::default(), FakeClock::default());
         procs.spawn(100, 1, 10, true);
@@ -1942,9 +2292,20 @@ mod injected_facts_tests {
         assert_eq!(s.gpus[0].training_used, 2 << 30);
         // The function's process exits and its pid is reused by another process: released.
         procs.spawn(100, 1, 99, true);
-        s.reconcile(&[(0, sample)]);
+        let acts = s.reconcile(&[(0, sample)]);
         assert!(s.instances.is_empty());
-        assert_eq!(s.events.recent().back().unwrap().kind, EventKind::Released);
+        let released = s
+            .events
+            .recent()
+            .iter()
+            .rev()
+            .find(|e| e.kind != EventKind::Watchdog)
+            .unwrap();
+        assert_eq!(released.kind, EventKind::Released);
+        // Its worker, left on the GPU, stays watched (never training).
+        assert_eq!(acts.len(), 1);
+        assert_eq!(acts[0].violation, Violation::AfterRelease { pid: 101 });
+        assert_eq!(s.gpus[0].training.len(), 1, "only the stranger");
     }
 
     #[test]

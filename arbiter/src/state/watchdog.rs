@@ -4,10 +4,12 @@
 //!
 //! Owns: the rules — the shim is loaded, SM time stays within the share (sustained: a streak of
 //! samples, and a windowed mean with an over-use debt, [`ShareDebt`]), NVML memory stays within
-//! the cap (+ slack) — and their thresholds. Must never: act on one noisy sample (SM use must
-//! exceed the share for [`SM_OVERUSE_SAMPLES`] samples in a row, or its mean over
-//! [`DEBT_MIN_SPAN_S`]… [`DEBT_WINDOW_S`] must exceed it by [`DEBT_TOLERANCE_PCT`]); correct an
-//! honest function (one within the ±3 pp the shim holds shares to).
+//! the cap (+ slack) — and their thresholds, the [`Violation`]s `State` finds itself (use after
+//! release, an expired preemption, a GPU not granted) and the [`Escalation`] every one of them
+//! goes through. Must never: act on one noisy sample (SM use must exceed the share for
+//! [`SM_OVERUSE_SAMPLES`] samples in a row, or its mean over [`DEBT_MIN_SPAN_S`]…
+//! [`DEBT_WINDOW_S`] must exceed it by [`DEBT_TOLERANCE_PCT`]); correct an honest function (one
+//! within the ±3 pp the shim holds shares to).
 
 use std::collections::VecDeque;
 
@@ -69,8 +71,20 @@ pub struct Escalation {
 }
 
 impl Escalation {
-    /// What to do at `now` about a violation that is still there (None: nothing this round).
+    /// What to do at `now` about a violation that is still there (None: nothing this round),
+    /// with the default grace [`KILL_AFTER_S`].
     pub fn step(&mut self, now: f64, configured: WatchdogAction) -> Option<WatchdogAction> {
+        self.step_with(now, configured, KILL_AFTER_S)
+    }
+
+    /// [`Escalation::step`] with a grace of `kill_after_s` seconds before SIGKILL
+    /// (`[watchdog] kill_after_s`).
+    pub fn step_with(
+        &mut self,
+        now: f64,
+        configured: WatchdogAction,
+        kill_after_s: f64,
+    ) -> Option<WatchdogAction> {
         let Some(first) = self.first else {
             self.first = Some(now);
             if configured == WatchdogAction::Sigkill {
@@ -83,7 +97,7 @@ impl Escalation {
         }
         let due = match self.last_kill {
             Some(k) => k + KILL_REPEAT_S,
-            None => first + KILL_AFTER_S,
+            None => first + kill_after_s,
         };
         (now >= due).then(|| {
             self.last_kill = Some(now);
@@ -139,6 +153,16 @@ pub enum Violation {
         /// Device memory NVML still shows for it, bytes.
         used: u64,
     },
+    /// A function's processes use a GPU it was not granted (issue 12, item 9): memory or SM
+    /// time there is outside every cap and share.
+    UngrantedGpu {
+        /// NVML memory of its processes on that GPU, bytes.
+        used: u64,
+        /// Their SM utilization there, percent.
+        sm: u32,
+        /// The GPU it was granted.
+        granted: u32,
+    },
     /// NVML shows more memory than the cap (+ slack).
     OverCap {
         /// NVML memory of its processes, bytes.
@@ -183,6 +207,11 @@ impl fmt::Display for Described<'_> {
             Violation::PreemptExpired { used } => write!(
                 f,
                 "function {function} was preempted on GPU {gpu} and still holds {} after its grace period",
+                format_size(used)
+            ),
+            Violation::UngrantedGpu { used, sm, granted } => write!(
+                f,
+                "function {function} uses GPU {gpu} ({} of memory, {sm} % SM in NVML) but was granted GPU {granted} only",
                 format_size(used)
             ),
             Violation::OverCap { used, cap, slack } => write!(
