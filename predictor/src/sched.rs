@@ -5,9 +5,10 @@
 //!
 //! Owns: THE implementation of Algorithm 1 — priority order (with optional near-ties by
 //! deadline), candidate order ([`Candidates`]: power of d, a preferred GPU, widening), the σ
-//! memory rule, the θ_train and SLO admission rules, argmin/first-fit choice ([`choose`]), the
-//! queue with requeue back-off or deadline-aware re-evaluation ([`Scheduler`], [`Retry`]) — and
-//! share sizing with its online correction. The arbiter's policy and the cluster evaluation call
+//! memory rule, the θ_train and SLO admission rules — per co-location (SMORE's) or spent over a
+//! window ([`ThetaWindow`], submodule `sched_window.rs`) —, argmin/first-fit choice
+//! ([`choose`]), the queue with requeue back-off or deadline-aware re-evaluation ([`Scheduler`],
+//! [`Retry`]) — and share sizing with its online correction. The arbiter's policy and the cluster evaluation call
 //! this; they must not re-implement any of it (docs/predictor.md gives the grep that checks).
 //! Must never: do I/O, read clocks, or touch grants — the arbiter applies what this returns.
 //! Randomness comes only from seeded RNGs: the one inside [`Scheduler`] or the caller's, passed
@@ -56,7 +57,8 @@ pub struct SchedConfig {
     /// When a refused item is looked at again ([`Retry`]).
     pub retry: Retry,
     /// [`Scheduler`] applies the arbiter's share-sizing step ([`refine_with_share`]) to every
-    /// candidate, as the arbiter's policy does (beyond SMORE).
+    /// candidate, as the arbiter's policy does (beyond SMORE). Not used with
+    /// [`SchedConfig::window`], whose rule sizes the share itself.
     pub share_sizing: bool,
     /// Near-ties in priority, ordered by deadline: priorities within a factor (1 + this) of each
     /// other (same logarithmic bucket) are ordered by time left ([`PendingItem::slo_ms`]),
@@ -166,11 +168,14 @@ pub enum Retry {
     /// SMORE's requeue: after min(base·2^(attempts−1), max) rounds, whatever happened meanwhile.
     Backoff,
     /// Deadline-aware (beyond SMORE, docs/predictor.md): in the first round where a GPU changed
-    /// since the refusal (a placement, a completion, a new correction) — the GPUs that changed
+    /// since the refusal (a placement, a completion, a new correction, with
+    /// [`SchedConfig::window`] a refill of its θ budget) — the GPUs that changed
     /// are then evaluated besides the power-of-d sample — or where the item's slack (time left)
     /// has halved since the refusal (a fresh sample before it is too late). Nothing else can turn
     /// a refusal into an admission: memory, D̂_train and D̂_fn depend only on the GPUs, and a
-    /// shrinking slack only tightens the SLO check.
+    /// shrinking slack only tightens the SLO check. (With the window, the budget also refills
+    /// continuously as the window slides; only a reservation leaving it entirely counts — a
+    /// refused item may wait a little longer than strictly needed.)
     OnChange,
 }
 
