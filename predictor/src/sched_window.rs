@@ -406,6 +406,52 @@ mod tests {
         assert!(e.score.is_some() && g.is_none(), "{e:?}");
     }
 
+    #[test]
+    fn the_scheduler_records_reservations_and_looks_again_when_the_budget_refills() {
+        let cfg = SchedConfig {
+            window: Some(WIN),
+            retry: super::super::Retry::OnChange,
+            ..SchedConfig::default()
+        };
+        let mut s: super::super::Scheduler = super::super::Scheduler::new(cfg, 1).unwrap();
+        let mut gpus = vec![gpu()];
+        for i in 0..4 {
+            s.submit(item(i));
+        }
+        let mut placed = Vec::new();
+        let mut round = |s: &mut super::super::Scheduler, gpus: &mut Vec<GpuSnapshot>, now| {
+            s.run_round_at(gpus, &Flat, now, |g, it, (), p| {
+                placed.push(*p);
+                g.add_resident(it);
+            })
+        };
+        let d = round(&mut s, &mut gpus, 0.0);
+        assert_eq!(d.len(), 4);
+        assert!(
+            matches!(
+                d[3].explanation.candidates[0].verdict,
+                Verdict::ThetaWindow { .. }
+            ),
+            "{:?}",
+            d[3]
+        );
+        assert_eq!(s.ledger(0).map(|l| l.reservations().len()), Some(3));
+        // Nothing changed by 50 ms (the reservations are still in the window): not looked at.
+        assert!(round(&mut s, &mut gpus, 50.0).is_empty());
+        // At 110 ms they left the window: the refill is a change, the request is placed.
+        let d = round(&mut s, &mut gpus, 110.0);
+        assert_eq!(d.len(), 1);
+        assert!(matches!(
+            d[0].outcome,
+            super::super::Outcome::Placed { gpu: 0 }
+        ));
+        assert_eq!(placed.len(), 4);
+        assert!(placed
+            .iter()
+            .all(|p| p.share == Some(100) && p.reservation.is_some()));
+        assert_eq!(s.queue_len(), 0);
+    }
+
     /// The sweep agrees with evaluating every window at every breakpoint.
     #[test]
     fn the_sweep_finds_the_fullest_window() {
