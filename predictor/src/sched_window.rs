@@ -179,7 +179,6 @@ pub struct WindowGrant {
 /// [`Verdict::ThetaWindow`] when some share met the SLO but not the budget, else
 /// [`Verdict::Slo`]. A GPU without training is evaluated exactly as by
 /// [`super::evaluate_candidate`] (no grant: full share, nothing to protect).
-#[allow(clippy::too_many_arguments)]
 pub fn evaluate_windowed(
     cfg: &SchedConfig,
     win: &ThetaWindow,
