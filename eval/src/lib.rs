@@ -1331,5 +1331,14 @@ mod tests {
             ..small()
         };
         assert!(format!("{:#}", evaluate(&a).err().unwrap()).contains("--gpu-type"));
+        let a = EvalArgs {
+            theta_peak: 0.5,
+            ..small()
+        };
+        let e = format!("{:#}", evaluate(&a).err().unwrap());
+        assert!(
+            e.contains("--theta-peak") && e.contains("window.peak"),
+            "{e}"
+        );
     }
 }
