@@ -26,7 +26,7 @@ use smore_predictor::catalog::Catalog;
 use smore_predictor::multiway::SgdConfig;
 use smore_predictor::pairwise::{ForestParams, PairModel};
 use smore_predictor::sched::{
-    self, GpuSnapshot, PendingItem, Resident, Retry, SchedConfig, Scheduler,
+    GpuSnapshot, PendingItem, Reservation, Resident, Retry, SchedConfig, Scheduler, ThetaWindow,
 };
 use smore_predictor::synth::{generate, pressure, Pressure, SynthParams};
 use smore_predictor::table::PairTable;
@@ -129,6 +129,15 @@ pub struct EvalArgs {
     /// and the SLO, and runs the request at that share — the arbiter's step (docs/predictor.md).
     #[arg(long, action = clap::ArgAction::Set, default_value_t = true)]
     pub share_sizing: bool,
+    /// SMORE spends θ_train over time: a GPU admits while its predicted training slowdown
+    /// averaged over every window of this many ms stays ≤ θ_train (`sched::ThetaWindow`,
+    /// docs/eval.md); 0 = SMORE's instantaneous D̂_train ≤ θ_train rule with the θ/k share split.
+    #[arg(long, default_value_t = DEFAULT_THETA_WINDOW_MS)]
+    pub theta_window: f64,
+    /// With `--theta-window`: the cap on the predicted instantaneous slowdown, × θ_train (≥ 1;
+    /// `inf` = none).
+    #[arg(long, default_value_t = DEFAULT_THETA_PEAK)]
+    pub theta_peak: f64,
     /// Trainer utilization mix.
     #[arg(long, value_enum, default_value_t = Mix::Philly)]
     pub mix: Mix,
@@ -169,6 +178,8 @@ impl Default for EvalArgs {
             retry: RetryArg::OnChange,
             deadline_tie: DEFAULT_DEADLINE_TIE,
             share_sizing: true,
+            theta_window: DEFAULT_THETA_WINDOW_MS,
+            theta_peak: DEFAULT_THETA_PEAK,
             mix: Mix::Philly,
             seeds: vec![],
             sweep_d: vec![],
@@ -184,6 +195,12 @@ impl Default for EvalArgs {
 pub const DEFAULT_D: usize = 16;
 /// Near-tie factor of SMORE's priority in the evaluation (docs/eval.md, measured).
 pub const DEFAULT_DEADLINE_TIE: f64 = 0.5;
+
+/// Window of SMORE's θ budget in the evaluation, ms (0 = off): chosen by the sweep in
+/// docs/eval.md ("Spending θ over time"), the value closest to every target on both mixes.
+pub const DEFAULT_THETA_WINDOW_MS: f64 = 150.0;
+/// Cap on the predicted instantaneous slowdown under the window, × θ_train (same sweep).
+pub const DEFAULT_THETA_PEAK: f64 = 3.0;
 
 /// `--retry`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -308,6 +325,9 @@ struct SimGpu {
     train_work: f64,
     util_sum: f64,
     base_util_sum: f64,
+    /// Every reservation SMORE's windowed θ budget made on this GPU (the simulator's
+    /// bookkeeping of the predicted slowdown over time; empty without `--theta-window`).
+    reservations: Vec<Reservation>,
 }
 
 /// What the scheduling core sees of a simulated GPU.
@@ -551,6 +571,7 @@ fn new_gpu(index: u32, trainer: Option<usize>, sc: &Scenario) -> SimGpu {
         train_work: 0.0,
         util_sum: 0.0,
         base_util_sum: 0.0,
+        reservations: Vec::new(),
     }
 }
 
@@ -601,16 +622,12 @@ fn simulate(
     a: &EvalArgs,
     exclusive_gpus: usize,
 ) -> Result<PolicyResult> {
-    let seed = a.seed ^ 0x9e37_79b9_7f4a_7c15;
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut gpus: Vec<SimGpu> = (0..a.gpus)
-        .map(|i| new_gpu(i as u32, Some(i), sc))
-        .collect();
-    // Exclusive serving runs requests on dedicated GPUs, one at a time.
-    let mut dedicated: Vec<SimGpu> = (0..exclusive_gpus)
-        .map(|i| new_gpu((a.gpus + i) as u32, None, sc))
-        .collect();
-    let cfg = SchedConfig {
+    Ok(simulate_gpus(policy, sc, a, exclusive_gpus)?.0)
+}
+
+/// SMORE's scheduler settings from the flags.
+fn smore_config(a: &EvalArgs) -> SchedConfig {
+    SchedConfig {
         d: a.power_of_d.max(1),
         sigma: SIGMA,
         theta_train: a.theta_train,
@@ -620,13 +637,37 @@ fn simulate(
         },
         deadline_tie: a.deadline_tie,
         share_sizing: a.share_sizing,
+        window: (a.theta_window > 0.0).then_some(ThetaWindow {
+            window_ms: a.theta_window,
+            peak: a.theta_peak,
+        }),
         ..SchedConfig::default()
-    };
+    }
+}
+
+/// [`simulate`], also returning the training GPUs (their bookkeeping, for tests).
+fn simulate_gpus(
+    policy: PolicyName,
+    sc: &Scenario,
+    a: &EvalArgs,
+    exclusive_gpus: usize,
+) -> Result<(PolicyResult, Vec<SimGpu>)> {
+    let seed = a.seed ^ 0x9e37_79b9_7f4a_7c15;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut gpus: Vec<SimGpu> = (0..a.gpus)
+        .map(|i| new_gpu(i as u32, Some(i), sc))
+        .collect();
+    // Exclusive serving runs requests on dedicated GPUs, one at a time.
+    let mut dedicated: Vec<SimGpu> = (0..exclusive_gpus)
+        .map(|i| new_gpu((a.gpus + i) as u32, None, sc))
+        .collect();
+    let cfg = smore_config(a);
     // SMORE's queue, priority order and requeueing are `sched::Scheduler`'s (the only
     // implementation); the other policies keep their requests in `pending`.
     let mut smore: Option<Scheduler<Req>> = match policy {
         PolicyName::Smore => Some(Scheduler::new(cfg.clone(), seed).context(
-            "SMORE's settings (--power-of-d, --theta-train, --deadline-tie) are out of range",
+            "SMORE's settings (--power-of-d, --theta-train, --deadline-tie, --theta-window, \
+             --theta-peak) are out of range",
         )?),
         _ => None,
     };
@@ -669,15 +710,12 @@ fn simulate(
                     item.slo_ms = r.deadline - now;
                     alive(r)
                 });
-                s.run_round_with(&mut gpus, &sc.predictor, |g, item, r| {
-                    // The share the arbiter would grant (sized before the function joins).
-                    let rate = if cfg.share_sizing {
-                        sched::size_new_function(&cfg, &g.snap, item, &sc.predictor)
-                            .and_then(|d| d.share)
-                            .map_or(1.0, |s| sched::work_rate(s, item.sm_util))
-                    } else {
-                        1.0
-                    };
+                s.run_round_at(&mut gpus, &sc.predictor, now, |g, item, r, p| {
+                    // The share the scheduler granted (share sizing or the θ budget's).
+                    let rate = p
+                        .share
+                        .map_or(1.0, |s| smore_predictor::sched::work_rate(s, item.sm_util));
+                    g.reservations.extend(p.reservation);
                     start_at(g, r, now, sc, &mut rng, a.noise, rate)
                 });
             }
@@ -767,7 +805,7 @@ fn simulate(
         .map(|g| (g.util_sum - g.base_util_sum) / steps_in_horizon.max(1) as f64)
         .sum::<f64>()
         / gpus.len() as f64;
-    Ok(PolicyResult {
+    let result = PolicyResult {
         policy: policy.label(),
         dsr: ok as f64 / n.max(1) as f64,
         gui,
@@ -780,7 +818,8 @@ fn simulate(
         requests: n,
         served,
         dropped,
-    })
+    };
+    Ok((result, gpus))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -960,7 +999,7 @@ pub fn evaluate(a: &EvalArgs) -> Result<(Vec<PolicyResult>, String)> {
          mix `{}`; {} requests/min for {} s ({} requests) over {} functions; SLO = solo × U[{}, \
          {}]; exclusive serves on {} dedicated GPUs; seed{} {}{}.\nPredictions: random forests \
          ({} trees) on {} SYNTHETIC rows (α = 0.2); θ_train = {}, d = {}, retry {:?}, \
-         deadline tie {}, share sizing {}.",
+         deadline tie {}, share sizing {}, θ window {}.",
         a.gpus,
         a.gpu_type,
         mix_label(a.mix),
@@ -984,9 +1023,18 @@ pub fn evaluate(a: &EvalArgs) -> Result<(Vec<PolicyResult>, String)> {
         a.power_of_d,
         a.retry,
         a.deadline_tie,
-        a.share_sizing
+        a.share_sizing,
+        theta_window_label(a)
     );
     Ok((rows, header))
+}
+
+fn theta_window_label(a: &EvalArgs) -> String {
+    if a.theta_window > 0.0 {
+        format!("{} ms (peak {} θ)", a.theta_window, a.theta_peak)
+    } else {
+        "off".into()
+    }
 }
 
 fn mix_label(m: Mix) -> &'static str {
@@ -1225,6 +1273,51 @@ mod tests {
         assert_eq!(evaluate(&a).unwrap().0, evaluate(&a).unwrap().0);
     }
 
+    /// The windowed θ budget's bookkeeping over a whole simulated run: no window of any GPU
+    /// ever holds a predicted mean slowdown above θ, while the predicted instantaneous slowdown
+    /// does exceed θ (the budget is spent over time, not per co-location).
+    #[test]
+    fn the_theta_window_keeps_every_windows_predicted_mean_within_theta() {
+        let a = EvalArgs {
+            gpus: 2,
+            rate: 6000.0,
+            seconds: 3.0,
+            theta_window: 50.0,
+            theta_peak: f64::INFINITY,
+            ..small()
+        };
+        let sc = scenario(&a).unwrap();
+        let (r, gpus) = simulate_gpus(PolicyName::Smore, &sc, &a, 1).unwrap();
+        assert!(r.served > 0, "{r:?}");
+        let w = a.theta_window;
+        let (mut n, mut peak) = (0, 0.0f64);
+        for g in &gpus {
+            let res = &g.reservations;
+            n += res.len();
+            let mass = |t: f64| res.iter().map(|x| x.mass_in(t, w)).sum::<f64>();
+            for x in res {
+                // S(t) is piecewise linear: its maxima lie on these breakpoints.
+                for t in [x.start_ms, x.end_ms, x.start_ms + w, x.end_ms + w] {
+                    assert!(
+                        mass(t) / w <= a.theta_train + 1e-9,
+                        "gpu {}: mean {} over [{}, {t})",
+                        g.snap.index,
+                        mass(t) / w,
+                        t - w
+                    );
+                }
+                let at = res
+                    .iter()
+                    .filter(|y| y.start_ms <= x.start_ms && x.start_ms < y.end_ms)
+                    .map(|y| y.rate)
+                    .sum::<f64>();
+                peak = peak.max(at);
+            }
+        }
+        assert!(n > 10, "the budget was used: {n} reservations");
+        assert!(peak > a.theta_train, "instantaneous peak {peak}");
+    }
+
     #[test]
     fn bad_arguments_name_the_flag() {
         let a = EvalArgs {
@@ -1238,5 +1331,14 @@ mod tests {
             ..small()
         };
         assert!(format!("{:#}", evaluate(&a).err().unwrap()).contains("--gpu-type"));
+        let a = EvalArgs {
+            theta_peak: 0.5,
+            ..small()
+        };
+        let e = format!("{:#}", evaluate(&a).err().unwrap());
+        assert!(
+            e.contains("--theta-peak") && e.contains("window.peak"),
+            "{e}"
+        );
     }
 }

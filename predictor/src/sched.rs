@@ -5,9 +5,10 @@
 //!
 //! Owns: THE implementation of Algorithm 1 — priority order (with optional near-ties by
 //! deadline), candidate order ([`Candidates`]: power of d, a preferred GPU, widening), the σ
-//! memory rule, the θ_train and SLO admission rules, argmin/first-fit choice ([`choose`]), the
-//! queue with requeue back-off or deadline-aware re-evaluation ([`Scheduler`], [`Retry`]) — and
-//! share sizing with its online correction. The arbiter's policy and the cluster evaluation call
+//! memory rule, the θ_train and SLO admission rules — per co-location (SMORE's) or spent over a
+//! window ([`ThetaWindow`], submodule `sched_window.rs`) —, argmin/first-fit choice
+//! ([`choose`]), the queue with requeue back-off or deadline-aware re-evaluation ([`Scheduler`],
+//! [`Retry`]) — and share sizing with its online correction. The arbiter's policy and the cluster evaluation call
 //! this; they must not re-implement any of it (docs/predictor.md gives the grep that checks).
 //! Must never: do I/O, read clocks, or touch grants — the arbiter applies what this returns.
 //! Randomness comes only from seeded RNGs: the one inside [`Scheduler`] or the caller's, passed
@@ -18,6 +19,10 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use std::fmt;
+
+#[path = "sched_window.rs"]
+mod window;
+pub use window::{evaluate_windowed, Reservation, ThetaLedger, ThetaWindow, WindowGrant};
 
 /// Degradation predictions the scheduler needs. `None` = the model cannot predict this
 /// configuration (unknown model/batch); the scheduler then refuses that GPU (`Unpredictable`).
@@ -52,7 +57,8 @@ pub struct SchedConfig {
     /// When a refused item is looked at again ([`Retry`]).
     pub retry: Retry,
     /// [`Scheduler`] applies the arbiter's share-sizing step ([`refine_with_share`]) to every
-    /// candidate, as the arbiter's policy does (beyond SMORE).
+    /// candidate, as the arbiter's policy does (beyond SMORE). Not used with
+    /// [`SchedConfig::window`], whose rule sizes the share itself.
     pub share_sizing: bool,
     /// Near-ties in priority, ordered by deadline: priorities within a factor (1 + this) of each
     /// other (same logarithmic bucket) are ordered by time left ([`PendingItem::slo_ms`]),
@@ -62,6 +68,11 @@ pub struct SchedConfig {
     pub protect_residents: bool,
     /// SM-share grid, percent, for [`size_share`].
     pub share_grid: Vec<u32>,
+    /// θ_train spent over time (beyond SMORE, [`ThetaWindow`]): [`Scheduler`] admits on the
+    /// GPU's predicted slowdown averaged over a window instead of the instantaneous D̂_train ≤ θ
+    /// rule and the θ/k share split. None (the default) = SMORE's rule.
+    #[serde(default)]
+    pub window: Option<ThetaWindow>,
 }
 
 impl Default for SchedConfig {
@@ -81,6 +92,7 @@ impl Default for SchedConfig {
             deadline_tie: 0.0,
             protect_residents: true,
             share_grid: (1..=20).map(|i| i * 5).collect(),
+            window: None,
         }
     }
 }
@@ -133,6 +145,18 @@ impl SchedConfig {
                 "non-empty percents in 1..=100",
             );
         }
+        if let Some(w) = &self.window {
+            if !(w.window_ms.is_finite() && w.window_ms > 0.0) {
+                return bad(
+                    "window.window_ms",
+                    w.window_ms.to_string(),
+                    "finite and > 0",
+                );
+            }
+            if w.peak.is_nan() || w.peak < 1.0 {
+                return bad("window.peak", w.peak.to_string(), "≥ 1 (or infinity)");
+            }
+        }
         Ok(())
     }
 }
@@ -144,11 +168,14 @@ pub enum Retry {
     /// SMORE's requeue: after min(base·2^(attempts−1), max) rounds, whatever happened meanwhile.
     Backoff,
     /// Deadline-aware (beyond SMORE, docs/predictor.md): in the first round where a GPU changed
-    /// since the refusal (a placement, a completion, a new correction) — the GPUs that changed
+    /// since the refusal (a placement, a completion, a new correction, with
+    /// [`SchedConfig::window`] a refill of its θ budget) — the GPUs that changed
     /// are then evaluated besides the power-of-d sample — or where the item's slack (time left)
     /// has halved since the refusal (a fresh sample before it is too late). Nothing else can turn
     /// a refusal into an admission: memory, D̂_train and D̂_fn depend only on the GPUs, and a
-    /// shrinking slack only tightens the SLO check.
+    /// shrinking slack only tightens the SLO check. (With the window, the budget also refills
+    /// continuously as the window slides; only a reservation leaving it entirely counts — a
+    /// refused item may wait a little longer than strictly needed.)
     OnChange,
 }
 
@@ -245,6 +272,16 @@ pub enum Verdict {
         predicted: f64,
         /// The bound θ_train (fraction).
         theta: f64,
+    },
+    /// The GPU's predicted slowdown averaged over some window would exceed θ_train
+    /// ([`ThetaWindow`], at every share meeting the SLO).
+    ThetaWindow {
+        /// The largest predicted window mean with the item (fraction), at the smallest share tried.
+        predicted_mean: f64,
+        /// The bound θ_train (fraction).
+        theta: f64,
+        /// The window, ms.
+        window_ms: f64,
     },
     /// lat_solo·(1 + D̂_fn) > SLO.
     Slo {
@@ -346,6 +383,14 @@ impl fmt::Display for Verdict {
             Verdict::ThetaTrain { predicted, theta } => {
                 write!(f, "D̂_train {predicted:.3} > θ_train {theta:.3}")
             }
+            Verdict::ThetaWindow {
+                predicted_mean,
+                theta,
+                window_ms,
+            } => write!(
+                f,
+                "predicted mean D̂_train over {window_ms:.0} ms {predicted_mean:.3} > θ_train {theta:.3}"
+            ),
             Verdict::Slo {
                 predicted_ms,
                 slo_ms,
@@ -397,6 +442,18 @@ pub fn evaluate_candidate(
     item: &PendingItem,
     model: &dyn DegradationModel,
 ) -> CandidateEval {
+    evaluate_with_theta(cfg, cfg.theta_train, gpu, item, model)
+}
+
+/// [`evaluate_candidate`] with the instantaneous bound `theta` in place of `cfg.theta_train`
+/// (infinity: the caller applies its own θ rule, as [`evaluate_windowed`] does).
+fn evaluate_with_theta(
+    cfg: &SchedConfig,
+    theta: f64,
+    gpu: &GpuSnapshot,
+    item: &PendingItem,
+    model: &dyn DegradationModel,
+) -> CandidateEval {
     let mut c = CandidateEval {
         gpu: gpu.index,
         verdict: Verdict::Acceptable,
@@ -432,10 +489,10 @@ pub fn evaluate_candidate(
     };
     c.d_train = Some(d_train);
     c.d_fn = Some(d_fn);
-    if d_train > cfg.theta_train {
+    if d_train > theta {
         c.verdict = Verdict::ThetaTrain {
             predicted: d_train,
-            theta: cfg.theta_train,
+            theta,
         };
         return c;
     }
@@ -756,11 +813,32 @@ struct Queued<T> {
 
 /// What identifies a GPU's state for [`Retry::OnChange`]: anything a candidate evaluation reads
 /// that placements, completions or corrections change.
-fn fingerprint(g: &GpuSnapshot) -> (u64, usize, u64, u64) {
+/// With [`SchedConfig::window`] the GPU's [`ThetaLedger::generation`] is part of it (a budget
+/// that refilled is a change).
+fn fingerprint(g: &GpuSnapshot, ledger: u64) -> Fingerprint {
     let ids = g.functions.iter().fold(0u64, |h, r| {
         h.rotate_left(5) ^ r.id.wrapping_mul(0x9e37_79b9_7f4a_7c15)
     });
-    (g.used, g.functions.len(), ids, g.train_correction.to_bits())
+    (
+        g.used,
+        g.functions.len(),
+        ids,
+        g.train_correction.to_bits(),
+        ledger,
+    )
+}
+
+type Fingerprint = (u64, usize, u64, u64, u64);
+
+/// How a placed item runs ([`Scheduler::run_round_at`]'s `place` callback).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Placement {
+    /// The SM share (percent) the item runs at: the share sizing of [`size_new_function`] with
+    /// [`SchedConfig::share_sizing`], the budget's share with [`SchedConfig::window`]; None =
+    /// full speed (no training to protect, or neither option on).
+    pub share: Option<u32>,
+    /// What it reserved of the GPU's windowed θ budget ([`SchedConfig::window`]).
+    pub reservation: Option<Reservation>,
 }
 
 /// Sort key of SMORE's priority with near-ties: the logarithmic bucket of P (higher first), so
@@ -783,7 +861,9 @@ pub struct Scheduler<T = ()> {
     queue: Vec<Queued<T>>,
     round: u64,
     /// Per GPU (by position): its last fingerprint and the round it last changed.
-    seen: Vec<((u64, usize, u64, u64), u64)>,
+    seen: Vec<(Fingerprint, u64)>,
+    /// Per GPU (by position): the windowed θ budget's reservations ([`SchedConfig::window`]).
+    ledgers: Vec<ThetaLedger>,
 }
 
 impl<T> Scheduler<T> {
@@ -796,6 +876,7 @@ impl<T> Scheduler<T> {
             queue: Vec::new(),
             round: 0,
             seen: Vec::new(),
+            ledgers: Vec::new(),
         })
     }
 
@@ -846,14 +927,44 @@ impl<T> Scheduler<T> {
     /// eligible. `place` applies a placement to the chosen GPU (so later decisions in the round
     /// see it); refused items are requeued ([`SchedConfig::retry`]) or dropped after
     /// `max_attempts`.
+    ///
+    /// The windowed θ budget ([`SchedConfig::window`]) needs a clock: here a round counts as 1 ms;
+    /// callers with a clock use [`Scheduler::run_round_at`].
     pub fn run_round_with<G: AsRef<GpuSnapshot>>(
         &mut self,
         gpus: &mut [G],
         model: &dyn DegradationModel,
         mut place: impl FnMut(&mut G, &PendingItem, T),
     ) -> Vec<Decision> {
+        let now = self.round as f64;
+        self.run_round_at(gpus, model, now, |g, item, payload, _| {
+            place(g, item, payload)
+        })
+    }
+
+    /// The windowed θ budget of GPU `g` (by position), once a round has seen it.
+    pub fn ledger(&self, g: usize) -> Option<&ThetaLedger> {
+        self.ledgers.get(g)
+    }
+
+    /// [`Scheduler::run_round_with`] at time `now_ms` (the caller's clock, non-decreasing): `place`
+    /// is also told how the item runs ([`Placement`]: its share and what it reserved of the
+    /// GPU's windowed θ budget, which this round has already recorded).
+    pub fn run_round_at<G: AsRef<GpuSnapshot>>(
+        &mut self,
+        gpus: &mut [G],
+        model: &dyn DegradationModel,
+        now_ms: f64,
+        mut place: impl FnMut(&mut G, &PendingItem, T, &Placement),
+    ) -> Vec<Decision> {
         let round = self.round;
         self.round += 1;
+        self.ledgers.resize_with(gpus.len(), ThetaLedger::default);
+        if let Some(w) = self.cfg.window {
+            for l in &mut self.ledgers {
+                l.prune(now_ms, w.window_ms);
+            }
+        }
         self.observe_changes(gpus, round);
         let seen = &self.seen;
         let retry = self.cfg.retry;
@@ -893,8 +1004,17 @@ impl<T> Scheduler<T> {
                 }
             }
             let cfg = &self.cfg;
+            let ledgers = &self.ledgers;
+            // The windowed budget's grant per evaluated GPU (the chosen one is applied).
+            let mut grants: Vec<(usize, WindowGrant)> = Vec::new();
             let choice = choose(&Candidates::fixed(cands), fast, |g| {
                 let snap = gpus[g].as_ref();
+                if let Some(w) = &cfg.window {
+                    let (e, grant) =
+                        evaluate_windowed(cfg, w, snap, &q.item, model, &ledgers[g], now_ms);
+                    grants.extend(grant.map(|x| (g, x)));
+                    return Some(e);
+                }
                 let e = evaluate_candidate(cfg, snap, &q.item, model);
                 Some(if cfg.share_sizing {
                     refine_with_share(cfg, snap, &q.item, e, model)
@@ -908,7 +1028,29 @@ impl<T> Scheduler<T> {
             let outcome = match chosen {
                 Some(g) => {
                     let gpu = gpus[g].as_ref().index;
-                    place(&mut gpus[g], &q.item, q.payload);
+                    let placement = match cfg.window {
+                        Some(_) => {
+                            let grant = grants.iter().find(|x| x.0 == g).map(|x| x.1);
+                            if let Some(x) = grant {
+                                self.ledgers[g].spend(x.reservation);
+                            }
+                            Placement {
+                                share: grant.map(|x| x.share),
+                                reservation: grant.map(|x| x.reservation),
+                            }
+                        }
+                        None => Placement {
+                            // The share the arbiter would grant (sized before the item joins).
+                            share: if cfg.share_sizing {
+                                size_new_function(cfg, gpus[g].as_ref(), &q.item, model)
+                                    .and_then(|d| d.share)
+                            } else {
+                                None
+                            },
+                            reservation: None,
+                        },
+                    };
+                    place(&mut gpus[g], &q.item, q.payload, &placement);
                     Outcome::Placed { gpu }
                 }
                 None => {
@@ -958,9 +1100,10 @@ impl<T> Scheduler<T> {
 
     /// Records which GPUs changed (fingerprint) as of `round`.
     fn observe_changes<G: AsRef<GpuSnapshot>>(&mut self, gpus: &[G], round: u64) {
-        self.seen.resize(gpus.len(), ((0, 0, 0, 0), 0));
-        for (s, g) in self.seen.iter_mut().zip(gpus) {
-            let f = fingerprint(g.as_ref());
+        self.seen.resize(gpus.len(), ((0, 0, 0, 0, 0), 0));
+        self.ledgers.resize_with(gpus.len(), ThetaLedger::default);
+        for ((s, g), l) in self.seen.iter_mut().zip(gpus).zip(&self.ledgers) {
+            let f = fingerprint(g.as_ref(), l.generation());
             if s.0 != f {
                 *s = (f, round);
             }
