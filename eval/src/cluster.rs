@@ -336,8 +336,12 @@ fn pct(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[((sorted.len() - 1) as f64 * p).round() as usize])
 }
 
-/// The extender path over one scenario.
-fn simulate_extender(sc: &Scenario, a: &EvalArgs, c: &ClusterArgs) -> Result<ClusterResult> {
+/// The extender path over one scenario; also every placement as (node, simulated ms).
+fn simulate_extender(
+    sc: &Scenario,
+    a: &EvalArgs,
+    c: &ClusterArgs,
+) -> Result<(ClusterResult, Vec<(usize, f64)>)> {
     let per = c.gpus_per_node;
     let n_nodes = c.nodes;
     let cfg = sched_cfg(a);
@@ -394,6 +398,7 @@ fn simulate_extender(sc: &Scenario, a: &EvalArgs, c: &ClusterArgs) -> Result<Clu
     let (mut dropped, mut pods, mut pending, mut unschedulable, mut refused) =
         (0usize, 0usize, 0usize, 0usize, 0usize);
     let mut latency_ms: Vec<f64> = Vec::new();
+    let mut placements: Vec<(usize, f64)> = Vec::new();
     let mut next_publish = 0.0;
     let mut now = 0.0;
     let mut steps_in_horizon = 0u64;
@@ -512,6 +517,7 @@ fn simulate_extender(sc: &Scenario, a: &EvalArgs, c: &ClusterArgs) -> Result<Clu
                         .and_then(|d| d.share)
                         .map_or(1.0, |s| sched::work_rate(s, item.sm_util));
                     start_at(g, p.req, now, sc, &mut rng, a.noise, rate);
+                    placements.push((node, now));
                 }
                 Decision::Refuse { .. } => {
                     refused += 1;
@@ -530,7 +536,7 @@ fn simulate_extender(sc: &Scenario, a: &EvalArgs, c: &ClusterArgs) -> Result<Clu
     unschedulable += queue.iter().filter(|p| p.was_pending).count();
     dropped += queue.len();
     latency_ms.sort_by(f64::total_cmp);
-    Ok(ClusterResult {
+    let r = ClusterResult {
         path: "extender",
         metrics: result_of(
             "smore",
@@ -548,7 +554,8 @@ fn simulate_extender(sc: &Scenario, a: &EvalArgs, c: &ClusterArgs) -> Result<Clu
         decision_p50_ms: pct(&latency_ms, 0.5),
         decision_p99_ms: pct(&latency_ms, 0.99),
         decision_max_ms: pct(&latency_ms, 1.0),
-    })
+    };
+    Ok((r, placements))
 }
 
 /// The node-local path: `eval colocation`'s smore (one `sched::Scheduler` over every GPU).
@@ -582,7 +589,7 @@ pub fn evaluate_cluster(c: &ClusterArgs) -> Result<(Vec<ClusterResult>, String)>
         let (sc, a) = cluster_scenario(c, seed)?;
         requests.push(sc.trace.len().to_string());
         n_funcs = sc.funcs.len();
-        let mut rows = vec![simulate_extender(&sc, &a, c)?];
+        let mut rows = vec![simulate_extender(&sc, &a, c)?.0];
         if !c.no_node_local {
             rows.push(simulate_node_local(&sc, &a)?);
         }
@@ -746,4 +753,184 @@ pub fn run_cluster(c: ClusterArgs) -> Result<()> {
         print!("{}", cluster_table(&rows, &header));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 4 nodes × 2 GPUs, 2 s of trace, small forests: fast in a debug build.
+    fn small() -> ClusterArgs {
+        ClusterArgs {
+            nodes: 4,
+            gpus_per_node: 2,
+            seconds: 2.0,
+            trees: 10,
+            ..ClusterArgs::default()
+        }
+    }
+
+    fn extender_run(c: &ClusterArgs) -> (ClusterResult, Vec<(usize, f64)>) {
+        let (sc, a) = cluster_scenario(c, c.seed).unwrap();
+        simulate_extender(&sc, &a, c).unwrap()
+    }
+
+    #[test]
+    fn kube_scheduler_sends_its_default_share_of_nodes() {
+        assert_eq!(feasible_nodes_to_find(4), 4);
+        assert_eq!(feasible_nodes_to_find(99), 99);
+        // 128 nodes: 49 % is 62, below the floor of 100.
+        assert_eq!(feasible_nodes_to_find(128), 100);
+        // kubernetes.io: 10 % at 5 000 nodes; 5 % at least.
+        assert_eq!(feasible_nodes_to_find(5000), 500);
+        assert_eq!(feasible_nodes_to_find(100_000), 5000);
+    }
+
+    #[test]
+    fn the_bursty_trace_has_its_rate_and_its_seed() {
+        let t = bursty_trace(21, 6000.0, 10.0, 3);
+        // 6 000/min for 10 s = 1 000 requests (rounding carried per function: ±1 each).
+        assert!((t.len() as i64 - 1000).abs() <= 21, "{}", t.len());
+        assert!(t.windows(2).all(|w| w[0].0 <= w[1].0));
+        assert!(t
+            .iter()
+            .all(|&(ms, f)| (0.0..10_000.0).contains(&ms) && f < 21));
+        // Zipf: the most popular function has the most requests.
+        let count = |f| t.iter().filter(|x| x.1 == f).count();
+        assert!(count(0) > count(20), "{} vs {}", count(0), count(20));
+        assert_eq!(t, bursty_trace(21, 6000.0, 10.0, 3));
+        assert_ne!(t, bursty_trace(21, 6000.0, 10.0, 4));
+    }
+
+    #[test]
+    fn a_small_cluster_through_the_extender_gives_sane_metrics() {
+        let c = small();
+        let (rows, header) = evaluate_cluster(&c).unwrap();
+        assert!(header.contains("SIMULATED"), "{header}");
+        assert_eq!(rows.len(), 2);
+        let (ext, local) = (&rows[0], &rows[1]);
+        assert_eq!((ext.path, local.path), ("extender", "node-local"));
+        for r in &rows {
+            let m = &r.metrics;
+            assert!(m.requests > 100, "{r:?}");
+            assert_eq!(m.served + m.dropped, m.requests, "{r:?}");
+            assert!(m.dsr > 0.2 && m.dsr <= 1.0, "{r:?}");
+            assert!(m.gui > 0.0, "functions ran beside the trainers: {r:?}");
+            // Every policy here keeps the predicted slowdown within θ_train = 0.1.
+            assert!(m.sfd < c.theta_train, "{r:?}");
+            assert!(m.sld >= 0.0, "{r:?}");
+        }
+        assert_eq!(ext.metrics.requests, local.metrics.requests, "same trace");
+        assert_eq!(ext.pods, ext.metrics.requests, "one pod per request");
+        assert!(ext.unschedulable <= ext.pending, "{ext:?}");
+        assert!(
+            ext.refused + ext.unschedulable <= ext.metrics.dropped,
+            "{ext:?}"
+        );
+        assert!(ext.decision_p50_ms.is_some() && ext.decision_p99_ms >= ext.decision_p50_ms);
+        let text = cluster_table(&rows, &header);
+        for w in ["extender", "node-local", "DSR", "pending", "p99 ms"] {
+            assert!(text.contains(w), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_node_whose_arbiter_is_down_or_stale_receives_no_pods() {
+        let c = ClusterArgs {
+            down_nodes: 1,
+            frozen_nodes: 1,
+            publish_ms: 10.0,
+            stale_after_ms: 50.0,
+            ..small()
+        };
+        let (r, placed) = extender_run(&c);
+        let on = |n: usize| placed.iter().filter(|p| p.0 == n).count();
+        // Nodes 0 and 1 publish; node 2 published once at t = 0 (stale after 50 ms); node 3 is down.
+        assert!(
+            on(0) + on(1) > 50,
+            "the live nodes take the pods: {placed:?}"
+        );
+        assert_eq!(on(3), 0, "down node");
+        assert!(
+            placed.iter().all(|&(n, t)| n != 2 || t <= c.stale_after_ms),
+            "a stale node got a pod: {:?}",
+            placed.iter().filter(|p| p.0 == 2).collect::<Vec<_>>()
+        );
+        assert!(r.metrics.served > 0, "{r:?}");
+        // Every node down: nothing is placed blindly; every pod is pending and counted.
+        let c = ClusterArgs {
+            down_nodes: 4,
+            ..small()
+        };
+        let (r, placed) = extender_run(&c);
+        assert!(placed.is_empty(), "{placed:?}");
+        assert_eq!(r.metrics.served, 0, "{r:?}");
+        assert_eq!((r.pending, r.unschedulable), (r.pods, r.pods), "{r:?}");
+        assert_eq!(r.metrics.dropped, r.metrics.requests, "{r:?}");
+    }
+
+    #[test]
+    fn a_pod_that_fits_nowhere_stays_pending_and_is_counted() {
+        // An SLO of exactly the solo latency: beside any training job the predicted latency
+        // exceeds it, so no GPU of any node admits a pod.
+        let c = ClusterArgs {
+            slo_factor: vec![1.0, 1.0],
+            theta_train: 1e-6,
+            ..small()
+        };
+        let (r, placed) = extender_run(&c);
+        assert!(placed.is_empty(), "{placed:?}");
+        assert!(r.pods > 100, "{r:?}");
+        assert_eq!(r.pending, r.pods, "every pod was pending: {r:?}");
+        assert_eq!(r.unschedulable, r.pods, "and never placed: {r:?}");
+        assert_eq!(r.refused, 0, "no node was chosen: {r:?}");
+        assert_eq!(r.metrics.served, 0, "{r:?}");
+        assert_eq!(r.metrics.dropped, r.metrics.requests, "{r:?}");
+        assert_eq!(r.metrics.dsr, 0.0);
+    }
+
+    #[test]
+    fn one_node_with_fresh_views_decides_as_node_local_smore() {
+        // One node: the extender's only candidate is it; views republished every step are the
+        // current state; d ≥ its GPUs: both paths evaluate every GPU and take the argmin of the
+        // same score with the same predictor. Light load, loose SLOs and θ: no refusal (which
+        // node-local smore would retry and kube-scheduler backs off from), no fast mode.
+        let c = ClusterArgs {
+            nodes: 1,
+            gpus_per_node: 4,
+            rate_per_gpu: 120.0,
+            seconds: 5.0,
+            publish_ms: 1.0,
+            slo_factor: vec![4.0, 6.0],
+            theta_train: 1.0,
+            trees: 10,
+            ..ClusterArgs::default()
+        };
+        let (sc, a) = cluster_scenario(&c, c.seed).unwrap();
+        let (ext, placed) = simulate_extender(&sc, &a, &c).unwrap();
+        let local = simulate_node_local(&sc, &a).unwrap();
+        assert!(placed.len() > 20, "{ext:?}");
+        assert_eq!((ext.pending, ext.refused), (0, 0), "{ext:?} vs {local:?}");
+        let (e, l) = (&ext.metrics, &local.metrics);
+        assert_eq!(
+            (e.served, e.dropped),
+            (l.served, l.dropped),
+            "{e:?} vs {l:?}"
+        );
+        assert_eq!(e.dsr, l.dsr);
+        // Not bit-equal: a few placements differ (measured here: GUI within 0.5 %). Not
+        // diagnosed; suspected: the arbiter's view carries the training job only as NVML sees
+        // it (utilization, memory) and the policy maps that to a proxy configuration, while the
+        // simulator's smore predicts with the true one.
+        for (x, y, what) in [
+            (e.gui, l.gui, "GUI"),
+            (e.sfd, l.sfd, "SFD"),
+            (e.sld, l.sld, "SLD"),
+        ] {
+            assert!(
+                (x - y).abs() <= 0.05 * y.abs().max(1e-9),
+                "{what}: extender {x} vs node-local {y}"
+            );
+        }
+    }
 }
