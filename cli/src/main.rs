@@ -79,7 +79,7 @@ enum Cmd {
     K8s(k8s::K8sCmd),
     /// SIMULATED evaluations: co-location policies side by side (`smore eval [colocation]`), or
     /// placement through the Kubernetes scheduler extender at cluster scale (`smore eval cluster`).
-    Eval(smore_eval::EvalCommand),
+    Eval(Box<smore_eval::EvalCommand>),
     /// Print a shell completion script (e.g. `smore completions bash > /etc/bash_completion.d/smore`).
     Completions {
         /// The shell to complete in.
@@ -185,7 +185,7 @@ fn main() {
         }
         Cmd::Predictor(c) => smore_predictor::cli::run(c),
         Cmd::Prewarm(c) => smore_prewarm::cli::run(c),
-        Cmd::Eval(a) => smore_eval::dispatch(a),
+        Cmd::Eval(a) => smore_eval::dispatch(*a),
         Cmd::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "smore", &mut std::io::stdout());
             Ok(())

@@ -422,11 +422,11 @@ fn simulate_extender(
         }
         // 2. the arbiters publish (the extender's poll round)
         if now >= next_publish {
-            for n in 0..n_nodes {
+            for (n, name) in names.iter().enumerate() {
                 if down.contains(&n) || (frozen.contains(&n) && now > 0.0) {
                     continue;
                 }
-                table.set_views(&names[n], &node_views(&gpus, n, per, sc), at(now));
+                table.set_views(name, &node_views(&gpus, n, per, sc), at(now));
             }
             next_publish += c.publish_ms;
         }

@@ -88,7 +88,8 @@ pub fn philly_quantile(p: f64) -> f64 {
 /// `smore eval colocation` arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EvalArgs {
-    /// What to evaluate (only `colocation` for now).
+    /// What to evaluate: `colocation` (the default). The cluster run through the scheduler
+    /// extender is the subcommand `smore eval cluster`.
     #[arg(value_parser = ["colocation"], default_value = "colocation")]
     pub what: String,
     /// GPUs, each running one training job.
