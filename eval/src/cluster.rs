@@ -14,7 +14,7 @@
 //! Must never: re-implement a placement rule — the filter and the scores are
 //! `smore_k8s::extender::Extender::filter_at` / `prioritize_at`, the node's choice is
 //! `SmorePolicy::place_at`, the service model and metrics are the colocation simulator's
-//! ([`super::serve`], [`super::result_of`]); or let anything but the seed decide (simulated time
+//! (`serve`, `result_of` in lib.rs); or let anything but the seed decide (simulated time
 //! is what the extender's staleness and the policy's fast-mode window see; wall time is only
 //! measured, for the decision latency).
 //!
@@ -833,6 +833,21 @@ mod tests {
         for w in ["extender", "node-local", "DSR", "pending", "p99 ms"] {
             assert!(text.contains(w), "{text}");
         }
+    }
+
+    #[test]
+    fn the_extender_path_depends_on_the_seed_only() {
+        let c = small();
+        let (mut r1, p1) = extender_run(&c);
+        let (mut r2, p2) = extender_run(&c);
+        assert_eq!(p1, p2, "same placements");
+        // Wall-clock latency is measured, not decided on.
+        for r in [&mut r1, &mut r2] {
+            (r.decision_p50_ms, r.decision_p99_ms, r.decision_max_ms) = (None, None, None);
+        }
+        assert_eq!(r1, r2);
+        let (_, p3) = extender_run(&ClusterArgs { seed: 2, ..c });
+        assert_ne!(p1, p3, "another seed, another run");
     }
 
     #[test]

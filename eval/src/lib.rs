@@ -6,6 +6,8 @@
 //! utilization [`Mix`], request arrivals, service with interference and SM shares), the baseline
 //! policies, the metrics table (DSR, GUI, SFD, SLD) and its median over seeds. SMORE itself is
 //! `smore_predictor::sched::Scheduler` (the one implementation), driven one round per step.
+//! The same simulator at cluster scale with placement through the Kubernetes scheduler extender
+//! (`smore eval cluster`) is [`cluster`].
 //!
 //! Two models are kept strictly apart (docs/eval.md):
 //! - **ground truth**: the synthetic interference model of `smore_predictor::synth` (generalised
