@@ -430,8 +430,7 @@ impl SmorePolicy {
         }
     }
 
-    fn fast_mode(&mut self) -> bool {
-        let now = Instant::now();
+    fn fast_mode(&mut self, now: Instant) -> bool {
         self.recent_registrations.push_back(now);
         while self
             .recent_registrations
@@ -539,58 +538,16 @@ impl SmorePolicy {
         let e = sched::evaluate_candidate(&self.sched, snap, item, model);
         Ok(sched::refine_with_share(&self.sched, snap, item, e, model))
     }
-}
 
-fn known_models(fns: &[ModelKey]) -> String {
-    let mut m: Vec<&str> = fns.iter().map(|k| k.model.as_str()).collect();
-    m.dedup();
-    m.join(", ")
-}
-
-fn opt3(v: Option<f64>) -> String {
-    v.map(|x| format!("{x:.3}"))
-        .unwrap_or_else(|| "-".to_string())
-}
-
-fn verdict_line(c: &CandidateEval) -> String {
-    format!(
-        "GPU {}: {} (D̂_train {}, D̂_fn {})",
-        c.gpu,
-        c.verdict,
-        opt3(c.d_train),
-        opt3(c.d_fn)
-    )
-}
-
-/// The refusal code of a set of refused candidates: all memory ⇒ NoMemory; any θ_train ⇒
-/// TrainingBound; any SLO ⇒ Slo; only unpredictable ⇒ Invalid. The scheduler extender classes a
-/// node it filters out with the same rule.
-pub fn refuse_code(evals: &[CandidateEval]) -> RefuseCode {
-    let any = |f: fn(&Verdict) -> bool| evals.iter().any(|c| f(&c.verdict));
-    if evals
-        .iter()
-        .all(|c| matches!(c.verdict, Verdict::Memory { .. }))
-    {
-        RefuseCode::NoMemory
-    } else if any(|v| matches!(v, Verdict::ThetaTrain { .. })) {
-        RefuseCode::TrainingBound
-    } else if any(|v| matches!(v, Verdict::Slo { .. } | Verdict::ResidentSlo { .. })) {
-        RefuseCode::Slo
-    } else {
-        RefuseCode::Invalid
-    }
-}
-
-impl Policy for SmorePolicy {
-    fn name(&self) -> &'static str {
-        "smore"
-    }
-
-    fn place(&mut self, _cfg: &Config, gpus: &[GpuView], ask: &Ask) -> Decision {
+    /// [`Policy::place`] with the clock given: `now` dates this registration for the fast-mode
+    /// window (registrations of the last [`QUEUE_WINDOW`] count as queued together). The
+    /// arbiter passes the wall clock; the cluster evaluation (eval/src/cluster.rs) passes
+    /// simulated time, so its decisions depend on the seed alone.
+    pub fn place_at(&mut self, gpus: &[GpuView], ask: &Ask, now: Instant) -> Decision {
         if let Some(refusal) = crate::policy::refuse_impossible(gpus, ask) {
             return refusal;
         }
-        let fast = self.fast_mode();
+        let fast = self.fast_mode(now);
         // Candidate order: the preferred GPU first (re-registration), then d sampled GPUs
         // (power of d), then — a registration is answered now, not requeued — every other GPU.
         let prefer = ask
@@ -672,6 +629,56 @@ impl Policy for SmorePolicy {
                 }
             }
         }
+    }
+}
+
+fn known_models(fns: &[ModelKey]) -> String {
+    let mut m: Vec<&str> = fns.iter().map(|k| k.model.as_str()).collect();
+    m.dedup();
+    m.join(", ")
+}
+
+fn opt3(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.3}"))
+        .unwrap_or_else(|| "-".to_string())
+}
+
+fn verdict_line(c: &CandidateEval) -> String {
+    format!(
+        "GPU {}: {} (D̂_train {}, D̂_fn {})",
+        c.gpu,
+        c.verdict,
+        opt3(c.d_train),
+        opt3(c.d_fn)
+    )
+}
+
+/// The refusal code of a set of refused candidates: all memory ⇒ NoMemory; any θ_train ⇒
+/// TrainingBound; any SLO ⇒ Slo; only unpredictable ⇒ Invalid. The scheduler extender classes a
+/// node it filters out with the same rule.
+pub fn refuse_code(evals: &[CandidateEval]) -> RefuseCode {
+    let any = |f: fn(&Verdict) -> bool| evals.iter().any(|c| f(&c.verdict));
+    if evals
+        .iter()
+        .all(|c| matches!(c.verdict, Verdict::Memory { .. }))
+    {
+        RefuseCode::NoMemory
+    } else if any(|v| matches!(v, Verdict::ThetaTrain { .. })) {
+        RefuseCode::TrainingBound
+    } else if any(|v| matches!(v, Verdict::Slo { .. } | Verdict::ResidentSlo { .. })) {
+        RefuseCode::Slo
+    } else {
+        RefuseCode::Invalid
+    }
+}
+
+impl Policy for SmorePolicy {
+    fn name(&self) -> &'static str {
+        "smore"
+    }
+
+    fn place(&mut self, _cfg: &Config, gpus: &[GpuView], ask: &Ask) -> Decision {
+        self.place_at(gpus, ask, Instant::now())
     }
 
     fn shares(&mut self, cfg: &Config, g: &GpuView) -> Vec<(u64, u32)> {

@@ -77,8 +77,9 @@ enum Cmd {
     /// Kubernetes: the scheduler extender (`smore k8s extender`; docs/kubernetes.md).
     #[command(subcommand)]
     K8s(k8s::K8sCmd),
-    /// SIMULATED comparison of co-location policies (`smore eval colocation`): DSR, GUI, SFD, SLD.
-    Eval(smore_eval::EvalArgs),
+    /// SIMULATED evaluations: co-location policies side by side (`smore eval [colocation]`), or
+    /// placement through the Kubernetes scheduler extender at cluster scale (`smore eval cluster`).
+    Eval(Box<smore_eval::EvalCommand>),
     /// Print a shell completion script (e.g. `smore completions bash > /etc/bash_completion.d/smore`).
     Completions {
         /// The shell to complete in.
@@ -188,7 +189,7 @@ fn main() {
         }
         Cmd::Predictor(c) => smore_predictor::cli::run(c),
         Cmd::Prewarm(c) => smore_prewarm::cli::run(c),
-        Cmd::Eval(a) => smore_eval::run(a),
+        Cmd::Eval(a) => smore_eval::dispatch(*a),
         Cmd::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "smore", &mut std::io::stdout());
             Ok(())

@@ -11,8 +11,7 @@
 //! cannot be served in time must be refused rather than queued into misses). `default` is the
 //! middle ground the demo has always run (a trainer busy ~60 %).
 
-use rand::{Rng, SeedableRng};
-use smore_prewarm::synth::{generate_series, TraceClass};
+use smore_prewarm::synth::{superposed_arrivals, TraceClass};
 
 /// Which scenario(s) `smore demo` runs.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,44 +220,8 @@ pub fn trace(
     load: f64,
     burst: usize,
 ) -> Vec<Vec<Vec<f64>>> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let burst = burst.max(1);
-    fs.iter()
-        .map(|f| {
-            let mut counts = vec![0u32; seconds];
-            for _ in 0..SOURCES_PER_FUNCTION {
-                let (c, _) = generate_series(f.class, seconds, &mut rng);
-                for (t, v) in counts.iter_mut().zip(c) {
-                    *t += v;
-                }
-            }
-            let mean = counts.iter().sum::<u32>() as f64 / seconds.max(1) as f64;
-            let scale = if mean > 0.0 {
-                f.rate * load / mean
-            } else {
-                0.0
-            };
-            // Rounding each second's count on its own would bias a low-rate function's mean;
-            // carrying the remainder keeps the total at rate × load × seconds.
-            let mut carry = 0.0;
-            counts
-                .iter()
-                .map(|&c| {
-                    let want = c as f64 * scale + carry;
-                    let n = want.round().max(0.0) as usize;
-                    carry = want - n as f64;
-                    let mut v = Vec::with_capacity(n);
-                    while v.len() < n {
-                        let at = rng.gen::<f64>();
-                        let k = burst.min(n - v.len());
-                        v.extend(std::iter::repeat_n(at, k));
-                    }
-                    v.sort_by(f64::total_cmp);
-                    v
-                })
-                .collect()
-        })
-        .collect()
+    let sources: Vec<(TraceClass, f64)> = fs.iter().map(|f| (f.class, f.rate * load)).collect();
+    superposed_arrivals(&sources, SOURCES_PER_FUNCTION, seconds, seed, burst)
 }
 
 /// The DSR an ideal platform would reach on a trace: one GPU serving the functions alone (no

@@ -6,6 +6,8 @@
 //! utilization [`Mix`], request arrivals, service with interference and SM shares), the baseline
 //! policies, the metrics table (DSR, GUI, SFD, SLD) and its median over seeds. SMORE itself is
 //! `smore_predictor::sched::Scheduler` (the one implementation), driven one round per step.
+//! The same simulator at cluster scale with placement through the Kubernetes scheduler extender
+//! (`smore eval cluster`) is [`cluster`].
 //!
 //! Two models are kept strictly apart (docs/eval.md):
 //! - **ground truth**: the synthetic interference model of `smore_predictor::synth` (generalised
@@ -33,6 +35,9 @@ use smore_predictor::table::PairTable;
 use smore_predictor::{DegradationModel, ModelKey, Predictor, Role};
 use std::collections::VecDeque;
 use std::path::PathBuf;
+
+pub mod cluster;
+pub use cluster::{dispatch, EvalCommand};
 
 /// SMORE's reported figures at 16 000 requests/min on RTX 3090s (TPDS 2025 Fig. 14; thesis
 /// Fig. 5.10): (policy, DSR, GUI, SFD, SLD) in percent. Measured by the SMORE authors on real
@@ -85,7 +90,8 @@ pub fn philly_quantile(p: f64) -> f64 {
 /// `smore eval colocation` arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EvalArgs {
-    /// What to evaluate (only `colocation` for now).
+    /// What to evaluate: `colocation` (the default). The cluster run through the scheduler
+    /// extender is the subcommand `smore eval cluster`.
     #[arg(value_parser = ["colocation"], default_value = "colocation")]
     pub what: String,
     /// GPUs, each running one training job.
@@ -677,8 +683,8 @@ fn simulate_gpus(
     let end = horizon + 2.0 * max_slo + dt;
     let mut pending: VecDeque<Req> = VecDeque::new();
     let mut next = 0usize;
-    let (mut ok, mut served, mut dropped) = (0usize, 0usize, 0usize);
-    let mut sld_sum = 0.0;
+    let mut dropped = 0usize;
+    let mut tally = Tally::default();
     let mut now = 0.0;
     let mut steps_in_horizon = 0u64;
     while now < end {
@@ -731,69 +737,121 @@ fn simulate_gpus(
             ),
         }
         // 4. service with ground-truth interference
-        for g in gpus.iter_mut().chain(dedicated.iter_mut()) {
-            let tp = g.trainer.map(|t| sc.trainers[t].press);
-            let ps: Vec<Pressure> = g
-                .running
-                .iter()
-                .map(|r| {
-                    let p = sc.funcs[r.req.func].press;
-                    Pressure {
-                        sm: p.sm * r.rate,
-                        bw: p.bw * r.rate,
-                    }
-                })
-                .collect();
-            let (d_train, d_fn) = truth(tp, &ps);
-            if let Some(t) = g.trainer {
-                let tr = &sc.trainers[t];
-                if now < horizon {
-                    g.train_work += dt / (1.0 + d_train * tr.noise);
-                    g.util_sum += g.sum_util(&sc.funcs, &sc.trainers).min(1.0);
-                    g.base_util_sum += tr.util;
-                }
-            }
-            // Each request progresses at 1/(1 + δ) of its solo speed from its start (which may
-            // lie inside this step); `slow` keeps the factor to interpolate its completion.
-            let mut slow = Vec::with_capacity(g.running.len());
-            for (i, r) in g.running.iter_mut().enumerate() {
-                let x = (1.0 + d_fn[i] * r.noise) / r.rate;
-                let from = r.start.max(now);
-                r.work_left -= (now + dt - from) / x;
-                slow.push(x);
-            }
-            let mut k = 0;
-            while k < g.running.len() {
-                if g.running[k].work_left <= 1e-12 {
-                    let r = g.running.swap_remove(k);
-                    let x = slow.swap_remove(k);
-                    let f = &sc.funcs[r.req.func];
-                    // Completion inside this step, interpolated at this step's speed.
-                    let done = now + dt + r.work_left.min(0.0) * x;
-                    served += 1;
-                    if done <= r.req.deadline + 1e-9 {
-                        ok += 1;
-                    }
-                    let d = (done - r.start) / f.solo_ms - 1.0;
-                    // Float rounding of an undisturbed request is not degradation.
-                    sld_sum += if d > 1e-9 { d } else { 0.0 };
-                    g.used -= f.memory;
-                    g.snap.used = g.used;
-                    if let Some(p) = g.snap.functions.iter().position(|x| x.id == r.req.id) {
-                        g.snap.functions.swap_remove(p);
-                    }
-                } else {
-                    k += 1;
-                }
-            }
-        }
+        serve(
+            gpus.iter_mut().chain(dedicated.iter_mut()),
+            sc,
+            now,
+            dt,
+            horizon,
+            &mut tally,
+        );
         if now < horizon {
             steps_in_horizon += 1;
         }
         now += dt;
     }
     dropped += pending.len() + smore.as_ref().map_or(0, |s| s.queue_len());
-    let n = sc.trace.len();
+    let result = result_of(
+        policy.label(),
+        &gpus,
+        steps_in_horizon,
+        dt,
+        sc.trace.len(),
+        &tally,
+        dropped,
+    );
+    Ok((result, gpus))
+}
+
+/// Served requests so far: the numerators of DSR and SLD.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Requests finished within their deadline.
+    ok: usize,
+    /// Requests finished.
+    served: usize,
+    /// Σ of served requests' service time / solo − 1.
+    sld_sum: f64,
+}
+
+/// One step of service with ground-truth interference on `gpus` (every policy's, and the
+/// cluster evaluation's): trainers progress, running requests progress and complete.
+fn serve<'a>(
+    gpus: impl Iterator<Item = &'a mut SimGpu>,
+    sc: &Scenario,
+    now: f64,
+    dt: f64,
+    horizon: f64,
+    tally: &mut Tally,
+) {
+    for g in gpus {
+        let tp = g.trainer.map(|t| sc.trainers[t].press);
+        let ps: Vec<Pressure> = g
+            .running
+            .iter()
+            .map(|r| {
+                let p = sc.funcs[r.req.func].press;
+                Pressure {
+                    sm: p.sm * r.rate,
+                    bw: p.bw * r.rate,
+                }
+            })
+            .collect();
+        let (d_train, d_fn) = truth(tp, &ps);
+        if let Some(t) = g.trainer {
+            let tr = &sc.trainers[t];
+            if now < horizon {
+                g.train_work += dt / (1.0 + d_train * tr.noise);
+                g.util_sum += g.sum_util(&sc.funcs, &sc.trainers).min(1.0);
+                g.base_util_sum += tr.util;
+            }
+        }
+        // Each request progresses at 1/(1 + δ) of its solo speed from its start (which may
+        // lie inside this step); `slow` keeps the factor to interpolate its completion.
+        let mut slow = Vec::with_capacity(g.running.len());
+        for (i, r) in g.running.iter_mut().enumerate() {
+            let x = (1.0 + d_fn[i] * r.noise) / r.rate;
+            let from = r.start.max(now);
+            r.work_left -= (now + dt - from) / x;
+            slow.push(x);
+        }
+        let mut k = 0;
+        while k < g.running.len() {
+            if g.running[k].work_left <= 1e-12 {
+                let r = g.running.swap_remove(k);
+                let x = slow.swap_remove(k);
+                let f = &sc.funcs[r.req.func];
+                // Completion inside this step, interpolated at this step's speed.
+                let done = now + dt + r.work_left.min(0.0) * x;
+                tally.served += 1;
+                if done <= r.req.deadline + 1e-9 {
+                    tally.ok += 1;
+                }
+                let d = (done - r.start) / f.solo_ms - 1.0;
+                // Float rounding of an undisturbed request is not degradation.
+                tally.sld_sum += if d > 1e-9 { d } else { 0.0 };
+                g.used -= f.memory;
+                g.snap.used = g.used;
+                if let Some(p) = g.snap.functions.iter().position(|x| x.id == r.req.id) {
+                    g.snap.functions.swap_remove(p);
+                }
+            } else {
+                k += 1;
+            }
+        }
+    }
+}
+
+/// The row of a finished run: `requests` in the trace, `dropped` of them never started.
+fn result_of(
+    policy: &'static str,
+    gpus: &[SimGpu],
+    steps_in_horizon: u64,
+    dt: f64,
+    requests: usize,
+    t: &Tally,
+    dropped: usize,
+) -> PolicyResult {
     let horizon_ms = steps_in_horizon as f64 * dt;
     let sfd = gpus
         .iter()
@@ -805,21 +863,20 @@ fn simulate_gpus(
         .map(|g| (g.util_sum - g.base_util_sum) / steps_in_horizon.max(1) as f64)
         .sum::<f64>()
         / gpus.len() as f64;
-    let result = PolicyResult {
-        policy: policy.label(),
-        dsr: ok as f64 / n.max(1) as f64,
+    PolicyResult {
+        policy,
+        dsr: t.ok as f64 / requests.max(1) as f64,
         gui,
         sfd,
-        sld: if served > 0 {
-            sld_sum / served as f64
+        sld: if t.served > 0 {
+            t.sld_sum / t.served as f64
         } else {
             0.0
         },
-        requests: n,
-        served,
+        requests,
+        served: t.served,
         dropped,
-    };
-    Ok((result, gpus))
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

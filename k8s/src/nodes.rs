@@ -24,6 +24,15 @@ use std::time::{Duration, Instant};
 /// and 64 events is about 200 KiB; 8 MiB bounds a misbehaving peer.
 const MAX_STATUS_BYTES: u64 = 8 << 20;
 
+/// Seconds between two polls of every node's arbiter (`smore k8s extender --poll-interval`):
+/// the age of the state a decision sees is up to this (plus a poll's duration). A choice, not a
+/// measurement: 128 nodes polled every 2 s is 64 small requests a second for the extender.
+/// `smore eval cluster` models the staleness it implies (its `--publish-ms` default).
+pub const DEFAULT_POLL_INTERVAL_S: f64 = 2.0;
+/// Seconds after which a node's last status is too old to place on (`--stale-after`): 15 missed
+/// polls, long enough to ride out an arbiter restart during an upgrade (docs/kubernetes.md).
+pub const DEFAULT_STALE_AFTER_S: f64 = 30.0;
+
 /// A node's last known state.
 #[derive(Debug, Clone)]
 enum State {

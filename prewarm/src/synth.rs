@@ -137,6 +137,62 @@ fn diurnal_rate(base: f64, amp: f64, peak: f64, minute: usize) -> f64 {
     base * (1.0 + amp * (2.0 * std::f64::consts::PI * (tod - peak) / MINUTES_PER_DAY as f64).cos())
 }
 
+/// A bursty arrival trace at a per-second granularity: per source, per second, the arrival
+/// offsets (seconds, in [0, 1)) within that second. Source `i` is the superposition of
+/// `per_source` independent series of class `sources[i].0` — one generated minute per trace
+/// second — scaled so that its mean rate is `sources[i].1` requests per second; arrivals within
+/// a second are uniform, in groups of `burst` at one instant.
+///
+/// Why a superposition: one generated series is one Azure-like function's per-minute counts,
+/// small integers; scaled up alone it turns into a square wave (0 or hundreds of requests in a
+/// second). A popular function is called by many independent clients: the sum of many series
+/// keeps the class's shape (a diurnal trend, a timer's spikes) with a per-second granularity of
+/// a few requests (docs/harvest.md, "Why the demo refused most requests"). The demo's replayed
+/// trace (`smore demo`) and the cluster evaluation (`smore eval cluster`) both come from here.
+pub fn superposed_arrivals(
+    sources: &[(TraceClass, f64)],
+    per_source: usize,
+    seconds: usize,
+    seed: u64,
+    burst: usize,
+) -> Vec<Vec<Vec<f64>>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let burst = burst.max(1);
+    sources
+        .iter()
+        .map(|&(class, rate)| {
+            let mut counts = vec![0u32; seconds];
+            for _ in 0..per_source {
+                let (c, _) = generate_series(class, seconds, &mut rng);
+                for (t, v) in counts.iter_mut().zip(c) {
+                    *t += v;
+                }
+            }
+            let mean = counts.iter().sum::<u32>() as f64 / seconds.max(1) as f64;
+            let scale = if mean > 0.0 { rate / mean } else { 0.0 };
+            // Rounding each second's count on its own would bias a low-rate source's mean;
+            // carrying the remainder keeps the total at rate × seconds.
+            let mut carry = 0.0;
+            counts
+                .iter()
+                .map(|&c| {
+                    let want = c as f64 * scale + carry;
+                    let n = want.round().max(0.0) as usize;
+                    carry = want - n as f64;
+                    let mut v = Vec::with_capacity(n);
+                    while v.len() < n {
+                        let at = rng.gen::<f64>();
+                        let k = burst.min(n - v.len());
+                        v.extend(std::iter::repeat_n(at, k));
+                    }
+                    v.sort_by(f64::total_cmp);
+                    v
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Generates one function's series of `minutes` minutes for `class`.
 pub fn generate_series(
     class: TraceClass,

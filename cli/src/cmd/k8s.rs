@@ -35,7 +35,7 @@ pub struct DevicePluginArgs {
     #[arg(long, default_value = smore_k8s::device_plugin::DEFAULT_PLUGIN_DIR)]
     pub plugin_dir: PathBuf,
     /// Seconds between two reads of the arbiter's status.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = smore_k8s::nodes::DEFAULT_POLL_INTERVAL_S)]
     pub poll_interval: f64,
     /// Always hand out the CDI device smore.dev/gpu=all: the arbiter then picks the GPU by
     /// Algorithm 1 at registration instead of the kubelet's device choice.
@@ -70,10 +70,10 @@ pub struct ExtenderArgs {
     #[arg(long, default_value_t = 9464)]
     pub arbiter_port: u16,
     /// Seconds between polls of every node's arbiter.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = smore_k8s::nodes::DEFAULT_POLL_INTERVAL_S)]
     pub poll_interval: f64,
     /// Seconds after which a node's last status is too old to place on.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = smore_k8s::nodes::DEFAULT_STALE_AFTER_S)]
     pub stale_after: f64,
     /// Seconds allowed for each step of a poll (connect, send, read).
     #[arg(long, default_value_t = 1.0)]
