@@ -27,7 +27,7 @@ pub const ENV_LEDGER_FD: &str = "SMORE_LEDGER_FD";
 /// `b"SMORELED"` — identifies a shared ledger (checked after mmap).
 pub const LEDGER_MAGIC: u64 = 0x4445_4c45_524f_4d53;
 /// Layout version of [`LedgerTable`].
-pub const LEDGER_VERSION: u32 = 1;
+pub const LEDGER_VERSION: u32 = 2;
 /// Processes that can hold memory under one grant at once: 128. Reasoning: the simulated node
 /// admits 128 processes; a real function runs a handful (a server and its workers). A process
 /// that finds the table full of live processes is refused every allocation (docs/shim.md).
@@ -47,8 +47,8 @@ pub struct LedgerSlot {
     pub bytes: [AtomicU64; MAX_DEVICES],
 }
 
-/// The table: header, footprints, and [`LEDGER_SLOTS`] slots. 16 + 128 + 128 × 136 = 17 552
-/// bytes.
+/// The table: header, footprints, first-context claims and [`LEDGER_SLOTS`] slots. 16 + 128 +
+/// 128 + 128 × 136 = 17 680 bytes.
 #[repr(C)]
 #[derive(Debug)]
 pub struct LedgerTable {
@@ -62,6 +62,11 @@ pub struct LedgerTable {
     /// measured there, bytes (0 = none yet). A process's later contexts are checked against the
     /// cap with it before the driver is asked, not only after its own first one was measured.
     pub footprint: [AtomicU64; MAX_DEVICES],
+    /// Per device: [`owner_word`] of the process measuring the grant's first context there
+    /// ([`OWNER_FREE`] when none). While the footprint is unknown a context cannot be checked
+    /// against the cap, so the grant's processes create their first contexts one at a time:
+    /// the others wait for the footprint and are then checked with it.
+    pub measuring: [AtomicU64; MAX_DEVICES],
     /// One slot per process.
     pub slots: [LedgerSlot; LEDGER_SLOTS],
 }
@@ -115,8 +120,12 @@ mod tests {
         assert_eq!(std::mem::offset_of!(LedgerTable, version), 8);
         assert_eq!(std::mem::offset_of!(LedgerTable, footprint), 16);
         assert_eq!(
-            std::mem::offset_of!(LedgerTable, slots),
+            std::mem::offset_of!(LedgerTable, measuring),
             16 + 8 * MAX_DEVICES
+        );
+        assert_eq!(
+            std::mem::offset_of!(LedgerTable, slots),
+            16 + 16 * MAX_DEVICES
         );
         assert_eq!(std::mem::size_of::<LedgerSlot>(), 8 + 8 * MAX_DEVICES);
         let fd = create().unwrap();

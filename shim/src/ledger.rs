@@ -17,7 +17,7 @@
 //! frees to the driver first).
 
 use crate::limits::MAX_DEVICES;
-use crate::shared_ledger::Group;
+use crate::shared_ledger::{FirstContext, Group};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::Mutex;
@@ -357,6 +357,22 @@ impl Ledger {
         match (&self.group, self.shared_index.get(dev)) {
             (Some(g), Some(i)) => g.footprint(i.load(Relaxed) as usize),
             _ => 0,
+        }
+    }
+
+    /// Takes (or waits for) the measurement of the grant's first context on `dev`; a process
+    /// without a shared ledger measures its own ([`FirstContext::Mine`]).
+    pub fn begin_first_context(&self, dev: usize) -> FirstContext {
+        match (&self.group, self.shared_index.get(dev)) {
+            (Some(g), Some(i)) => g.begin_first_context(i.load(Relaxed) as usize),
+            _ => FirstContext::Mine,
+        }
+    }
+
+    /// Ends this process's measurement of `dev`'s first context.
+    pub fn end_first_context(&self, dev: usize) {
+        if let (Some(g), Some(i)) = (&self.group, self.shared_index.get(dev)) {
+            g.end_first_context(i.load(Relaxed) as usize);
         }
     }
 

@@ -21,6 +21,7 @@ use crate::harvest::{self, Calibration, Collision, Contention, Usage, UsageCount
 use crate::ledger::{graph_exec_key, Kind, Ledger, OverCap, PoolFree, Reservation};
 use crate::limits::{self, GrantPage, MAX_DEVICES};
 use crate::log::{self, RateLimit};
+use crate::shared_ledger::FirstContext;
 use crate::sys::{driver, os};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::Mutex;
@@ -822,9 +823,24 @@ impl Runtime {
         }
         // What a context costs here: this process's first measurement, or one another process of
         // the grant published (so a process's first context is checked too, once any was seen).
-        let known = self.ctx_footprint[dev]
+        let mut known = self.ctx_footprint[dev]
             .load(Acquire)
             .max(self.ledger.shared_footprint(dev));
+        // While the grant's first footprint on `dev` is unknown, its processes create their
+        // first contexts one at a time (`Ledger::begin_first_context`): the measurer goes
+        // unchecked, the others wait for its figure and are checked with it, so processes
+        // starting together cannot each add an unchecked context (issue 12 item 4).
+        let _measuring = (known == 0).then(|| {
+            let first = self.ledger.begin_first_context(dev);
+            if let FirstContext::Known(f) = first {
+                known = f;
+            }
+            FirstMeasurement {
+                ledger: &self.ledger,
+                dev,
+                mine: first == FirstContext::Mine,
+            }
+        });
         // The first context of a grant on a device is never refused: its footprint is not known
         // yet.
         let cap = if known == 0 { u64::MAX } else { self.cap(dev) };
@@ -1294,6 +1310,22 @@ pub fn mipmap_bytes(w: u64, h: u64, d: u64, format: u32, channels: u32, levels: 
             array_bytes(e(w), e(h), e(d), format, channels)
         })
         .fold(0u64, u64::saturating_add)
+}
+
+/// The claim on measuring a grant's first context on a device, released when the measurement is
+/// published or the context call failed (whichever way `create_context` returns).
+struct FirstMeasurement<'a> {
+    ledger: &'a Ledger,
+    dev: usize,
+    mine: bool,
+}
+
+impl Drop for FirstMeasurement<'_> {
+    fn drop(&mut self) {
+        if self.mine {
+            self.ledger.end_first_context(self.dev);
+        }
+    }
 }
 
 #[cfg(test)]

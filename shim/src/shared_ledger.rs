@@ -33,6 +33,24 @@ use std::sync::atomic::Ordering::SeqCst;
 /// racers back off in turn, and a loser with room gets in within a few rounds).
 pub const RETRIES: u32 = 64;
 
+/// How long a process waits for another process of its grant to measure the first context
+/// footprint on a device: 5 s (reasoning: creating a context takes tens to hundreds of ms on a
+/// real driver; past this the measurer is hung and the waiter goes on unchecked, as before the
+/// claim existed, and the NVML watchdog bounds the rest).
+pub const FIRST_CONTEXT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What [`Group::begin_first_context`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FirstContext {
+    /// This process measures the grant's first context (unchecked: its cost is unknown); it
+    /// calls [`Group::end_first_context`] once the footprint is published or the call failed.
+    Mine,
+    /// Another process measured it: check this context against the cap with this footprint.
+    Known(u64),
+    /// The measurer did not publish within [`FIRST_CONTEXT_WAIT`]: go on unchecked.
+    Unmeasured,
+}
+
 /// Whether the process of an owner word still lives (pid alive with the same start time).
 pub type Alive = fn(u64) -> bool;
 
@@ -101,6 +119,54 @@ impl Group {
     /// The largest context footprint a process of the grant measured on `dev` (0: none yet).
     pub fn footprint(&self, dev: usize) -> u64 {
         self.table.footprint.get(dev).map_or(0, |f| f.load(SeqCst))
+    }
+
+    /// Takes the measurement of the grant's first context on `dev` for this process, or waits
+    /// (at most [`FIRST_CONTEXT_WAIT`]) while another live process of the grant measures it.
+    /// Context creation is the slow path (a driver call of milliseconds), never a launch.
+    pub fn begin_first_context(&self, dev: usize) -> FirstContext {
+        let Some(m) = self.table.measuring.get(dev) else {
+            return FirstContext::Mine;
+        };
+        let me = self.table.slots[self.slot].owner.load(SeqCst);
+        let deadline = std::time::Instant::now() + FIRST_CONTEXT_WAIT;
+        loop {
+            let f = self.footprint(dev);
+            if f > 0 {
+                return FirstContext::Known(f);
+            }
+            match m.compare_exchange(OWNER_FREE, me, SeqCst, SeqCst) {
+                Ok(_) => {
+                    // The measurer before us may have published and left in between.
+                    let f = self.footprint(dev);
+                    if f > 0 {
+                        let _ = m.compare_exchange(me, OWNER_FREE, SeqCst, SeqCst);
+                        return FirstContext::Known(f);
+                    }
+                    return FirstContext::Mine;
+                }
+                Err(holder) if holder == me => return FirstContext::Mine,
+                Err(holder) => {
+                    if !(self.alive)(holder) {
+                        // Its measurer died before publishing: free the claim and try again.
+                        let _ = m.compare_exchange(holder, OWNER_FREE, SeqCst, SeqCst);
+                        continue;
+                    }
+                    if std::time::Instant::now() >= deadline {
+                        return FirstContext::Unmeasured;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
+    }
+
+    /// Ends this process's measurement of `dev`'s first context (published or failed).
+    pub fn end_first_context(&self, dev: usize) {
+        if let Some(m) = self.table.measuring.get(dev) {
+            let me = self.table.slots[self.slot].owner.load(SeqCst);
+            let _ = m.compare_exchange(me, OWNER_FREE, SeqCst, SeqCst);
+        }
     }
 
     /// Tells the grant's other processes what a context on `dev` costs.
@@ -208,6 +274,7 @@ mod tests {
             version: LEDGER_VERSION,
             reserved: 0,
             footprint: std::array::from_fn(|_| AtomicU64::new(0)),
+            measuring: std::array::from_fn(|_| AtomicU64::new(0)),
             slots: std::array::from_fn(|_| LedgerSlot {
                 owner: AtomicU64::new(0),
                 bytes: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -304,5 +371,33 @@ mod tests {
             assert_eq!(groups[0].sum(0), ok.load(SeqCst) as u64 * 10);
             assert!(groups[0].sum(0) <= cap);
         }
+    }
+
+    #[test]
+    fn the_first_context_is_measured_by_one_process_and_the_others_wait_for_its_figure() {
+        let t = table();
+        let a = Group::claim(t, owner_word(11, 1), alive).unwrap();
+        let b = Group::claim(t, owner_word(12, 1), alive).unwrap();
+        assert_eq!(a.begin_first_context(0), FirstContext::Mine);
+        // b waits while a measures; a publishes and ends: b gets the figure.
+        let waiter = std::thread::spawn(move || b.begin_first_context(0));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!waiter.is_finished(), "b must wait while a measures");
+        a.publish_footprint(0, 4 << 20);
+        a.end_first_context(0);
+        assert_eq!(waiter.join().unwrap(), FirstContext::Known(4 << 20));
+        // Once known, nobody measures again.
+        assert_eq!(a.begin_first_context(0), FirstContext::Known(4 << 20));
+    }
+
+    #[test]
+    fn a_measurer_that_died_does_not_hold_the_others() {
+        let t = table();
+        let dead = Group::claim(t, owner_word(5000, 1), alive).unwrap();
+        let b = Group::claim(t, owner_word(13, 1), alive).unwrap();
+        assert_eq!(dead.begin_first_context(1), FirstContext::Mine);
+        // Its process is gone (pid > 1000 is dead here): b takes the measurement at once.
+        assert_eq!(b.begin_first_context(1), FirstContext::Mine);
+        b.end_first_context(1);
     }
 }

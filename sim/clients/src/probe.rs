@@ -64,10 +64,51 @@ fn family() -> Vec<u32> {
         .map_or_else(|| vec![std::process::id()], |(_, p)| p.clone())
 }
 
+/// Siblings that have opened the device: a counter in a `MAP_SHARED` page made before the fork,
+/// so that `--fork` children start their scripts together, each with its context made (a storm
+/// of one sibling would otherwise fill the grant before a slower sibling's context fits).
+static OPENED: std::sync::OnceLock<(&'static std::sync::atomic::AtomicU32, usize)> =
+    std::sync::OnceLock::new();
+
+/// How long a `--fork` child waits for its siblings to open the device before going on: 10 s.
+const SIBLINGS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Counts this process's device as opened and waits (bounded) for every `--fork` sibling's.
+fn wait_for_siblings() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let Some((opened, n)) = OPENED.get() else {
+        return;
+    };
+    opened.fetch_add(1, SeqCst);
+    let deadline = std::time::Instant::now() + SIBLINGS_WAIT;
+    while (opened.load(SeqCst) as usize) < *n && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Forks `n` children that return (to run the script) once every sibling's pid is known; the
 /// parent waits for them and exits.
 fn fork_children(n: usize) -> Result<()> {
     use std::io::Read;
+    // SAFETY: an anonymous shared mapping of one page, checked for MAP_FAILED; it is never
+    // unmapped, so the 'static reference below stays valid in this process and its children.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if page == libc::MAP_FAILED {
+        bail!("mmap: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: the page is zeroed, page-aligned (so aligned for an AtomicU32) and lives forever.
+    let opened: &'static std::sync::atomic::AtomicU32 =
+        unsafe { &*(page as *const std::sync::atomic::AtomicU32) };
+    let _ = OPENED.set((opened, n));
     let mut fds = [0; 2];
     // SAFETY: pipe() with a valid two-int array.
     if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
@@ -1082,6 +1123,7 @@ pub fn main_with(direct: Option<&dyn Fn(bool) -> DirectTable>) -> Result<()> {
         .collect();
     let s =
         Session::open(drv, args.resolve.device, &[("tick", 10.0)]).context("opening the device")?;
+    wait_for_siblings();
     let spin = s.function("smore_sim_spin")?;
     emit(format!(
         "op=init resolve={} {}",
