@@ -22,7 +22,7 @@
 //! | `sync` / `sleep:<ms>` / `ready` | stream sync / sleep / print a marker line |
 //! | `pool-info` | default pool reserved and used bytes |
 //! | `familymem` | device memory NVML attributes to this process and its `--fork` siblings together (`used=`) |
-//! | `storm:<threads>:<size>:<ms>[:<hold>]` | threads allocate (`cuMemAlloc_v2`, holding up to `hold` each, default 4, freeing the oldest past it or on a refusal) for ms; after every successful allocation the family's memory by NVML (the driver's ledger) is compared with the cap `cuMemGetInfo` reports: `ok= refused= overcommits= max_family= cap=` |
+//! | `storm:<threads>:<size>:<ms>[:<hold>]` | threads allocate (`cuMemAlloc_v2`, holding up to `hold` each, default 4, freeing the oldest past it or on a refusal) for ms; after every successful allocation the family's memory by NVML (the driver's ledger) is compared with the cap `cuMemGetInfo` reports: `ok= refused= overcommits= max_family= max_device= cap=` (`max_family` sums per-process figures read one after another, not a snapshot; `max_device` is the device-wide count, exact when the family is the device's only user) |
 //! | `die` | SIGKILL itself (no exit handler runs) |
 //! | `only:<i>:<op>` | runs `<op>` in `--fork` child `i` only (`op=skip` in the others) |
 //!
@@ -942,6 +942,7 @@ fn nvml_procmem(index: u32) -> Result<String> {
 struct Nvml {
     dev: Ptr,
     procs: NvmlProcs,
+    mem: NvmlMem,
 }
 
 // SAFETY: an NVML device handle is an opaque token valid from any thread (NVML is thread-safe).
@@ -969,11 +970,22 @@ impl Nvml {
             let handle: NvmlHandle = std::mem::transmute(sym(c"nvmlDeviceGetHandleByIndex_v2")?);
             let procs: NvmlProcs =
                 std::mem::transmute(sym(c"nvmlDeviceGetComputeRunningProcesses_v3")?);
+            let mem: NvmlMem = std::mem::transmute(sym(c"nvmlDeviceGetMemoryInfo")?);
             let mut dev = std::ptr::null_mut();
             let rc = init().max(handle(index, &mut dev));
             anyhow::ensure!(rc == 0, "NVML device {index}: rc={rc}");
-            Ok(Nvml { dev, procs })
+            Ok(Nvml { dev, procs, mem })
         }
+    }
+
+    /// Device memory in use on the whole device, by NVML: one reading of the driver's device-wide
+    /// count (a consistent figure, unlike a sum of per-process figures read one after another).
+    fn device_used(&self) -> Result<u64> {
+        let mut m = [0u64; 3];
+        // SAFETY: a valid device handle and an out-pointer to nvmlMemory_t's three u64s.
+        let rc = unsafe { (self.mem)(self.dev, &mut m) };
+        anyhow::ensure!(rc == 0, "nvmlDeviceGetMemoryInfo: rc={rc}");
+        Ok(m[2])
     }
 
     /// Device memory of the processes `pids` together, by NVML.
@@ -1050,6 +1062,7 @@ impl Probe {
             AtomicU64::new(0),
             AtomicU64::new(0),
         );
+        let max_device = AtomicU64::new(0);
         let ctx = self.s.ctx as usize;
         let deadline = Instant::now() + std::time::Duration::from_millis(ms);
         let t0 = Instant::now();
@@ -1069,6 +1082,7 @@ impl Probe {
                             held.push_back(p);
                             let used = nvml.family_used(&fam)?;
                             max.fetch_max(used, Relaxed);
+                            max_device.fetch_max(nvml.device_used()?, Relaxed);
                             if used > cap as u64 {
                                 over.fetch_add(1, Relaxed);
                             }
@@ -1098,11 +1112,12 @@ impl Probe {
         })?;
         let secs = t0.elapsed().as_secs_f64();
         Ok(format!(
-            "op=storm threads={threads} ok={} refused={} overcommits={} max_family={} cap={cap} allocs_per_s={:.0}",
+            "op=storm threads={threads} ok={} refused={} overcommits={} max_family={} max_device={} cap={cap} allocs_per_s={:.0}",
             ok.load(Relaxed),
             refused.load(Relaxed),
             over.load(Relaxed),
             max.load(Relaxed),
+            max_device.load(Relaxed),
             ok.load(Relaxed) as f64 / secs
         ))
     }
