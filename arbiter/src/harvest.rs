@@ -14,8 +14,8 @@
 //! full speed; one beside a trainer that never idles gets `θ / (1 + θ)` of the GPU, as before.
 //!
 //! Owns: [`ContentionMeter`] (the measured collision fraction and the slowdown estimate over a
-//! sliding window), [`UsageLedger`] (one function's reports turned into per-interval use and
-//! deadline misses), [`split`] (dividing the budget among functions by demand and urgency), and
+//! sliding window), [`UsageLedger`] (one function's reports turned into use and deadline
+//! misses over a short sliding window), [`split`] (dividing the budget among functions by demand and urgency), and
 //! [`Harvest`] (the GPU's budget with an additive-increase / multiplicative-decrease calibration
 //! against the estimate, so a biased estimate or a burst allowance cannot hold the mean above θ).
 //!
@@ -96,28 +96,55 @@ pub struct ShimUsage {
     pub contention_ns: u64,
 }
 
+/// How far back a function's use and deadline misses are averaged for the split: 3 s.
+/// Reasoning: a shim reports about once a second, and only when its counters changed
+/// (shim/src/client.rs, `Reporter`), while the split runs every second too; a one-interval figure
+/// therefore read 0 in one second and twice the use in the next (measured in the demo's `default`
+/// scenario: each function's use swung 0 ↔ 40–85 k ppm from second to second, so a busy function
+/// was held to the floor every other second and its requests waited 18 ms for a 1.6 ms service).
+/// Three report periods always hold a report of an active function; a load change is still seen
+/// within 3 s.
+pub const USE_WINDOW_S: f64 = 3.0;
+
+/// What one function instance used and how its requests fared over [`USE_WINDOW_S`].
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct UseRate {
+    /// Estimated GPU time, ppm of wall time.
+    pub gpu_ppm: u32,
+    /// Estimated collision time, ppm of wall time.
+    pub contention_ppm: u32,
+    /// Share of the window's reported requests that missed the SLO (None without requests).
+    pub miss_rate: Option<f64>,
+}
+
 /// One function instance's usage: the last cumulative report of each of its processes (workers
-/// report separately, each with its own counters), and what accrued since the last interval.
+/// report separately, each with its own counters), and what accrued over the last
+/// [`USE_WINDOW_S`], stamped with the time each report arrived.
 #[derive(Debug, Default, Clone)]
 pub struct UsageLedger {
     last: BTreeMap<u32, ShimUsage>,
-    interval: ShimUsage,
-    /// Requests reported since the last interval, and how many of them missed the SLO.
-    requests: (u64, u64),
+    /// (arrival s, what the report added), oldest first.
+    added: VecDeque<(f64, ShimUsage)>,
+    /// (arrival s, requests reported, of which missed the SLO), oldest first.
+    requests: VecDeque<(f64, u64, u64)>,
+    /// When the first report or latency of the instance arrived, s.
+    first: Option<f64>,
 }
 
 impl UsageLedger {
-    /// Records process `pid`'s cumulative counters; returns what they added. A counter that went
-    /// backwards (a new process image under a recycled pid) counts from zero again.
-    pub fn record(&mut self, pid: u32, now: ShimUsage) -> ShimUsage {
+    /// Records process `pid`'s cumulative counters, arrived at `t` (s); returns what they added.
+    /// A counter that went backwards (a new process image under a recycled pid) counts from zero
+    /// again.
+    pub fn record(&mut self, pid: u32, now: ShimUsage, t: f64) -> ShimUsage {
         let prev = self.last.insert(pid, now).unwrap_or_default();
         let delta = |cur: u64, old: u64| if cur >= old { cur - old } else { cur };
         let d = ShimUsage {
             gpu_ns: delta(now.gpu_ns, prev.gpu_ns),
             contention_ns: delta(now.contention_ns, prev.contention_ns),
         };
-        self.interval.gpu_ns = self.interval.gpu_ns.saturating_add(d.gpu_ns);
-        self.interval.contention_ns = self.interval.contention_ns.saturating_add(d.contention_ns);
+        self.first.get_or_insert(t);
+        self.added.push_back((t, d));
+        self.forget(t);
         d
     }
 
@@ -126,22 +153,65 @@ impl UsageLedger {
         !self.last.is_empty()
     }
 
-    /// Counts reported request latencies against the SLO (ms).
-    pub fn record_latencies(&mut self, latencies_ms: &[f64], slo_ms: Option<f64>) {
-        for &l in latencies_ms.iter().filter(|l| l.is_finite() && **l >= 0.0) {
-            self.requests.0 += 1;
-            if slo_ms.is_some_and(|slo| l > slo) {
-                self.requests.1 += 1;
-            }
+    /// Counts reported request latencies (ms) against the SLO, arrived at `t` (s).
+    pub fn record_latencies(&mut self, latencies_ms: &[f64], slo_ms: Option<f64>, t: f64) {
+        let valid = latencies_ms.iter().filter(|l| l.is_finite() && **l >= 0.0);
+        let (n, missed) = valid.fold((0, 0), |(n, m), &l| {
+            (n + 1, m + u64::from(slo_ms.is_some_and(|slo| l > slo)))
+        });
+        if n > 0 {
+            self.first.get_or_insert(t);
+            self.requests.push_back((t, n, missed));
+            self.forget(t);
         }
     }
 
-    /// Closes the interval: what accrued, and the share of its requests that missed the SLO
-    /// (None without requests).
-    pub fn take_interval(&mut self) -> (ShimUsage, Option<f64>) {
-        let u = std::mem::take(&mut self.interval);
-        let (n, missed) = std::mem::take(&mut self.requests);
-        (u, (n > 0).then(|| missed as f64 / n as f64))
+    /// Drops what is older than the window at `t`.
+    fn forget(&mut self, t: f64) {
+        while self
+            .added
+            .front()
+            .is_some_and(|&(a, _)| t - a > USE_WINDOW_S)
+        {
+            self.added.pop_front();
+        }
+        while self
+            .requests
+            .front()
+            .is_some_and(|&(a, _, _)| t - a > USE_WINDOW_S)
+        {
+            self.requests.pop_front();
+        }
+    }
+
+    /// Use and misses over the window ending at `t` (s): what the reports of the window added
+    /// over the window's length (or, for an instance younger than the window, over its age, at
+    /// least a second).
+    pub fn rate(&mut self, t: f64) -> UseRate {
+        self.forget(t);
+        let span = self
+            .first
+            .map_or(USE_WINDOW_S, |f| (t - f).clamp(1.0, USE_WINDOW_S));
+        let (g, c) = self.added.iter().fold((0u64, 0u64), |(g, c), (_, d)| {
+            (
+                g.saturating_add(d.gpu_ns),
+                c.saturating_add(d.contention_ns),
+            )
+        });
+        let ppm = |ns: u64| {
+            ((ns as f64 / 1e9 / span) * PPM as f64)
+                .round()
+                .min(PPM as f64) as u32
+        };
+        let (n, missed) = self
+            .requests
+            .iter()
+            .fold((0, 0), |(n, m), &(_, a, b)| (n + a, m + b));
+        UseRate {
+            gpu_ppm: ppm(g),
+            contention_ppm: ppm(c),
+            miss_rate: (n > 0).then(|| missed as f64 / n as f64),
+        }
     }
 }
 
@@ -357,25 +427,69 @@ mod tests {
     #[test]
     fn a_counter_that_restarts_counts_from_zero_and_each_worker_counts_apart() {
         let mut l = UsageLedger::default();
-        let u = |g, c| ShimUsage {
-            gpu_ns: g,
-            contention_ns: c,
+        // Milliseconds, in ns.
+        let u = |g: u64, c: u64| ShimUsage {
+            gpu_ns: g * 1_000_000,
+            contention_ns: c * 1_000_000,
         };
-        assert_eq!(l.record(10, u(300, 30)), u(300, 30));
+        assert_eq!(l.record(10, u(300, 30), 0.0), u(300, 30));
         assert_eq!(
-            l.record(11, u(50, 5)),
+            l.record(11, u(50, 5), 0.0),
             u(50, 5),
             "another worker of the function"
         );
-        assert_eq!(l.record(10, u(100, 10)), u(100, 10), "restarted: from zero");
-        assert_eq!(l.record(10, u(150, 10)), u(50, 0));
-        l.record_latencies(&[1.0, 9.0, f64::NAN, 12.0], Some(8.0));
-        let (sum, miss) = l.take_interval();
-        assert_eq!(sum, u(500, 45));
-        assert_eq!(miss, Some(2.0 / 3.0));
-        assert_eq!(l.take_interval(), (ShimUsage::default(), None));
+        assert_eq!(
+            l.record(10, u(100, 10), 0.0),
+            u(100, 10),
+            "restarted: from zero"
+        );
+        assert_eq!(l.record(10, u(150, 10), 0.0), u(50, 0));
+        l.record_latencies(&[1.0, 9.0, f64::NAN, 12.0], Some(8.0), 0.0);
+        // Young instance: its use over its age (at least 1 s).
+        let r = l.rate(1.0);
+        assert_eq!(
+            (r.gpu_ppm, r.contention_ppm),
+            (500_000, 45_000),
+            "500 ms and 45 ms over 1 s"
+        );
+        assert_eq!(l.rate(2.0).gpu_ppm, 250_000, "over its age of 2 s");
+        assert_eq!(r.miss_rate, Some(2.0 / 3.0));
+        assert_eq!(
+            l.rate(10.0),
+            UseRate::default(),
+            "all of it older than the window"
+        );
         assert_eq!(urgency(None), 1.0);
         assert_eq!(urgency(Some(1.0)), 5.0);
+    }
+
+    #[test]
+    fn use_is_averaged_over_the_window_so_a_report_missing_from_one_second_does_not_read_idle() {
+        // A function colliding 50 ms per second, reporting every 1.1 s (its shim's cadence drifts
+        // against the arbiter's split): one-second intervals would read 0 now and then.
+        let mut l = UsageLedger::default();
+        let mut cum = ShimUsage::default();
+        let mut t = 0.0;
+        let mut next_report = 0.0;
+        let mut seen = Vec::new();
+        while t < 20.0 {
+            while next_report <= t {
+                cum.gpu_ns += 110_000_000;
+                cum.contention_ns += 55_000_000;
+                l.record(7, cum, next_report);
+                next_report += 1.1;
+            }
+            if t >= 4.0 {
+                seen.push(l.rate(t).contention_ppm);
+            }
+            t += 1.0;
+        }
+        for c in seen {
+            assert!(
+                (35_000..=75_000).contains(&c),
+                "collision use read {c} ppm, truth 50 000"
+            );
+        }
     }
 
     #[test]

@@ -250,8 +250,6 @@ pub struct State {
     prewarm_minute: Option<u64>,
     /// Reconcile rounds so far (observations go to the policy every OBSERVE_EVERY rounds).
     rounds: u64,
-    /// When the last harvest step ran (the clock's seconds).
-    harvest_at: Option<f64>,
     clock: Box<dyn Clock>,
     procs: Box<dyn ProcFacts>,
     /// Which GPU process is whose, remembered across rounds.
@@ -329,7 +327,6 @@ impl State {
             prewarm,
             prewarm_minute: None,
             rounds: 0,
-            harvest_at: None,
             clock,
             procs,
             attributor: attribution::Attributor::default(),
@@ -1059,7 +1056,7 @@ impl State {
                 i.last_active = now;
             }
             i.usage
-                .record_latencies(latencies, Some(i.rec.slo_ms).filter(|s| *s > 0.0));
+                .record_latencies(latencies, Some(i.rec.slo_ms).filter(|s| *s > 0.0), now);
             i.add_latencies(latencies);
             if used.is_some() {
                 i.used_hint = used;
@@ -1081,7 +1078,7 @@ impl State {
         let Some(i) = self.instances.get_mut(&id) else {
             return;
         };
-        let added = i.usage.record(pid, usage);
+        let added = i.usage.record(pid, usage, self.clock.now());
         let gpu = i.rec.gpu;
         if let Some(g) = self.gpus.iter_mut().find(|g| g.info.index == gpu) {
             g.meter.add(added.contention_ns);
@@ -1119,16 +1116,11 @@ impl State {
     /// ticks each GPU's collision meter, and splits the budgets again.
     fn harvest_step(&mut self) {
         let now = self.clock.now();
-        let span = self.harvest_at.map(|t| now - t).filter(|s| *s > 0.0);
-        self.harvest_at = Some(now);
         for i in self.instances.values_mut() {
-            let (used, miss) = i.usage.take_interval();
-            i.miss_rate = miss;
-            if let Some(span) = span {
-                let ppm = |ns: u64| (ns as f64 / 1e9 / span * harvest::PPM as f64).round() as u32;
-                i.contention_used_ppm = ppm(used.contention_ns).min(harvest::PPM);
-                i.gpu_used_ppm = ppm(used.gpu_ns).min(harvest::PPM);
-            }
+            let r = i.usage.rate(now);
+            i.miss_rate = r.miss_rate;
+            i.contention_used_ppm = r.contention_ppm;
+            i.gpu_used_ppm = r.gpu_ppm;
         }
         let observe = self.rounds.is_multiple_of(OBSERVE_EVERY);
         let mut resplit = Vec::new();
