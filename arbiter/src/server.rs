@@ -646,13 +646,13 @@ fn handle(
             }
             Err(e) => (e, None),
         },
-        Request::Admit { .. } => match need(registered) {
+        Request::Admit { waited_ms, .. } => match need(registered) {
             Ok(id) => {
                 if let Some(r) = preempted(st, id) {
                     st.counters.preempted_requests += 1;
                     return (r, None);
                 }
-                let a = st.admit_request(id);
+                let a = st.admit_request(id, waited_ms.unwrap_or(0.0));
                 (
                     Reply::Admission {
                         admitted: a.admitted,

@@ -613,6 +613,7 @@ pub unsafe extern "C" fn smore_admit(
         }
         match inner.call(Request::Admit {
             request: Some(request_id),
+            waited_ms: None,
         }) {
             Ok(Reply::Admission {
                 admitted,

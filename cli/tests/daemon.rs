@@ -434,7 +434,15 @@ fn malformed_messages_get_errors_and_do_not_disturb_others() {
     let (r, _): (Reply, _) = recv_with_fd(&s, MAX_FRAME).unwrap();
     assert!(matches!(r, Reply::Status { .. }));
     // Requests that need a registration say so.
-    send_with_fd(&s, &Envelope::new(Request::Admit { request: None }), None).unwrap();
+    send_with_fd(
+        &s,
+        &Envelope::new(Request::Admit {
+            request: None,
+            waited_ms: None,
+        }),
+        None,
+    )
+    .unwrap();
     let (r, _): (Reply, _) = recv_with_fd(&s, MAX_FRAME).unwrap();
     assert!(
         matches!(

@@ -36,7 +36,13 @@ fn smore_policy_decisions_carry_the_predictors_predictions_and_reasons() {
     assert!(g.rule.starts_with("smore"), "{}", g.rule);
     assert!(g.rule.contains("SYNTHETIC"), "{}", g.rule);
     // Request-level admission on the same connection answers with predictions.
-    match c.call(Request::Admit { request: Some(1) }).unwrap() {
+    match c
+        .call(Request::Admit {
+            request: Some(1),
+            waited_ms: None,
+        })
+        .unwrap()
+    {
         Reply::Admission {
             admitted,
             predicted_fn,

@@ -538,9 +538,10 @@ impl Instance {
         })
     }
 
-    /// Serves one request: (admitted, service time in the instance, ms).
-    fn serve(&mut self, id: u64) -> Result<(bool, f64)> {
-        writeln!(self.stdin, "{id}")?;
+    /// Serves one request that already waited `waited_ms` at the platform: (admitted, service
+    /// time in the instance, ms).
+    fn serve(&mut self, id: u64, waited_ms: f64) -> Result<(bool, f64)> {
+        writeln!(self.stdin, "{id} {waited_ms:.3}")?;
         self.stdin.flush()?;
         let mut line = String::new();
         if self.stdout.read_line(&mut line)? == 0 {
@@ -704,7 +705,7 @@ fn worker(ctx: Arc<FnCtx>, slot: Arc<SlotState>, rx: mpsc::Receiver<Msg>, sh: Ar
                     if sh.deadline_refusal && waited + ctx.floor_ms > ctx.slo_ms {
                         refused = Some(Refusal::Deadline);
                     } else {
-                        match inst.as_mut().map(|i| i.serve(id)) {
+                        match inst.as_mut().map(|i| i.serve(id, waited)) {
                             Some(Ok((true, s))) => service_ms = s,
                             Some(Ok((false, _))) => refused = Some(Refusal::Deferred),
                             Some(Err(_)) | None => {

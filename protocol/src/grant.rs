@@ -14,6 +14,14 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 pub const MAX_DEVICES: usize = 16;
 /// `b"SMORELIM"` — identifies a grant page (checked after mmap).
 pub const PAGE_MAGIC: u64 = 0x4d49_4c45_524f_4d53;
+/// Horizon over which a function may spend its contention budget (`DeviceGrant::contention_ppm`):
+/// 1 s — the shim's bucket holds a launch once its collision debt runs more than this far ahead of
+/// wall time at the granted rate, and the arbiter's request admission predicts that hold with the
+/// same horizon. Reasoning: θ_train bounds the trainer's *mean* slowdown (SMORE paper §IV), not
+/// every 100 ms, so a burst of requests may spend the collision allowance of a longer horizon; the
+/// trainer's phases last tens of ms, so 1 s spans many of them while keeping the worst burst
+/// (budget × 1 s, e.g. 50 ms at 5 %) to a few training iterations (docs/harvest.md).
+pub const CONTENTION_HORIZON_NS: u64 = 1_000_000_000;
 /// Layout version of [`GrantPage`]. 2: `DeviceGrant::contention_ppm` (was padding). 3:
 /// `GrantPage::slot_uuid` (the GPU each slot describes).
 pub const PAGE_VERSION: u32 = 3;

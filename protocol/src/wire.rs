@@ -103,6 +103,12 @@ pub enum Request {
         /// The runtime's request id (for its own correlation; the arbiter does not use it).
         #[serde(default)]
         request: Option<u64>,
+        /// How long the request has already waited (queued at the runtime, earlier deferrals), ms.
+        /// The arbiter refuses a request its shim would hold past the SLO (docs/harvest.md,
+        /// "Request admission"); what it already waited counts against the SLO. It only moves
+        /// this function's own requests: the budget its shim enforces does not change.
+        #[serde(default)]
+        waited_ms: Option<f64>,
     },
     /// Pre-warm hints for the functions of this node.
     Hints,
@@ -551,7 +557,10 @@ mod tests {
             contention_ns: Some(1_000_000),
         }));
         for r in [
-            Request::Admit { request: Some(3) },
+            Request::Admit {
+                request: Some(3),
+                waited_ms: Some(1.5),
+            },
             Request::Attach { instance: 4 },
             Request::Hints,
             Request::Status,

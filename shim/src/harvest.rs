@@ -22,11 +22,9 @@
 use crate::gate::{Gate, PPM};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
-/// Horizon of the contention bucket: 1 s. Reasoning: θ_train bounds the trainer's *mean*
-/// slowdown (SMORE paper §IV), not every 100 ms, so a burst of requests may spend the collision
-/// allowance of a longer horizon; the trainer's phases last tens of ms, so 1 s spans many of them
-/// while keeping the worst burst (budget × 1 s, e.g. 50 ms at 5 %) to a few training iterations.
-pub const CONTENTION_HORIZON_NS: u64 = 1_000_000_000;
+/// Horizon of the contention bucket (1 s; the reasoning is with its definition, shared with the
+/// arbiter's request admission).
+pub use smore_protocol::grant::CONTENTION_HORIZON_NS;
 /// Collision probability from which a launch waits for the contention bucket: 1/8. Below it the
 /// launch is charged `cost × p` but never held — the trainer is idle, the GPU time is free, and
 /// holding it because of debt run up while the trainer was busy would waste exactly the idle time

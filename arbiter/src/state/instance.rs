@@ -7,7 +7,7 @@ use super::facts::{ProcFacts, Tracked};
 use super::persist::Record;
 use super::watchdog::{ShareDebt, SmOveruse};
 use crate::grantpage::PageHandle;
-use crate::harvest::UsageLedger;
+use crate::harvest::{RequestPacer, UsageLedger};
 use serde::Serialize;
 use smore_protocol::grant::MAX_DEVICES;
 use std::collections::VecDeque;
@@ -56,15 +56,25 @@ pub struct Instance {
     pub shim_loaded: Option<bool>,
     /// Harvest: its part of the GPU's collision budget, ppm of wall time (0: harvest off).
     pub contention_ppm: u32,
-    /// Harvest: collision time it used over the last interval, ppm of wall time.
+    /// Harvest: collision time it used over the last 3 s (`harvest::USE_WINDOW_S`), ppm of wall
+    /// time.
     pub contention_used_ppm: u32,
-    /// Harvest: GPU time it used over the last interval (its shims' estimate), ppm of wall time.
+    /// Harvest: GPU time it used over the last 3 s (its shims' estimate), ppm of wall time.
     pub gpu_used_ppm: u32,
-    /// Harvest: share of its requests that missed the SLO over the last interval.
+    /// Harvest: share of its requests that missed the SLO over the last 3 s.
     pub miss_rate: Option<f64>,
+    /// Harvest: collision time per served request over the last 3 s, ns.
+    pub collision_per_request_ns: Option<f64>,
+    /// Harvest: GPU time per served request over the last 3 s (its shims' solo-cost estimate), ns.
+    pub gpu_per_request_ns: Option<f64>,
+    /// Harvest: requests refused at admission because its shim would have held them past the SLO.
+    pub paced_refusals: u64,
     /// Harvest: its shims' reports.
     #[serde(skip)]
     pub usage: UsageLedger,
+    /// Harvest: the mirror of its shim's contention bucket that request admission consults.
+    #[serde(skip)]
+    pub pacer: RequestPacer,
     /// Recent request latencies, ms.
     #[serde(skip)]
     pub latencies: VecDeque<f64>,
@@ -115,7 +125,11 @@ impl Instance {
             contention_used_ppm: 0,
             gpu_used_ppm: 0,
             miss_rate: None,
+            collision_per_request_ns: None,
+            gpu_per_request_ns: None,
+            paced_refusals: 0,
             usage: UsageLedger::default(),
+            pacer: RequestPacer::default(),
             latencies: VecDeque::new(),
             escalation: Default::default(),
             ungranted_escalation: Default::default(),

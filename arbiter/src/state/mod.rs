@@ -1119,6 +1119,8 @@ impl State {
         for i in self.instances.values_mut() {
             let r = i.usage.rate(now);
             i.miss_rate = r.miss_rate;
+            i.collision_per_request_ns = r.collision_per_request_ns;
+            i.gpu_per_request_ns = r.gpu_per_request_ns;
             i.contention_used_ppm = r.contention_ppm;
             i.gpu_used_ppm = r.gpu_ppm;
         }
@@ -1152,8 +1154,11 @@ impl State {
         }
     }
 
-    /// Request-level admission for an instance.
-    pub fn admit_request(&mut self, id: InstanceId) -> Admission {
+    /// Request-level admission for an instance, for a request that already waited `waited_ms`
+    /// (at the platform, or deferred before): the policy's rule, then, in harvest mode beside a
+    /// training job, whether the function's shim would hold the request past its SLO for the
+    /// collision budget ([`harvest::RequestPacer`]; docs/harvest.md, "Request admission").
+    pub fn admit_request(&mut self, id: InstanceId, waited_ms: f64) -> Admission {
         let refused = |reason: &str| Admission {
             admitted: false,
             predicted_train: None,
@@ -1176,10 +1181,46 @@ impl State {
             .iter()
             .find(|g| g.info.index == gpu)
             .map(|g| self.view(g));
-        let a = match view {
+        let mut a = match view {
             Some(v) => self.policy.admit_request(&self.cfg, &v, id),
             None => refused("GPU gone"),
         };
+        let training = self
+            .gpus
+            .iter()
+            .any(|g| g.info.index == gpu && !g.training.is_empty());
+        if let (true, true, Some(i)) = (
+            a.admitted,
+            self.cfg.harvest && training,
+            self.instances.get_mut(&id),
+        ) {
+            if i.contention_ppm > 0 && i.rec.slo_ms > 0.0 {
+                // No requests in the window: nothing to predict from (the first requests, or
+                // after refusals emptied it), so admitted and measured.
+                let per = harvest::PerRequest {
+                    collision_ns: i.collision_per_request_ns.unwrap_or(0.0),
+                    gpu_ns: i.gpu_per_request_ns.unwrap_or(0.0),
+                };
+                if let harvest::Pace::Refuse {
+                    hold_ms,
+                    predicted_ms,
+                } = i
+                    .pacer
+                    .admit(now, per, i.contention_ppm, waited_ms, i.rec.slo_ms)
+                {
+                    i.paced_refusals += 1;
+                    a = Admission {
+                        admitted: false,
+                        predicted_train: a.predicted_train,
+                        predicted_fn: a.predicted_fn,
+                        reason: format!(
+                            "harvest: the collision budget ({} ppm) would hold this request {hold_ms:.1} ms: {predicted_ms:.1} ms predicted against an SLO of {:.1} ms",
+                            i.contention_ppm, i.rec.slo_ms
+                        ),
+                    };
+                }
+            }
+        }
         if a.admitted {
             self.counters.admitted_requests += 1;
         } else {
@@ -1819,6 +1860,66 @@ mod tests {
         assert!((est - 0.05 / 0.95).abs() < 0.01, "{est}");
         let f = &s.snapshot()["gpus"][0]["functions"][0];
         assert!(f["contention_used_ppm"].as_u64().unwrap() > 40_000, "{f}");
+    }
+
+    #[test]
+    fn request_admission_refuses_what_the_collision_budget_would_make_late_and_admits_the_rest() {
+        let mut s = harvest_state();
+        let clock = facts::fake::FakeClock::default();
+        s.clock = Box::new(clock.clone());
+        let (g, page) = s
+            .register(
+                me(),
+                RegisterArgs {
+                    slo_ms: Some(20.0),
+                    ..args(1 << 30)
+                },
+            )
+            .unwrap();
+        // Beside a trainer that never idles: every request is 2 ms of GPU time, all of it
+        // colliding, 20 requests a second, for 4 s.
+        for sec in 1..=4u64 {
+            s.report_usage(
+                g.instance,
+                me().pid,
+                ShimUsage {
+                    gpu_ns: sec * 40_000_000,
+                    contention_ns: sec * 40_000_000,
+                },
+            );
+            s.report(g.instance, &[2.5; 20], None, None, None);
+            for _ in 0..HARVEST_EVERY {
+                s.reconcile(&[(g.gpu_index, training_sample(95, &[]))]);
+            }
+            clock.advance(1.0);
+        }
+        let ppm = page.page().contention(0);
+        assert!(ppm > 0, "harvest on");
+        // A burst at one instant: the budget's 1 s horizon serves ppm × 1 s of collision at full
+        // speed (ppm/2000 requests of 2 ms); past it the shim would hold each further request
+        // 2 ms / rate more, beyond a 20 ms SLO after a few.
+        let unheld = (ppm as f64 / 1e6 / 2e-3).floor() as usize;
+        let verdicts: Vec<Admission> = (0..unheld + 40)
+            .map(|_| s.admit_request(g.instance, 0.0))
+            .collect();
+        let admitted = verdicts.iter().filter(|a| a.admitted).count();
+        assert!(
+            admitted >= unheld && admitted < unheld + 40,
+            "{admitted} admitted, {unheld} fit the horizon"
+        );
+        let refused = verdicts.iter().find(|a| !a.admitted).unwrap();
+        assert!(refused.reason.starts_with("harvest:"), "{}", refused.reason);
+        let f = &s.snapshot()["gpus"][0]["functions"][0];
+        assert_eq!(
+            f["paced_refusals"].as_u64().unwrap() as usize,
+            unheld + 40 - admitted,
+            "{f}"
+        );
+        // A second later the bucket has drained: requests run again.
+        clock.advance(1.0);
+        assert!(s.admit_request(g.instance, 0.0).admitted);
+        // One that already waited past its SLO at the platform is refused.
+        assert!(!s.admit_request(g.instance, 25.0).admitted);
     }
 
     fn me() -> Peer {
@@ -2685,7 +2786,7 @@ mod reclaim_tests {
             PreemptReason::Unload
         );
         // Its requests are refused with the reason.
-        let adm = s.admit_request(b);
+        let adm = s.admit_request(b, 0.0);
         assert!(
             !adm.admitted && adm.reason.contains("unloaded"),
             "{}",

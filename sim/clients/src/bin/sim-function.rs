@@ -9,10 +9,13 @@
 //!
 //! `--serve` makes it a function *instance* as a serverless platform runs it: it loads its model
 //! (`--model-memory-mib` of device memory plus `--load-ms` of host work), prints `ready`, then
-//! serves one request per stdin line (`<id>`), printing `done id=<id> service_ms=<x>
-//! admitted=<0|1>`; EOF on stdin unloads it. Under `smore run` (SMORE_INSTANCE set) each request
-//! first asks the arbiter for admission over an attached connection; a deferred request is
-//! retried every `--retry-ms` until admitted or `--give-up-ms` has passed. With
+//! serves one request per stdin line (`<id> [<waited_ms>]`: the time the request already waited at
+//! the platform, 0 if absent), printing `done id=<id> service_ms=<x> admitted=<0|1>`; EOF on stdin
+//! unloads it. Under `smore run` (SMORE_INSTANCE set) each request first asks the arbiter for
+//! admission over an attached connection, saying how long it has waited; a deferred request is
+//! retried every `--retry-ms` until admitted or, counting what it waited at the platform,
+//! `--give-up-ms` has passed. Served latencies are reported to the arbiter every 32 requests or
+//! 0.5 s, whichever comes first (the arbiter's split weighs a function's deadline misses over 3 s). With
 //! `--request-memory-mib` each request also allocates (and frees) that much device memory.
 //!
 //! Preemption (docs/arbiter.md, "Memory headroom and reclaim"): when the arbiter answers an
@@ -106,11 +109,14 @@ impl Admission {
         }
     }
 
-    fn admitted(&self) -> Result<bool, Preempted> {
+    fn admitted(&self, waited_ms: f64) -> Result<bool, Preempted> {
         use smore_protocol::wire::{Reply, Request};
         match &self.0 {
             None => Ok(true),
-            Some(c) => match c.call(Request::Admit { request: None }) {
+            Some(c) => match c.call(Request::Admit {
+                request: None,
+                waited_ms: Some(waited_ms),
+            }) {
                 Ok(Reply::Admission { admitted, .. }) => Ok(admitted),
                 Ok(Reply::Preempted {
                     reason,
@@ -154,6 +160,10 @@ impl Admission {
     }
 }
 
+/// Longest a served latency waits before it is reported to the arbiter: 0.5 s (the arbiter
+/// weighs deadline misses over 3 s: arbiter/src/harvest.rs, `USE_WINDOW_S`).
+const REPORT_EVERY: Duration = Duration::from_millis(500);
+
 fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()> {
     use std::io::{BufRead, Write};
     // Load the model: device memory held while loaded, plus host-side load time.
@@ -168,13 +178,20 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
     writeln!(out, "ready")?;
     out.flush()?;
     let mut done = Vec::new();
+    let mut reported_at = Instant::now();
     for line in std::io::stdin().lock().lines() {
         let line = line?;
-        let id = line.trim();
-        if id.is_empty() {
+        let mut words = line.split_whitespace();
+        let Some(id) = words.next() else {
             continue;
-        }
+        };
+        let queued_ms = words
+            .next()
+            .and_then(|w| w.parse::<f64>().ok())
+            .filter(|w| w.is_finite() && *w >= 0.0)
+            .unwrap_or(0.0);
         let t = Instant::now();
+        let waited = || queued_ms + t.elapsed().as_secs_f64() * 1e3;
         let preempted = |out: &mut std::io::StdoutLock, p: Preempted| -> Result<()> {
             writeln!(out, "failed id={id} error={:?}", p.message)?;
             writeln!(
@@ -186,13 +203,13 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
             out.flush()?;
             Ok(())
         };
-        let mut admitted = match adm.admitted() {
+        let mut admitted = match adm.admitted(waited()) {
             Ok(x) => x,
             Err(p) => return preempted(&mut out, p),
         };
-        while !admitted && t.elapsed().as_secs_f64() * 1e3 < a.give_up_ms {
+        while !admitted && waited() < a.give_up_ms {
             std::thread::sleep(Duration::from_secs_f64(a.retry_ms / 1e3));
-            admitted = match adm.admitted() {
+            admitted = match adm.admitted(waited()) {
                 Ok(x) => x,
                 Err(p) => return preempted(&mut out, p),
             };
@@ -235,7 +252,8 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
         if admitted {
             done.push(ms);
         }
-        if done.len() >= 32 {
+        if done.len() >= 32 || (!done.is_empty() && reported_at.elapsed() >= REPORT_EVERY) {
+            reported_at = Instant::now();
             if let Err(p) = adm.report(std::mem::take(&mut done)) {
                 writeln!(
                     out,
