@@ -443,6 +443,37 @@ pub const INCREASE: f64 = 0.05;
 /// The calibration recovers while the estimate is below this fraction of θ.
 pub const INCREASE_BELOW: f64 = 0.7;
 
+/// Smallest share of a function's measured collisions attributed to training: a quarter. Bounds
+/// how far the attribution ([`training_share`]) can lower the estimate and widen the functions'
+/// budget (×4 at most) on the strength of the functions' own reports.
+pub const TRAINING_SHARE_MIN: f64 = 0.25;
+
+/// The share of a function's measured collisions that were with the training job rather than with
+/// the GPU's other functions.
+///
+/// A shim sees that its kernel waited or was slowed, not for whom; beside several functions it
+/// also charges waits behind them, which cost no training job (docs/harvest.md, "The estimate
+/// beside several functions"). While it waits (time-sliced) or overlaps (MPS), the GPU is running
+/// the other contexts that have work, in proportion to how much of the GPU each occupies; so the
+/// training job's part of its collisions is about training's utilization over training's plus the
+/// other functions' — `training_util / (training_util + others_gpu)`, both fractions of wall time
+/// (training's from NVML, the others' from their shims' reports). Unknown training utilization, or
+/// no other function, attributes everything to training (the safe side); the result is at least
+/// [`TRAINING_SHARE_MIN`].
+pub fn training_share(training_util: Option<f64>, others_gpu: f64) -> f64 {
+    match training_util {
+        Some(u) if others_gpu > 0.0 && u.is_finite() => {
+            let u = u.clamp(0.0, 1.0);
+            if u + others_gpu <= 0.0 {
+                1.0
+            } else {
+                (u / (u + others_gpu)).clamp(TRAINING_SHARE_MIN, 1.0)
+            }
+        }
+        _ => 1.0,
+    }
+}
+
 /// One GPU's collision budget: `θ / (1 + θ)` times a calibration in
 /// [[`CALIBRATION_MIN`], 1], lowered when the measured slowdown exceeds θ (a burst horizon or an
 /// estimate that runs low) and recovered additively while it stays well under θ.
@@ -450,6 +481,8 @@ pub const INCREASE_BELOW: f64 = 0.7;
 pub struct Harvest {
     theta: f64,
     calibration: f64,
+    /// The share of the functions' measured collisions that were with training (1 = all).
+    training_share: f64,
 }
 
 impl Harvest {
@@ -458,6 +491,7 @@ impl Harvest {
         Harvest {
             theta: theta.max(0.0),
             calibration: 1.0,
+            training_share: 1.0,
         }
     }
 
@@ -484,6 +518,31 @@ impl Harvest {
             * self.calibration
             * PPM as f64)
             .round() as u32
+    }
+
+    /// The share of the functions' measured collisions that were with training, as last set.
+    pub fn training_share(&self) -> f64 {
+        self.training_share
+    }
+
+    /// Sets the share of the functions' measured collisions that were with training (the
+    /// collision-weighted mean of their [`training_share`]s), bounded to
+    /// [[`TRAINING_SHARE_MIN`], 1].
+    pub fn set_training_share(&mut self, share: f64) {
+        self.training_share = if share.is_finite() {
+            share.clamp(TRAINING_SHARE_MIN, 1.0)
+        } else {
+            1.0
+        };
+    }
+
+    /// The budget in the shims' units — collisions as they measure them, with the GPU's other
+    /// functions too — so that the part that is with training stays within [`Harvest::total_ppm`]:
+    /// `total_ppm / training_share`, at most all of wall time.
+    pub fn measured_total_ppm(&self) -> u32 {
+        (self.total_ppm() as f64 / self.training_share)
+            .round()
+            .min(PPM as f64) as u32
     }
 
     /// Feeds the slowdown estimated over the last window; returns whether the budget changed.
@@ -697,6 +756,26 @@ mod tests {
             1.0,
             "no evidence: assume it collides"
         );
+    }
+
+    #[test]
+    fn collisions_are_attributed_to_training_by_its_part_of_what_the_gpu_ran() {
+        // No other function, or training's utilization unknown: all of it is training's.
+        assert_eq!(training_share(Some(0.25), 0.0), 1.0);
+        assert_eq!(training_share(None, 0.3), 1.0);
+        // A trainer busy 25 % beside three other functions of 10 % each.
+        assert!((training_share(Some(0.25), 0.3) - 0.25 / 0.55).abs() < 1e-12);
+        // Never below the floor, whatever the reports say.
+        assert_eq!(training_share(Some(0.01), 5.0), TRAINING_SHARE_MIN);
+        let mut h = Harvest::new(0.1);
+        assert_eq!(h.measured_total_ppm(), h.total_ppm());
+        h.set_training_share(0.5);
+        let widened = h.measured_total_ppm() as i64 - 2 * h.total_ppm() as i64;
+        assert!(widened.abs() <= 1, "twice the budget in the shims' units");
+        h.set_training_share(0.0);
+        assert_eq!(h.training_share(), TRAINING_SHARE_MIN, "widened ×4 at most");
+        h.set_training_share(f64::NAN);
+        assert_eq!(h.training_share(), 1.0);
     }
 
     #[test]

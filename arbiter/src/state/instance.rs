@@ -67,6 +67,9 @@ pub struct Instance {
     pub collision_per_request_ns: Option<f64>,
     /// Harvest: GPU time per served request over the last 3 s (its shims' solo-cost estimate), ns.
     pub gpu_per_request_ns: Option<f64>,
+    /// Harvest: the share of its measured collisions attributed to the training job
+    /// (`harvest::training_share`; 1 until there is evidence otherwise).
+    pub training_share: f64,
     /// Harvest: requests refused at admission because its shim would have held them past the SLO.
     pub paced_refusals: u64,
     /// Harvest: its shims' reports.
@@ -127,6 +130,7 @@ impl Instance {
             miss_rate: None,
             collision_per_request_ns: None,
             gpu_per_request_ns: None,
+            training_share: 1.0,
             paced_refusals: 0,
             usage: UsageLedger::default(),
             pacer: RequestPacer::default(),

@@ -1080,8 +1080,9 @@ impl State {
         };
         let added = i.usage.record(pid, usage, self.clock.now());
         let gpu = i.rec.gpu;
+        let with_training = (added.contention_ns as f64 * i.training_share).round() as u64;
         if let Some(g) = self.gpus.iter_mut().find(|g| g.info.index == gpu) {
-            g.meter.add(added.contention_ns);
+            g.meter.add(with_training);
         }
     }
 
@@ -1104,12 +1105,39 @@ impl State {
                 urgency: harvest::urgency(i.miss_rate),
             })
             .collect();
-        let out = harvest::split(g.harvest.total_ppm(), &demands);
+        let out = harvest::split(g.harvest.measured_total_ppm(), &demands);
         // 0 on the page means "harvest off": a function beside a training job always keeps 1 ppm.
         ids.iter()
             .zip(out)
             .map(|(i, ppm)| (i.rec.id, ppm.max(1)))
             .collect()
+    }
+
+    /// Attributes each function's measured collisions between training and the GPU's other
+    /// functions ([`harvest::training_share`]), and sets each GPU's collision-weighted share,
+    /// which widens the budget the shims enforce in their own units.
+    fn attribute_collisions(&mut self) {
+        for g in &mut self.gpus {
+            let util = g.estimate.colocated();
+            let on: Vec<&mut Instance> = self
+                .instances
+                .values_mut()
+                .filter(|i| i.rec.gpu == g.info.index)
+                .collect();
+            let all_gpu: f64 = on.iter().map(|i| i.gpu_used_ppm as f64 / 1e6).sum();
+            let (mut with_training, mut measured) = (0.0, 0.0);
+            for i in on {
+                let others = all_gpu - i.gpu_used_ppm as f64 / 1e6;
+                i.training_share = harvest::training_share(util, others);
+                with_training += i.contention_used_ppm as f64 * i.training_share;
+                measured += i.contention_used_ppm as f64;
+            }
+            g.harvest.set_training_share(if measured > 0.0 {
+                with_training / measured
+            } else {
+                1.0
+            });
+        }
     }
 
     /// One harvest step (every [`HARVEST_EVERY`] rounds): closes each instance's usage interval,
@@ -1124,6 +1152,7 @@ impl State {
             i.contention_used_ppm = r.contention_ppm;
             i.gpu_used_ppm = r.gpu_ppm;
         }
+        self.attribute_collisions();
         let observe = self.rounds.is_multiple_of(OBSERVE_EVERY);
         let mut resplit = Vec::new();
         for g in &mut self.gpus {
@@ -1718,6 +1747,8 @@ impl State {
                     "collision_fraction": g.meter.fraction().filter(|_| !g.training.is_empty()),
                     "slowdown_nvml": g.estimate.slowdown().filter(|_| !g.training.is_empty()),
                     "budget_ppm": g.harvest.total_ppm(),
+                    "training_share": g.harvest.training_share(),
+                    "measured_budget_ppm": g.harvest.measured_total_ppm(),
                     "calibration": g.harvest.calibration(),
                 });
                 v["granted"] = serde_json::json!(view.grants.iter().map(|x| x.cap).sum::<u64>());
