@@ -443,10 +443,14 @@ pub const INCREASE: f64 = 0.05;
 /// The calibration recovers while the estimate is below this fraction of θ.
 pub const INCREASE_BELOW: f64 = 0.7;
 
-/// Smallest share of a function's measured collisions attributed to training: a quarter. Bounds
-/// how far the attribution ([`training_share`]) can lower the estimate and widen the functions'
-/// budget (×4 at most) on the strength of the functions' own reports.
-pub const TRAINING_SHARE_MIN: f64 = 0.25;
+/// Smallest share of a function's measured collisions attributed to training: a half. Two
+/// reasons. The attribution ([`training_share`]) is a statistical model — occupancy in proportion
+/// to use, functions independent of each other — and read 2–3 pp *under* the true slowdown with
+/// four functions beside a trainer busy ~25 % when it could go to a quarter (simulated: 8.5–9.2 %
+/// against 11.4–11.6 % time-sliced, 3.8 % against 6.0 % under MPS,
+/// `tests/e2e/tests/harvest_estimate.rs`); the estimate must err on training's side. And it rests
+/// on the functions' own reports: the floor bounds how far they can widen their budget (×2).
+pub const TRAINING_SHARE_MIN: f64 = 0.5;
 
 /// The share of a function's measured collisions that were with the training job rather than with
 /// the GPU's other functions.
@@ -763,17 +767,19 @@ mod tests {
         // No other function, or training's utilization unknown: all of it is training's.
         assert_eq!(training_share(Some(0.25), 0.0), 1.0);
         assert_eq!(training_share(None, 0.3), 1.0);
-        // A trainer busy 25 % beside three other functions of 10 % each.
-        assert!((training_share(Some(0.25), 0.3) - 0.25 / 0.55).abs() < 1e-12);
+        // A trainer busy 60 % beside two other functions of 10 % each.
+        assert!((training_share(Some(0.6), 0.2) - 0.75).abs() < 1e-12);
+        // Busy 25 % beside three of 10 %: 0.45 by occupancy, held to the floor.
+        assert_eq!(training_share(Some(0.25), 0.3), TRAINING_SHARE_MIN);
         // Never below the floor, whatever the reports say.
         assert_eq!(training_share(Some(0.01), 5.0), TRAINING_SHARE_MIN);
         let mut h = Harvest::new(0.1);
         assert_eq!(h.measured_total_ppm(), h.total_ppm());
-        h.set_training_share(0.5);
-        let widened = h.measured_total_ppm() as i64 - 2 * h.total_ppm() as i64;
-        assert!(widened.abs() <= 1, "twice the budget in the shims' units");
+        h.set_training_share(0.8);
+        let widened = h.measured_total_ppm() as i64 - (h.total_ppm() as f64 / 0.8).round() as i64;
+        assert!(widened.abs() <= 1, "1.25× the budget in the shims' units");
         h.set_training_share(0.0);
-        assert_eq!(h.training_share(), TRAINING_SHARE_MIN, "widened ×4 at most");
+        assert_eq!(h.training_share(), TRAINING_SHARE_MIN, "widened ×2 at most");
         h.set_training_share(f64::NAN);
         assert_eq!(h.training_share(), 1.0);
     }

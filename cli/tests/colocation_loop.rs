@@ -38,8 +38,13 @@ struct Run {
     slowdown: f64,
     /// The functions' raw shares, percent.
     shares: Vec<u32>,
-    /// Their collision budgets, ppm (0: harvest off).
+    /// Their collision budgets, ppm (0: harvest off), in the shims' units: collisions as a shim
+    /// measures them, with the other function too.
     budgets: Vec<u64>,
+    /// The GPU's budget in the shims' units (`harvest.measured_budget_ppm`; 0: harvest off).
+    measured_budget: u64,
+    /// The share of the measured collisions the arbiter attributes to training.
+    training_share: f64,
     /// Requests the functions served.
     served: f64,
     /// The arbiter's training-slowdown estimates seen while the functions ran.
@@ -112,6 +117,9 @@ fn run_loop(policy_toml: &str) -> Run {
         .iter()
         .map(|f| f["contention_ppm"].as_u64().unwrap())
         .collect();
+    let harvest = &snapshot["gpus"][0]["harvest"];
+    let measured_budget = harvest["measured_budget_ppm"].as_u64().unwrap_or(0);
+    let training_share = harvest["training_share"].as_f64().unwrap_or(1.0);
     // The estimate over the functions' run (10 s window: it includes ~2 s before they came).
     let mut estimates = Vec::new();
     for _ in 0..6 {
@@ -147,6 +155,8 @@ fn run_loop(policy_toml: &str) -> Run {
         slowdown: colocated / alone - 1.0,
         shares,
         budgets,
+        measured_budget,
+        training_share,
         served,
         estimates,
     }
@@ -221,10 +231,19 @@ fn harvest_keeps_the_trainer_within_theta_and_publishes_an_estimate_of_its_slowd
         vec![100, 100],
         "harvest: no raw share beside training"
     );
+    // The split hands out the GPU's budget in the shims' units, and the part of it the arbiter
+    // attributes to training stays within θ/(1+θ) = 90 909 ppm (docs/harvest.md).
     assert!(
-        r.budgets.iter().all(|&b| b > 0) && r.budgets.iter().sum::<u64>() <= 90_910,
-        "the collision budget θ/(1+θ) is split among the functions: {:?}",
+        r.budgets.iter().all(|&b| b > 0) && r.budgets.iter().sum::<u64>() <= r.measured_budget,
+        "the GPU's budget ({} ppm) is split among the functions: {:?}",
+        r.measured_budget,
         r.budgets
+    );
+    assert!(
+        r.measured_budget as f64 * r.training_share <= 90_910.0,
+        "the training-attributed budget {} ppm × {:.2} is within θ/(1+θ)",
+        r.measured_budget,
+        r.training_share
     );
     assert!(
         r.served > 100.0,

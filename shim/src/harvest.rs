@@ -4,11 +4,12 @@
 //! GPU time a function uses while the training job is idle costs the trainer nothing; what slows
 //! training is function GPU time that *collides* with training work. From each sampled event pair
 //! the shim knows the launch's measured duration `d` and its solo cost `d0` (the cost table's
-//! floor, calibrated). The collision time of that launch is estimated as
-//! `min(d0, max(0, d − d0))`: under time-slicing a kernel that waited behind or was interleaved
-//! with the trainer's slices delayed the trainer by about its own GPU time; under MPS (concurrent
-//! kernels slowing each other symmetrically) the trainer lost about the function's inflation
-//! `d − d0`; the min covers both (docs/shim.md, "Harvest").
+//! floor, calibrated), and how long it waited for the GPU before starting when that is known. The
+//! collision time of that launch is estimated as `min(d0, wait) + min(d0, max(0, d − d0))`: under
+//! time-slicing a kernel that waited behind or was interleaved with the trainer's slices delayed
+//! the trainer by about its own GPU time; under MPS (concurrent kernels slowing each other
+//! symmetrically) the trainer lost about the function's inflation `d − d0` (docs/shim.md,
+//! "Harvest").
 //!
 //! Owns, per device and lock-free: [`Collision`] (the current collision probability, an EWMA of
 //! `collision / d0` over recent samples), [`Contention`] (the second GCRA bucket, charged
@@ -95,18 +96,18 @@ impl Collision {
 
     /// Folds a sample: `d_ns` measured, `d0_ns` solo, `wait_ns` how long it waited for the GPU
     /// before starting when known (it was submitted to an idle stream; a time-sliced GPU makes a
-    /// context wait for another's slice before even its start event is processed). Its inflation
-    /// is `wait + max(0, d − d0)` and its collision `min(d0, inflation)`. Without a known wait a
+    /// context wait for another's slice before even its start event is processed). Its collision
+    /// is `min(d0, wait) + min(d0, max(0, d − d0))`: each part at most the launch's own GPU time
+    /// (a time-sliced trainer that waited lost about that), the two apart because under MPS a
+    /// kernel slowed among several concurrent ones is inflated past `d0` while the trainer among
+    /// them loses as much (docs/shim.md, "Harvest"). Without a known wait a
     /// sample that shows no inflation says nothing (it may have waited before its start event)
     /// and is skipped. Returns the sample's collision time.
     pub fn observe(&self, now: u64, d_ns: u64, d0_ns: u64, wait_ns: Option<u64>) -> u64 {
         if d0_ns == 0 || (wait_ns.is_none() && d_ns <= d0_ns) {
             return 0;
         }
-        let inflation = wait_ns
-            .unwrap_or(0)
-            .saturating_add(d_ns.saturating_sub(d0_ns));
-        let c = inflation.min(d0_ns);
+        let c = wait_ns.unwrap_or(0).min(d0_ns) + collision_ns(d_ns, d0_ns);
         let f = (c as u128 * PPM as u128 / d0_ns as u128).min(PPM as u128) as u32;
         // Racy read-modify-write is fine: a lost update only delays convergence.
         let old = self.p_ppm.load(Relaxed);
@@ -324,6 +325,18 @@ mod tests {
         let p = Collision::default();
         // Ran at its solo cost, but only after waiting 1.5 ms for the GPU.
         assert_eq!(p.observe(T, 100 * US, 100 * US, Some(1_500 * US)), 100 * US);
+        assert_eq!(p.ppm(), PPM);
+    }
+
+    #[test]
+    fn waiting_and_running_slowed_are_each_bounded_by_the_solo_cost() {
+        let p = Collision::default();
+        // MPS among several concurrent kernels: no wait, run 2.5× as long as alone.
+        assert_eq!(p.observe(T, 250 * US, 100 * US, Some(0)), 100 * US);
+        // Waited a slice, then ran slowed by half: both parts count.
+        assert_eq!(p.observe(T, 150 * US, 100 * US, Some(400 * US)), 150 * US);
+        // Never more than twice the solo cost, and the probability is at most 1.
+        assert_eq!(p.observe(T, 900 * US, 100 * US, Some(900 * US)), 200 * US);
         assert_eq!(p.ppm(), PPM);
     }
 
