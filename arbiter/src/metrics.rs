@@ -255,6 +255,13 @@ pub fn render(snap: &Value) -> String {
         Some(ratio()),
     );
 
+    let training_share = gauge(
+        &mut reg,
+        "smore_gpu_collision_training_share",
+        "The share of the functions' measured collisions attributed to training (docs/harvest.md); the shims' budget is the collision budget over it",
+        Some(ratio()),
+    );
+
     let mut rows: BTreeMap<(String, String), FunctionRow> = BTreeMap::new();
     for g in &gpus {
         let l = GpuLabels {
@@ -287,6 +294,7 @@ pub fn render(snap: &Value) -> String {
             (&slowdown, h["slowdown_estimate"].as_f64()),
             (&bound, h["theta"].as_f64()),
             (&budget, h["budget_ppm"].as_f64().map(|p| p / PPM)),
+            (&training_share, h["training_share"].as_f64()),
         ] {
             if let Some(v) = v.filter(|v| v.is_finite()) {
                 fam.get_or_create(&l).set(v);

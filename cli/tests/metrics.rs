@@ -247,6 +247,7 @@ fn metrics_parse_under_hostile_function_names_and_follow_the_conventions() {
         "smore_gpu_training_processes",
         "smore_gpu_training_slowdown_bound_ratio",
         "smore_gpu_collision_budget_ratio",
+        "smore_gpu_collision_training_share_ratio",
         "smore_function_memory_cap_bytes",
         "smore_function_memory_used_bytes",
         "smore_function_sm_share_ratio",

@@ -52,6 +52,10 @@ pub struct Instance {
     pub deferred: u64,
     /// SM utilization NVML attributes to the instance's processes, percent.
     pub sm_used: Option<u32>,
+    /// [`Instance::sm_used`] smoothed (EWMA, weight `training::SOLO_UTIL_ALPHA` as training's own
+    /// utilization), fraction; what the attribution of collisions counts of this function's GPU
+    /// time beside its own report (`harvest::training_share`).
+    pub sm_used_mean: Option<f64>,
     /// Whether every process of the instance has the shim mapped (None: not checked yet).
     pub shim_loaded: Option<bool>,
     /// Harvest: its part of the GPU's collision budget, ppm of wall time (0: harvest off).
@@ -123,6 +127,7 @@ impl Instance {
             requests: 0,
             deferred: 0,
             sm_used: None,
+            sm_used_mean: None,
             shim_loaded: None,
             contention_ppm: 0,
             contention_used_ppm: 0,

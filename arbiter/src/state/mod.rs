@@ -1124,10 +1124,15 @@ impl State {
                 .values_mut()
                 .filter(|i| i.rec.gpu == g.info.index)
                 .collect();
-            let all_gpu: f64 = on.iter().map(|i| i.gpu_used_ppm as f64 / 1e6).sum();
+            // A function's GPU time counts as what both its shims reported and NVML saw, the
+            // smaller: neither an over-report nor a function NVML does not show can lower the
+            // share attributed to training (docs/arbiter.md, threat model).
+            let gpu_of =
+                |i: &Instance| (i.gpu_used_ppm as f64 / 1e6).min(i.sm_used_mean.unwrap_or(0.0));
+            let all_gpu: f64 = on.iter().map(|i| gpu_of(i)).sum();
             let (mut with_training, mut measured) = (0.0, 0.0);
             for i in on {
-                let others = all_gpu - i.gpu_used_ppm as f64 / 1e6;
+                let others = all_gpu - gpu_of(i);
                 i.training_share = harvest::training_share(util, others);
                 with_training += i.contention_used_ppm as f64 * i.training_share;
                 measured += i.contention_used_ppm as f64;
@@ -1363,6 +1368,10 @@ impl State {
                 let usage = split.instances.remove(&inst.rec.id).unwrap_or_default();
                 inst.nvml_used = usage.used;
                 inst.sm_used = (!usage.pids.is_empty()).then_some(usage.sm);
+                if let Some(sm) = inst.sm_used {
+                    inst.sm_used_mean =
+                        Some(training::ewma(inst.sm_used_mean, f64::from(sm) / 100.0));
+                }
                 inst.gpu_pids.clone_from(&usage.pids);
                 if let Some(p) = inst.rec.preempt.as_mut() {
                     // Preempted: its page cap is 0 and its requests are refused; the only rule
@@ -1951,6 +1960,50 @@ mod tests {
         assert!(s.admit_request(g.instance, 0.0).admitted);
         // One that already waited past its SLO at the platform is refused.
         assert!(!s.admit_request(g.instance, 25.0).admitted);
+    }
+
+    #[test]
+    fn collisions_are_attributed_by_what_both_nvml_and_the_shims_show_of_the_other_functions() {
+        let mut s = harvest_state();
+        s.cfg.grants_per_process = 100;
+        let a = s.register(me(), args(1 << 30)).unwrap().0;
+        let b = s.register(me(), args(1 << 30)).unwrap().0;
+        // Training busy 30 % beside the functions.
+        for _ in 0..20 {
+            s.reconcile(&[(a.gpu_index, training_sample(30, &[]))]);
+        }
+        // Both on a's GPU (placement may have spread them).
+        s.instances.get_mut(&b.instance).unwrap().rec.gpu = a.gpu_index;
+        let g = s
+            .gpus
+            .iter()
+            .position(|g| g.info.index == a.gpu_index)
+            .unwrap();
+        let util = s.gpus[g]
+            .estimate
+            .colocated()
+            .expect("co-located utilization");
+        let set = |s: &mut State, reported: u32, nvml: Option<f64>| {
+            for id in [a.instance, b.instance] {
+                let i = s.instances.get_mut(&id).unwrap();
+                i.gpu_used_ppm = reported;
+                i.sm_used_mean = nvml;
+                i.contention_used_ppm = 10_000;
+            }
+            s.attribute_collisions();
+            s.gpus[g].harvest.training_share()
+        };
+        // Both agree on 20 %: training's part is u / (u + 0.2), held to the floor below ½.
+        let agreed = set(&mut s, 200_000, Some(0.2));
+        let expect = (util / (util + 0.2)).max(harvest::TRAINING_SHARE_MIN);
+        assert!((agreed - expect).abs() < 1e-9, "{agreed} vs {expect}");
+        // A report of 90 % that NVML shows as 5 % counts as 5 %: an over-report cannot lower
+        // training's part.
+        let over = set(&mut s, 900_000, Some(0.05));
+        assert!((over - util / (util + 0.05)).abs() < 1e-9, "{over}");
+        assert!(over > agreed);
+        // NVML shows nothing of them (no per-process figures): everything is training's.
+        assert_eq!(set(&mut s, 900_000, None), 1.0);
     }
 
     fn me() -> Peer {

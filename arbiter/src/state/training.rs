@@ -50,7 +50,7 @@ pub struct TrainingEstimate {
     at_last_share: Option<f64>,
 }
 
-fn ewma(old: Option<f64>, u: f64) -> f64 {
+pub(crate) fn ewma(old: Option<f64>, u: f64) -> f64 {
     match old {
         Some(old) => old + SOLO_UTIL_ALPHA * (u - old),
         None => u,
