@@ -108,6 +108,12 @@ pub struct DemoArgs {
     /// SLO even at solo speed (and let an instance wait up to 1 s for the arbiter's admission).
     #[arg(long)]
     pub no_deadline_refusal: bool,
+    /// How the simulated GPU shares itself between processes: timeslice (contexts take turns in
+    /// 2 ms slices, as a GPU without MPS; the default) or mps (kernels of different processes run
+    /// concurrently and slow each other, as under NVIDIA's Multi-Process Service; docs/simgpu.md).
+    /// Only for the simulated GPU: a real GPU runs in the mode its node is set up in.
+    #[arg(long, value_enum)]
+    pub interference: Option<Interference>,
     /// Run on this machine's real GPU 0 (real libcuda and NVML) with PyTorch workloads
     /// (profiling/smore_profiling/demo_workers.py) instead of the simulated GPU.
     #[arg(long)]
@@ -122,7 +128,50 @@ pub struct DemoArgs {
     pub out: PathBuf,
 }
 
+/// The simulated GPU's interference model (`--interference`; the simulator's `SMORE_SIM_MODE`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Interference {
+    /// Contexts take turns in time slices (a GPU without MPS).
+    #[default]
+    Timeslice,
+    /// Kernels of different processes run concurrently and slow each other (MPS).
+    Mps,
+}
+
+impl Interference {
+    /// The value of `SMORE_SIM_MODE` that selects this model in the simulated driver.
+    pub fn sim_mode(self) -> &'static str {
+        match self {
+            Interference::Timeslice => "timeslice",
+            Interference::Mps => "mps",
+        }
+    }
+
+    /// How the report names it.
+    fn describe(self) -> &'static str {
+        match self {
+            Interference::Timeslice => {
+                "interference is the simulator's time-slicing, not a real GPU's"
+            }
+            Interference::Mps => "interference is the simulator's MPS model, not a real GPU's",
+        }
+    }
+}
+
 impl DemoArgs {
+    /// The simulated GPU's interference model: `None` on a real GPU. Asking for one with `--gpu`
+    /// is an error rather than a label the run would not honour.
+    pub fn interference(&self) -> Result<Option<Interference>> {
+        match (self.gpu, self.interference) {
+            (false, i) => Ok(Some(i.unwrap_or_default())),
+            (true, None) => Ok(None),
+            (true, Some(_)) => anyhow::bail!(
+                "--interference chooses the simulated GPU's model; with --gpu the real GPU runs in \
+                 the mode its node is set up in (start nvidia-cuda-mps-control for MPS) — drop one of them"
+            ),
+        }
+    }
+
     /// The scenario with this run's overrides applied.
     fn resolve(&self, s: Scenario) -> Scenario {
         Scenario {
@@ -922,6 +971,8 @@ pub struct ScenarioSummary {
     pub about: &'static str,
     /// True when every figure comes from the simulated GPU.
     pub simulated: bool,
+    /// The simulated GPU's interference model (`timeslice` or `mps`); `None` on a real GPU.
+    pub interference: Option<&'static str>,
     /// Seconds of trace replayed in the co-located run.
     pub seconds: usize,
     /// Name of the prewarm policy.
@@ -1199,6 +1250,7 @@ fn run_scenario(
         scenario: sc.name,
         about: sc.about,
         simulated: !a.gpu,
+        interference: a.interference()?.map(Interference::sim_mode),
         seconds,
         prewarm: prewarm_spec.name(),
         policy: a.policy.clone(),
@@ -1266,10 +1318,16 @@ fn run_scenario(
 pub fn run(a: DemoArgs) -> Result<()> {
     let prewarm_spec =
         PolicySpec::parse(&a.prewarm).with_context(|| format!("--prewarm {:?}", a.prewarm))?;
-    let node = Arc::new(if a.gpu {
-        real_node(&a.out, a.profiling.as_deref())?
-    } else {
-        simulated_node(&a.out)?
+    let interference = a.interference()?;
+    let node = Arc::new(match interference {
+        None => real_node(&a.out, a.profiling.as_deref())?,
+        Some(i) => {
+            let mut node = simulated_node(&a.out)?;
+            // Set, never inherited: the report names the model the node really ran.
+            node.env
+                .push(("SMORE_SIM_MODE".to_string(), i.sim_mode().to_string()));
+            node
+        }
     });
     let shim = artifacts::require("libsmore_shim.so")?;
     let fs = functions();
@@ -1280,8 +1338,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         );
     } else {
         eprintln!(
-            "smore demo: simulated node in {} (1 GPU, 16 GiB)",
-            node.dir.display()
+            "smore demo: simulated node in {} (1 GPU, 16 GiB, interference {})",
+            node.dir.display(),
+            interference.map_or("", Interference::sim_mode)
         );
     }
     let mut nvml = open_nvml(&node)?;
@@ -1299,15 +1358,16 @@ pub fn run(a: DemoArgs) -> Result<()> {
         };
         let (s, n) = run_scenario(&a, &sc, &node, nvml, &out, &shim, &fs, &solo, &prewarm_spec)?;
         nvml = n;
-        print_scenario(&s, &out, a.gpu);
+        print_scenario(&s, &out, interference);
         summaries.push(s);
     }
     if several {
-        print_table(&summaries, a.gpu);
+        print_table(&summaries, interference);
         std::fs::write(
             node.dir.join("summary.json"),
             serde_json::to_string_pretty(&serde_json::json!({
                 "simulated": !a.gpu,
+                "interference": interference.map(Interference::sim_mode),
                 "scenarios": summaries,
             }))?,
         )?;
@@ -1317,20 +1377,21 @@ pub fn run(a: DemoArgs) -> Result<()> {
 }
 
 /// What every printed figure is measured on.
-fn device_label(gpu: bool) -> &'static str {
-    if gpu {
-        "real GPU 0 (PyTorch workloads)"
-    } else {
-        "SIMULATED GPU (interference is the simulator's time-slicing, not a real GPU's)"
+/// `interference`: the simulated GPU's model, `None` on a real GPU.
+fn device_label(interference: Option<Interference>) -> String {
+    match interference {
+        None => "real GPU 0 (PyTorch workloads)".into(),
+        Some(i) => format!("SIMULATED GPU ({})", i.describe()),
     }
 }
 
-fn print_scenario(s: &ScenarioSummary, out: &Path, gpu: bool) {
+fn print_scenario(s: &ScenarioSummary, out: &Path, interference: Option<Interference>) {
+    let gpu = interference.is_none();
     let r = &s.requests;
     println!(
         "smore demo — scenario {} — {} — all figures {}",
         s.scenario,
-        device_label(gpu),
+        device_label(interference),
         if gpu { "measured" } else { "simulated" }
     );
     println!("  {}", s.about);
@@ -1445,11 +1506,12 @@ fn ms(v: f64) -> String {
     }
 }
 
-fn print_table(v: &[ScenarioSummary], gpu: bool) {
+fn print_table(v: &[ScenarioSummary], interference: Option<Interference>) {
+    let gpu = interference.is_none();
     println!(
         "smore demo — summary of {} scenarios — {} — all figures {}",
         v.len(),
-        device_label(gpu),
+        device_label(interference),
         if gpu { "measured" } else { "simulated" }
     );
     println!();
@@ -1544,10 +1606,10 @@ fn plot(
         title: format!(
             "smore demo, scenario {} — {} — policy {}, θ_train {:.0} %",
             s.scenario,
-            if s.simulated {
-                "SIMULATED GPU"
-            } else {
-                "real GPU"
+            match s.interference {
+                Some("mps") => "SIMULATED GPU (MPS)",
+                Some(_) => "SIMULATED GPU (time-sliced)",
+                None => "real GPU",
             },
             s.policy,
             s.theta_train * 100.0
@@ -1574,4 +1636,56 @@ fn plot(
         replay: series.replay,
     };
     draw(png, &input)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        demo: DemoArgs,
+    }
+
+    fn args(extra: &[&str]) -> DemoArgs {
+        Cli::try_parse_from(std::iter::once("demo").chain(extra.iter().copied()))
+            .unwrap()
+            .demo
+    }
+
+    #[test]
+    fn the_simulated_gpu_is_time_sliced_unless_mps_is_asked_for_and_the_driver_reads_both_values() {
+        assert_eq!(
+            args(&[]).interference().unwrap(),
+            Some(Interference::Timeslice)
+        );
+        let mps = args(&["--interference", "mps"])
+            .interference()
+            .unwrap()
+            .unwrap();
+        assert_eq!(mps, Interference::Mps);
+        for (i, mode) in [
+            (Interference::Timeslice, smore_simgpu::SchedMode::TimeSlice),
+            (Interference::Mps, smore_simgpu::SchedMode::Mps),
+        ] {
+            assert_eq!(
+                i.sim_mode().parse::<smore_simgpu::SchedMode>().unwrap(),
+                mode
+            );
+        }
+        assert!(device_label(Some(Interference::Mps)).contains("MPS"));
+        assert!(device_label(Some(Interference::Timeslice)).contains("time-slicing"));
+    }
+
+    #[test]
+    fn an_interference_model_with_a_real_gpu_is_refused_with_what_to_do() {
+        assert_eq!(args(&["--gpu"]).interference().unwrap(), None);
+        let e = args(&["--gpu", "--interference", "mps"])
+            .interference()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nvidia-cuda-mps-control"), "{e}");
+    }
 }

@@ -68,6 +68,10 @@ fn a_short_demo_reports_every_figure_and_draws_the_plot() {
     }
     assert_eq!(s["scenario"], "busy");
     assert_eq!(s["simulated"], true);
+    assert_eq!(
+        s["interference"], "timeslice",
+        "the simulated GPU's default model"
+    );
     for k in [
         "gui_exclusive_pct",
         "gui_colocated_pct",
@@ -142,4 +146,50 @@ fn a_short_demo_reports_every_figure_and_draws_the_plot() {
     assert!(trainer.lines().count() > 10, "trainer iterations over time");
     let png = std::fs::read(out.join("demo.png")).unwrap();
     assert!(png.len() > 10_000 && &png[1..4] == b"PNG", "demo.png");
+}
+
+/// `--interference mps` runs the node under the simulator's MPS model and says so everywhere a
+/// figure is read: the printed report, summary.json and the plot's title.
+#[test]
+fn the_demo_runs_and_labels_the_mps_model_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = Command::new(bin("smore"))
+        .args(["demo", "--scenario", "harvest", "--seconds", "4"])
+        .args(["--interference", "mps", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "smore demo failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("SIMULATED GPU (interference is the simulator's MPS model"),
+        "the report must name the model:\n{stdout}"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["interference"], "mps", "{s:#}");
+    assert!(s["requests"].as_u64().unwrap() > 0, "{s:#}");
+    assert_eq!(
+        s["served"].as_u64().unwrap() + s["refused"].as_u64().unwrap(),
+        s["requests"].as_u64().unwrap()
+    );
+}
+
+#[test]
+fn an_interference_model_on_a_real_gpu_is_refused_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(bin("smore"))
+        .args(["demo", "--gpu", "--interference", "mps", "--out"])
+        .arg(dir.path().join("run"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(stderr.contains("--interference"), "{stderr}");
+    assert!(
+        !dir.path().join("run").exists(),
+        "nothing is created for a run that cannot start"
+    );
 }
