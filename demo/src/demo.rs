@@ -129,7 +129,8 @@ pub struct DemoArgs {
 }
 
 /// The simulated GPU's interference model (`--interference`; the simulator's `SMORE_SIM_MODE`).
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(clap::ValueEnum, Serialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
 pub enum Interference {
     /// Contexts take turns in time slices (a GPU without MPS).
     #[default]
@@ -972,7 +973,7 @@ pub struct ScenarioSummary {
     /// True when every figure comes from the simulated GPU.
     pub simulated: bool,
     /// The simulated GPU's interference model (`timeslice` or `mps`); `None` on a real GPU.
-    pub interference: Option<&'static str>,
+    pub interference: Option<Interference>,
     /// Seconds of trace replayed in the co-located run.
     pub seconds: usize,
     /// Name of the prewarm policy.
@@ -1250,7 +1251,7 @@ fn run_scenario(
         scenario: sc.name,
         about: sc.about,
         simulated: !a.gpu,
-        interference: a.interference()?.map(Interference::sim_mode),
+        interference: a.interference()?,
         seconds,
         prewarm: prewarm_spec.name(),
         policy: a.policy.clone(),
@@ -1367,7 +1368,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             node.dir.join("summary.json"),
             serde_json::to_string_pretty(&serde_json::json!({
                 "simulated": !a.gpu,
-                "interference": interference.map(Interference::sim_mode),
+                "interference": interference,
                 "scenarios": summaries,
             }))?,
         )?;
@@ -1607,8 +1608,8 @@ fn plot(
             "smore demo, scenario {} — {} — policy {}, θ_train {:.0} %",
             s.scenario,
             match s.interference {
-                Some("mps") => "SIMULATED GPU (MPS)",
-                Some(_) => "SIMULATED GPU (time-sliced)",
+                Some(Interference::Mps) => "SIMULATED GPU (MPS)",
+                Some(Interference::Timeslice) => "SIMULATED GPU (time-sliced)",
                 None => "real GPU",
             },
             s.policy,
@@ -1677,6 +1678,13 @@ mod tests {
         }
         assert!(device_label(Some(Interference::Mps)).contains("MPS"));
         assert!(device_label(Some(Interference::Timeslice)).contains("time-slicing"));
+    }
+
+    #[test]
+    fn summary_json_names_the_model_as_the_flag_does() {
+        for i in [Interference::Timeslice, Interference::Mps] {
+            assert_eq!(serde_json::to_value(i).unwrap(), i.sim_mode());
+        }
     }
 
     #[test]
