@@ -243,11 +243,8 @@ fn every_scenario_keeps_the_trainer_within_theta_in_both_interference_models() {
         for x in scenarios {
             let (name, sfd) = (x["scenario"].as_str().unwrap(), x["sfd"].as_f64().unwrap());
             eprintln!(
-                "{mode} {name}: SFD {:.1} %, estimate {:?}, DSR {:.1} %, gain {:+.1} pp",
+                "{mode} {name}: SFD {:.1} %, DSR {:.1} %, gain {:+.1} pp",
                 sfd * 100.0,
-                x["sfd_estimate"]
-                    .as_f64()
-                    .map(|e| (e * 1000.0).round() / 10.0),
                 x["dsr"].as_f64().unwrap() * 100.0,
                 x["gui_gain_pp"].as_f64().unwrap()
             );
