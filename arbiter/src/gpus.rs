@@ -25,6 +25,31 @@ pub struct GpuInfo {
     pub total: u64,
 }
 
+/// How a GPU's processes share it, as NVML shows it. It decides how much a function's kernel
+/// costs a training job it meets (docs/harvest.md, "Where the targets stand"): its whole run time
+/// when contexts take turns, only its slowing when they run concurrently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sharing {
+    /// No process on the GPU is an MPS client: contexts take turns in time slices.
+    TimeSliced,
+    /// At least one process is an MPS client (`nvmlDeviceGetMPSComputeRunningProcesses`): its
+    /// kernels run concurrently with other clients' instead of in turns.
+    Mps,
+}
+
+impl Sharing {
+    /// What NVML's two process lists say: MPS clients listed → MPS; compute processes but no MPS
+    /// client → time-sliced; no compute process (or the MPS list unsupported) → unknown.
+    pub fn from_process_lists(compute: usize, mps_clients: Option<usize>) -> Option<Sharing> {
+        match mps_clients {
+            Some(n) if n > 0 => Some(Sharing::Mps),
+            Some(_) if compute > 0 => Some(Sharing::TimeSliced),
+            _ => None,
+        }
+    }
+}
+
 /// One NVML reading of a GPU.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GpuSample {
@@ -36,6 +61,8 @@ pub struct GpuSample {
     pub procs: HashMap<u32, u64>,
     /// Per-process SM utilization samples: pid → percent.
     pub proc_util: HashMap<u32, u32>,
+    /// How the processes share the GPU, when this sample tells (see [`Sharing`]).
+    pub sharing: Option<Sharing>,
 }
 
 /// Where GPU facts come from.
@@ -115,6 +142,9 @@ impl GpuSource for NvmlSource {
             })
             .collect();
         let procs: HashMap<u32, u64> = procs;
+        // A driver without the MPS list (or a failing call) leaves the mode unknown, not wrong.
+        let mps_clients = d.mps_running_compute_processes().ok().map(|v| v.len());
+        let sharing = Sharing::from_process_lists(procs.len(), mps_clients);
         let since = self.last_ts.get(&index).copied().unwrap_or(0);
         let proc_util = self.last_util.entry(index).or_default();
         // Processes that are gone take their last sample with them.
@@ -138,6 +168,30 @@ impl GpuSource for NvmlSource {
             util,
             procs,
             proc_util,
+            sharing,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sharing_mode_is_read_from_the_process_lists_and_unknown_when_they_cannot_tell() {
+        assert_eq!(Sharing::from_process_lists(2, Some(2)), Some(Sharing::Mps));
+        assert_eq!(Sharing::from_process_lists(3, Some(1)), Some(Sharing::Mps));
+        assert_eq!(
+            Sharing::from_process_lists(2, Some(0)),
+            Some(Sharing::TimeSliced)
+        );
+        // An idle GPU, or a driver without the MPS list, says nothing.
+        assert_eq!(Sharing::from_process_lists(0, Some(0)), None);
+        assert_eq!(Sharing::from_process_lists(2, None), None);
+        assert_eq!(
+            serde_json::to_value(Sharing::TimeSliced).unwrap(),
+            "time-sliced"
+        );
+        assert_eq!(serde_json::to_value(Sharing::Mps).unwrap(), "mps");
     }
 }

@@ -233,6 +233,12 @@ pub fn render(snap: &Value) -> String {
         "Training processes on the GPU",
         None,
     );
+    let mps = gauge(
+        &mut reg,
+        "smore_gpu_mps",
+        "1 when MPS clients run on the GPU (NVML), 0 when its processes take turns in time slices; absent until NVML has told",
+        None,
+    );
     // Harvest (docs/harvest.md): what the promise is about — each GPU's estimated training
     // slowdown beside the bound it is held to, and the functions' collision budget. An absent
     // estimate (no training job, or under 1 s of reports) is not exported rather than shown as 0.
@@ -289,6 +295,11 @@ pub fn render(snap: &Value) -> String {
         training
             .get_or_create(&l)
             .set(g["training"].as_array().map_or(0.0, |a| a.len() as f64));
+        // The status names the mode (`gpus::Sharing`, kebab-case); unknown is not exported.
+        if let Some(mode) = g["sharing"].as_str() {
+            mps.get_or_create(&l)
+                .set(if mode == "mps" { 1.0 } else { 0.0 });
+        }
         let h = &g["harvest"];
         for (fam, v) in [
             (&slowdown, h["slowdown_estimate"].as_f64()),

@@ -314,3 +314,53 @@ fn every_flag_has_help_text() {
         bare.join("\n")
     );
 }
+
+/// Which mode each GPU's processes share it in comes from NVML's MPS client list: a simulated GPU
+/// under MPS says `mps` once a process holds a context on it, a time-sliced one `time-sliced`, and
+/// `/metrics` carries it as `smore_gpu_mps`.
+#[test]
+fn status_and_metrics_say_whether_a_gpu_runs_under_mps() {
+    for (mode, name, gauge) in [
+        (smore_simgpu::SchedMode::Mps, "mps", "1.0"),
+        (smore_simgpu::SchedMode::TimeSlice, "time-sliced", "0.0"),
+    ] {
+        let sim = SimGpu::builder()
+            .devices(1)
+            .memory("16GiB")
+            .mode(mode)
+            .build()
+            .unwrap();
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let arb = Arbiter::new(&sim, &format!("metrics_addr = \"127.0.0.1:{port}\"\n"));
+        assert!(
+            arb.status()["gpus"][0]["sharing"].is_null(),
+            "no process yet: nothing to tell"
+        );
+        let mut holder = sim.spawn_memory_holder(0, "1GiB");
+        arb.wait_for_training(0, std::time::Duration::from_secs(10));
+        smore_e2e::wait_until(
+            "the arbiter reads the GPU's sharing mode",
+            std::time::Duration::from_secs(10),
+            || arb.status()["gpus"][0]["sharing"] == name,
+        );
+        let metrics = {
+            use std::io::{Read, Write};
+            let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            let mut resp = String::new();
+            conn.read_to_string(&mut resp).unwrap();
+            resp
+        };
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("smore_gpu_mps{") && l.ends_with(&format!(" {gauge}"))),
+            "{name}: smore_gpu_mps {gauge} expected:\n{metrics}"
+        );
+        let _ = holder.kill();
+        let _ = holder.wait();
+    }
+}

@@ -29,7 +29,7 @@ pub mod watchdog;
 
 use crate::budget::{FunctionLoad, TimeBudget};
 use crate::config::{Config, WatchdogAction};
-use crate::gpus::{GpuInfo, GpuSample};
+use crate::gpus::{GpuInfo, GpuSample, Sharing};
 use crate::grantpage::PageHandle;
 pub use crate::harvest::ShimUsage;
 use crate::harvest::{self, ContentionMeter, Demand, Harvest};
@@ -133,6 +133,9 @@ pub struct Gpu {
     /// Memory functions' processes use on this GPU without a grant for it, bytes (last sample):
     /// counted by admission like training's reservation (issue 12, item 9).
     pub ungranted_used: u64,
+    /// How its processes share it (NVML's MPS client list), as last known: `time-sliced`, `mps`,
+    /// or null before any sample told.
+    pub sharing: Option<Sharing>,
     /// Harvest: the functions' collision time with training, as their shims report it.
     #[serde(skip)]
     pub meter: ContentionMeter,
@@ -150,6 +153,7 @@ impl Gpu {
             training: Vec::new(),
             training_used: 0,
             ungranted_used: 0,
+            sharing: None,
             estimate: TrainingEstimate::default(),
             memory: TrainingMemory::default(),
             budget: TimeBudget::default(),
@@ -1344,6 +1348,10 @@ impl State {
             let appeared = g.training.is_empty() != split.training.is_empty();
             g.used = s.used;
             g.util = s.util;
+            if let Some(sharing) = s.sharing.filter(|m| g.sharing != Some(*m)) {
+                log_sharing(*index, sharing, self.cfg.harvest);
+                g.sharing = Some(sharing);
+            }
             g.training_used = split.training.iter().map(|t| t.used).sum();
             if !has_functions || split.training.is_empty() {
                 // The feedback loop starts again from the worst case with the next functions.
@@ -1803,6 +1811,24 @@ impl State {
     }
 }
 
+/// Says once per change how a GPU's processes share it, and in harvest mode what that means.
+fn log_sharing(index: u32, sharing: Sharing, harvest: bool) {
+    match sharing {
+        Sharing::Mps => tracing::info!(
+            "GPU {index}: MPS clients on it — kernels of different processes run concurrently; a \
+             function's kernel costs a training kernel it meets its slowing"
+        ),
+        Sharing::TimeSliced if harvest => tracing::info!(
+            "GPU {index}: no MPS — processes take turns in time slices; a function's kernel that \
+             meets training costs it its whole run time, so functions with SLOs of a few ms get \
+             far less of the collision budget's worth than under MPS (docs/harvest.md)"
+        ),
+        Sharing::TimeSliced => {
+            tracing::info!("GPU {index}: no MPS — processes take turns in time slices")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::training::SOLO_MIN_SAMPLES;
@@ -1838,6 +1864,26 @@ mod tests {
         let mut s = state();
         s.cfg.harvest = true;
         s
+    }
+
+    #[test]
+    fn the_gpus_sharing_mode_is_the_last_one_nvml_told_and_is_in_status() {
+        let mut s = harvest_state();
+        assert_eq!(s.gpus[0].sharing, None);
+        let told = |m: Option<Sharing>| GpuSample {
+            sharing: m,
+            ..training_sample(50, &[])
+        };
+        s.reconcile(&[(0, told(Some(Sharing::Mps)))]);
+        assert_eq!(s.gpus[0].sharing, Some(Sharing::Mps));
+        assert_eq!(s.snapshot()["gpus"][0]["sharing"], "mps");
+        // A sample that cannot tell (an idle GPU, no MPS list) keeps what was known.
+        s.reconcile(&[(0, told(None))]);
+        assert_eq!(s.gpus[0].sharing, Some(Sharing::Mps));
+        s.reconcile(&[(0, told(Some(Sharing::TimeSliced)))]);
+        assert_eq!(s.snapshot()["gpus"][0]["sharing"], "time-sliced");
+        // The other GPU was never sampled.
+        assert!(s.snapshot()["gpus"][1]["sharing"].is_null());
     }
 
     /// A sample with a training process (pid 1, never ours) busy `util` % and `fns` (pid, SM %).
