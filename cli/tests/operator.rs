@@ -346,6 +346,12 @@ fn status_and_metrics_say_whether_a_gpu_runs_under_mps() {
             std::time::Duration::from_secs(10),
             || arb.status()["gpus"][0]["sharing"] == name,
         );
+        let human = arb.smore().arg("status").output().unwrap();
+        assert!(
+            text(&human.stdout).contains(&format!("({name})")),
+            "{}",
+            text(&human.stdout)
+        );
         let metrics = {
             use std::io::{Read, Write};
             let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();

@@ -400,11 +400,15 @@ pub fn render(s: &Value, width: Option<u16>) -> String {
     for g in s["gpus"].as_array().into_iter().flatten() {
         let _ = writeln!(
             o,
-            "\nGPU {} {} {}  util {}  memory used {} / {}  training {}  granted {}  free for functions {}",
+            "\nGPU {} {} {}  util {}{}  memory used {} / {}  training {}  granted {}  free for functions {}",
             g["index"],
             g["name"].as_str().unwrap_or(""),
             g["uuid"].as_str().unwrap_or(""),
             pct(&g["util"]),
+            // How its processes share it, once NVML has told (docs/cli.md, `sharing`).
+            g["sharing"]
+                .as_str()
+                .map_or(String::new(), |m| format!(" ({m})")),
             sz(&g["used"]),
             sz(&g["total"]),
             sz(&g["training_used"]),
