@@ -16,7 +16,8 @@
 //! Owns: [`ContentionMeter`] (the measured collision fraction and the slowdown estimate over a
 //! sliding window), [`UsageLedger`] (one function's reports turned into use and deadline
 //! misses over a short sliding window), [`RequestPacer`] (request admission that predicts
-//! the shim's hold and refuses what it would make late), [`split`] (dividing the budget among functions by demand and urgency), and
+//! the shim's hold and refuses what it would make late), [`defer_reserve_ms`] (how late a
+//! request may start and still meet its SLO, for deferral), [`split`] (dividing the budget among functions by demand and urgency), and
 //! [`Harvest`] (the GPU's budget with an additive-increase / multiplicative-decrease calibration
 //! against the estimate, so a biased estimate or a burst allowance cannot hold the mean above θ).
 //!
@@ -50,6 +51,24 @@ pub const HEADROOM: f64 = 1.5;
 /// budget from busy ones (measured in the demo's `busy` scenario: mobilenet, using 0.8 % of wall
 /// time with some misses, was given 3.6 % while resnet50 and bert, using 3 % each, fell to 1.9 %).
 pub const GROWTH: f64 = 2.0;
+
+/// Deferral: what a request's SLO must keep back for running after a hold, as a multiple of its
+/// GPU time: 2. Reasoning: a request held to its latest start may still meet the training job's
+/// busy phase, and on a time-sliced GPU its kernels then alternate with the trainer's slices,
+/// which about doubles its GPU time's span (docs/harvest.md, "Deferral").
+pub const DEFER_RESERVE_GPU: f64 = 2.0;
+/// Deferral: the fixed part of the reserve, ms: 1 ms. Reasoning: a request that starts in a busy
+/// phase of a time-sliced GPU waits up to the trainer's slice before its first kernel (2 ms on
+/// the simulated GPU), which twice a request's GPU time covers from ~1 ms of GPU time up; the
+/// rest is the request's host work and launch calls, the admission round trip and the probe's
+/// measurement. Requests with less slack than a hold are not held at all (the shim's rule).
+pub const DEFER_RESERVE_MS: f64 = 1.0;
+
+/// Deferral: the part of an SLO a request of `gpu_ms` GPU time keeps back for running after a
+/// hold (its latest start is the SLO less what it waited and this), ms.
+pub fn defer_reserve_ms(gpu_ms: f64) -> f64 {
+    DEFER_RESERVE_GPU * gpu_ms.max(0.0) + DEFER_RESERVE_MS
+}
 
 /// Collision time of a GPU's functions, and the slowdown it implies over [`WINDOW_S`].
 #[derive(Debug, Default, Clone)]
@@ -101,6 +120,8 @@ pub struct ShimUsage {
     pub gpu_ns: u64,
     /// Estimated collision time with other contexts, ns.
     pub contention_ns: u64,
+    /// Time launches were held by deferral, ns.
+    pub deferred_ns: u64,
 }
 
 /// How far back a function's use and deadline misses are averaged for the split: 3 s.
@@ -153,6 +174,7 @@ impl UsageLedger {
         let d = ShimUsage {
             gpu_ns: delta(now.gpu_ns, prev.gpu_ns),
             contention_ns: delta(now.contention_ns, prev.contention_ns),
+            deferred_ns: delta(now.deferred_ns, prev.deferred_ns),
         };
         self.first.get_or_insert(t);
         self.added.push_back((t, d));
@@ -566,6 +588,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_deferral_reserve_grows_with_the_requests_gpu_time() {
+        assert_eq!(defer_reserve_ms(0.0), DEFER_RESERVE_MS);
+        assert_eq!(defer_reserve_ms(1.6), 2.0 * 1.6 + DEFER_RESERVE_MS);
+        // A nonsense figure never shrinks the reserve below its fixed part.
+        assert_eq!(defer_reserve_ms(-5.0), DEFER_RESERVE_MS);
+    }
+
+    #[test]
     fn the_meter_turns_collision_time_into_a_slowdown_over_its_window() {
         let mut m = ContentionMeter::default();
         m.tick(0.0);
@@ -599,6 +629,7 @@ mod tests {
         let u = |g: u64, c: u64| ShimUsage {
             gpu_ns: g * 1_000_000,
             contention_ns: c * 1_000_000,
+            ..Default::default()
         };
         assert_eq!(l.record(10, u(300, 30), 0.0), u(300, 30));
         assert_eq!(

@@ -142,6 +142,7 @@ struct FunctionRow {
     budget_ppm: f64,
     used_ppm: f64,
     throttled_ns: f64,
+    deferred_ns: f64,
     refusals: u64,
     requests: u64,
 }
@@ -325,6 +326,7 @@ pub fn render(snap: &Value) -> String {
             r.budget_ppm += num(&f["contention_ppm"]);
             r.used_ppm += num(&f["contention_used_ppm"]);
             r.throttled_ns += num(&f["throttled_ns"]);
+            r.deferred_ns += num(&f["deferred_ns"]);
             r.refusals += f["refusals"].as_u64().unwrap_or(0);
             r.requests += f["requests"].as_u64().unwrap_or(0);
         }
@@ -387,6 +389,13 @@ pub fn render(snap: &Value) -> String {
         Unit::Seconds,
         throttled.clone(),
     );
+    let deferred = Family::<FunctionLabels, F64Counter>::default();
+    reg.register_with_unit(
+        "smore_function_deferred",
+        "Time the shims held launches to wait out the training job's busy phase (deferral)",
+        Unit::Seconds,
+        deferred.clone(),
+    );
     let refusals = Family::<FunctionLabels, Counter>::default();
     reg.register(
         "smore_function_refusals",
@@ -411,6 +420,7 @@ pub fn render(snap: &Value) -> String {
         throttled
             .get_or_create(&l)
             .inc_by(r.throttled_ns / NS_PER_S);
+        deferred.get_or_create(&l).inc_by(r.deferred_ns / NS_PER_S);
         refusals.get_or_create(&l).inc_by(r.refusals);
         requests.get_or_create(&l).inc_by(r.requests);
     }

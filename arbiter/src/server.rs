@@ -624,6 +624,7 @@ fn handle(
             refusals,
             gpu_ns,
             contention_ns,
+            deferred_ns,
         } => match need(registered) {
             Ok(id) => {
                 if let Some(i) = st.instances.get(&id) {
@@ -637,6 +638,7 @@ fn handle(
                         ShimUsage {
                             gpu_ns,
                             contention_ns,
+                            deferred_ns: deferred_ns.unwrap_or(0),
                         },
                     );
                 }

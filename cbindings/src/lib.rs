@@ -490,6 +490,7 @@ fn report(inner: &mut Inner) -> SmoreStatus {
         refusals: None,
         gpu_ns: None,
         contention_ns: None,
+        deferred_ns: None,
     }) {
         Ok(Reply::Ok) => SmoreStatus::Ok,
         Ok(Reply::Preempted {

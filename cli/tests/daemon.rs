@@ -498,6 +498,7 @@ fn malformed_messages_get_errors_and_do_not_disturb_others() {
             refusals: None,
             gpu_ns: None,
             contention_ns: None,
+            deferred_ns: None,
         })
         .unwrap(),
         Reply::Ok

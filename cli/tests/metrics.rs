@@ -201,6 +201,7 @@ fn metrics_parse_under_hostile_function_names_and_follow_the_conventions() {
                 refusals: Some(i as u64),
                 gpu_ns: None,
                 contention_ns: None,
+                deferred_ns: None,
             })
             .unwrap();
         assert!(matches!(r, Reply::Ok), "{r:?}");

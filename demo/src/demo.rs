@@ -108,6 +108,10 @@ pub struct DemoArgs {
     /// SLO even at solo speed (and let an instance wait up to 1 s for the arbiter's admission).
     #[arg(long)]
     pub no_deadline_refusal: bool,
+    /// The arbiter's deadline-aware deferral (`[policy] defer`, docs/harvest.md "Deferral"):
+    /// auto (on where the GPU runs MPS, as on a node by default), on, or off — to compare.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub defer: DeferArg,
     /// How the simulated GPU shares itself between processes: timeslice (contexts take turns in
     /// 2 ms slices, as a GPU without MPS; the default) or mps (kernels of different processes run
     /// concurrently and slow each other, as under NVIDIA's Multi-Process Service; docs/simgpu.md).
@@ -324,6 +328,28 @@ fn function_argv(
     Ok(v)
 }
 
+/// `--defer`: the arbiter's `[policy] defer` for the demo's node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeferArg {
+    /// On the GPUs that run MPS (the arbiter's default).
+    Auto,
+    /// On every GPU with a training job.
+    On,
+    /// Nowhere.
+    Off,
+}
+
+impl DeferArg {
+    /// The config file's value (a TOML string).
+    fn as_config(self) -> &'static str {
+        match self {
+            DeferArg::Auto => "\"auto\"",
+            DeferArg::On => "\"on\"",
+            DeferArg::Off => "\"off\"",
+        }
+    }
+}
+
 /// Starts an arbiter for `node` whose socket, config, state and log live in `out`.
 fn start_arbiter(node: &Node, out: &Path, a: &DemoArgs) -> Result<ArbiterProc> {
     let socket = out.join("arbiter.sock");
@@ -331,11 +357,12 @@ fn start_arbiter(node: &Node, out: &Path, a: &DemoArgs) -> Result<ArbiterProc> {
     std::fs::write(
         &cfg,
         format!(
-            "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 100\n\n[policy]\nname = {:?}\ntheta_train = {}\n",
+            "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 100\n\n[policy]\nname = {:?}\ntheta_train = {}\ndefer = {}\n",
             socket,
             out.join("state"),
             a.policy,
-            a.theta_train
+            a.theta_train,
+            a.defer.as_config()
         ),
     )?;
     let _ = std::fs::remove_dir_all(out.join("state"));
@@ -909,6 +936,7 @@ fn poll_shares(
                                     instance: id,
                                     share_pct: if budget > 0.0 { budget / 1e4 } else { share },
                                     harvest: budget > 0.0,
+                                    deferred_ms: f["deferred_ns"].as_f64().unwrap_or(0.0) / 1e6,
                                 });
                             }
                         }
@@ -928,6 +956,16 @@ fn poll_shares(
 /// arbiter's training-slowdown estimate).
 type Polled = (Vec<ShareSample>, Vec<(f64, f64)>);
 
+/// Deferral's total over a run: each instance's last cumulative figure, summed, ms.
+fn deferred_total_ms(shares: &[ShareSample]) -> f64 {
+    let mut last = std::collections::BTreeMap::new();
+    for s in shares {
+        let e = last.entry(s.instance).or_insert(0.0f64);
+        *e = e.max(s.deferred_ms);
+    }
+    last.values().sum()
+}
+
 /// One instance's grant at one poll: its SM share, or under harvest its collision budget, both
 /// in percent (of GPU time, of wall time).
 #[derive(Debug, Clone)]
@@ -938,6 +976,8 @@ struct ShareSample {
     share_pct: f64,
     /// `share_pct` is a collision budget (harvest), not a raw share.
     harvest: bool,
+    /// How long its shims had held launches by deferral so far, ms (cumulative).
+    deferred_ms: f64,
 }
 
 /// Each function's solo service times (measured once per demo, alone on the GPU).
@@ -1017,6 +1057,10 @@ pub struct ScenarioSummary {
     /// The arbiter's own estimate of the training slowdown (docs/harvest.md), averaged over its
     /// polls during the replay — what an operator sees without the trainer's iteration times.
     pub sfd_estimate: Option<f64>,
+    /// How long the functions' shims held launches to wait out the trainer's busy phase
+    /// (deferral, docs/harvest.md), ms in total over the run (the arbiter's last poll of each
+    /// instance).
+    pub deferred_ms: f64,
     /// Instance starts the arbiter refused (attempts).
     pub refused_instances: u64,
     /// Instance starts that failed for another reason (a defect of the run; see the logs).
@@ -1041,10 +1085,10 @@ struct Series {
 impl Series {
     /// `shares.csv` (the grants over time) and `trainer.csv` (iteration times over time).
     fn write_csv(&self, out: &Path) -> Result<()> {
-        let mut csv = String::from("t_s,function,instance,share_pct,kind\n");
+        let mut csv = String::from("t_s,function,instance,share_pct,kind,deferred_ms\n");
         for s in &self.shares {
             csv.push_str(&format!(
-                "{:.3},{},{},{},{}\n",
+                "{:.3},{},{},{},{},{:.3}\n",
                 s.t_s,
                 s.function,
                 s.instance,
@@ -1053,7 +1097,8 @@ impl Series {
                     "collision_budget"
                 } else {
                     "sm_share"
-                }
+                },
+                s.deferred_ms
             ));
         }
         std::fs::write(out.join("shares.csv"), csv)?;
@@ -1280,6 +1325,7 @@ fn run_scenario(
                 .collect();
             (!during.is_empty()).then(|| during.iter().sum::<f64>() / during.len() as f64)
         },
+        deferred_ms: deferred_total_ms(&shares),
         refused_instances: sh.starts_refused.load(Ordering::Relaxed),
         instance_start_failures: sh.start_failures.load(Ordering::Relaxed),
         requests,
@@ -1416,6 +1462,12 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, interference: Option<Interfer
         println!(
             "  arbiter's SFD estimate    {:5.1} %   (from the functions' reported collision time; docs/harvest.md)",
             e * 100.0
+        );
+    }
+    if s.deferred_ms > 0.0 {
+        println!(
+            "  deferral                  {:5.0} ms  held in all, waiting out the trainer's busy phase (docs/harvest.md)",
+            s.deferred_ms
         );
     }
     println!(
@@ -1643,6 +1695,26 @@ fn plot(
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn deferral_total_is_each_instances_last_cumulative_figure_summed() {
+        let at = |t_s: f64, instance: u64, deferred_ms: f64| ShareSample {
+            t_s,
+            function: "f".into(),
+            instance,
+            share_pct: 1.0,
+            harvest: true,
+            deferred_ms,
+        };
+        assert_eq!(deferred_total_ms(&[]), 0.0);
+        let polls = [
+            at(1.0, 1, 5.0),
+            at(1.0, 2, 1.0),
+            at(2.0, 1, 12.0),
+            at(2.0, 2, 3.0),
+        ];
+        assert_eq!(deferred_total_ms(&polls), 15.0);
+    }
 
     #[derive(Parser)]
     struct Cli {

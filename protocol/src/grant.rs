@@ -23,8 +23,17 @@ pub const PAGE_MAGIC: u64 = 0x4d49_4c45_524f_4d53;
 /// (budget × 1 s, e.g. 50 ms at 5 %) to a few training iterations (docs/harvest.md).
 pub const CONTENTION_HORIZON_NS: u64 = 1_000_000_000;
 /// Layout version of [`GrantPage`]. 2: `DeviceGrant::contention_ppm` (was padding). 3:
-/// `GrantPage::slot_uuid` (the GPU each slot describes).
-pub const PAGE_VERSION: u32 = 3;
+/// `GrantPage::slot_uuid` (the GPU each slot describes). 4: `DeviceGrant::defer_until_ns`.
+pub const PAGE_VERSION: u32 = 4;
+/// Now on the clock of `DeviceGrant::defer_until_ns`: CLOCK_MONOTONIC, ns. Every process of the
+/// machine reads the same clock (the shim's launch path reads it with its own `clock_gettime`).
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
+}
+
 /// Bytes the arbiter allocates for a page (one page; the layout uses far less).
 pub const PAGE_BYTES: usize = 4096;
 
@@ -42,10 +51,16 @@ pub struct DeviceGrant {
     pub contention_ppm: AtomicU32,
     /// Bumped by the owner on every change of this device's grant.
     pub generation: AtomicU64,
+    /// Harvest: until when (CLOCK_MONOTONIC ns, the clock every process of the machine shares)
+    /// the function's current request can still start and meet its deadline; while a launch is
+    /// before it, the shim may hold the launch until the training job's busy phase is over
+    /// instead of colliding with it (docs/harvest.md, "Deferral"). 0 = no deferral. Written by
+    /// the arbiter at each request's admission; a hold only ever delays the function itself.
+    pub defer_until_ns: AtomicU64,
 }
 
-/// The page: header plus [`MAX_DEVICES`] grants and slot UUIDs. 8 + 4 + 4 + 16 × 24 + 16 × 16 =
-/// 656 bytes (< 4 KiB).
+/// The page: header plus [`MAX_DEVICES`] grants and slot UUIDs. 8 + 4 + 4 + 16 × 32 + 16 × 16 =
+/// 784 bytes (< 4 KiB).
 #[repr(C)]
 #[derive(Debug)]
 pub struct GrantPage {
@@ -81,6 +96,7 @@ impl GrantPage {
                 sm_share_pct: AtomicU32::new(100),
                 contention_ppm: AtomicU32::new(0),
                 generation: AtomicU64::new(0),
+                defer_until_ns: AtomicU64::new(0),
             }),
             slot_uuid: std::array::from_fn(|_| [AtomicU64::new(0), AtomicU64::new(0)]),
         }
@@ -151,6 +167,22 @@ impl GrantPage {
         d.contention_ppm.store(ppm.min(1_000_000), Relaxed);
         d.generation.fetch_add(1, Relaxed);
         self.update_mask(dev);
+    }
+
+    /// Owner-side: the current request of the function may start as late as `until_ns`
+    /// (CLOCK_MONOTONIC; 0 = no deferral). Not a grant change: the generation is not bumped.
+    pub fn set_defer_until(&self, dev: usize, until_ns: u64) {
+        if let Some(d) = self.devices.get(dev) {
+            d.defer_until_ns.store(until_ns, Relaxed);
+        }
+    }
+
+    /// Until when `dev`'s launches may be deferred (CLOCK_MONOTONIC ns; 0 = not at all, also for
+    /// untracked devices).
+    pub fn defer_until(&self, dev: usize) -> u64 {
+        self.devices
+            .get(dev)
+            .map_or(0, |d| d.defer_until_ns.load(Relaxed))
     }
 
     fn update_mask(&self, dev: usize) {
@@ -267,5 +299,18 @@ mod tests {
         assert_eq!(p.contention(3), 1_000_000);
         p.set_contention(99, 5); // out of range: ignored
         assert_eq!(p.contention(99), 0);
+    }
+
+    #[test]
+    fn a_deferral_deadline_is_per_device_and_changes_no_grant() {
+        let p = GrantPage::unlimited();
+        assert_eq!(p.defer_until(1), 0);
+        p.set_defer_until(1, 123_456_789);
+        assert_eq!(p.defer_until(1), 123_456_789);
+        assert_eq!(p.defer_until(0), 0);
+        assert_eq!(p.generation(1), 0);
+        assert_eq!(p.throttled_mask.load(Relaxed), 0);
+        p.set_defer_until(99, 5); // out of range: ignored
+        assert_eq!(p.defer_until(99), 0);
     }
 }

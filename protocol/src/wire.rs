@@ -97,6 +97,10 @@ pub enum Request {
         /// ns (cumulative; docs/harvest.md).
         #[serde(default)]
         contention_ns: Option<u64>,
+        /// Time the reporting process's shim held launches to wait out the training job's busy
+        /// phase (deferral), ns (cumulative; docs/harvest.md, "Deferral").
+        #[serde(default)]
+        deferred_ns: Option<u64>,
     },
     /// Request-level admission (SMORE style): may one more request run now?
     Admit {
@@ -555,6 +559,7 @@ mod tests {
             refusals: Some(1),
             gpu_ns: Some(5_000_000),
             contention_ns: Some(1_000_000),
+            deferred_ns: Some(2_000_000),
         }));
         for r in [
             Request::Admit {

@@ -437,6 +437,7 @@ impl Reporter {
             refusals: None,
             gpu_ns: Some(usage.gpu_ns),
             contention_ns: Some(usage.contention_ns),
+            deferred_ns: Some(usage.deferred_ns),
         });
         match r {
             Ok(Reply::Ok) => {

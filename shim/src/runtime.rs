@@ -4,20 +4,23 @@
 //! registers [`after_fork_child`] with `sys::os`), and the reset in a fork child.
 //!
 //! Owns the enforcement decisions: reserve/commit/rollback around allocations, the virtualised
-//! memory info, launch admission (raw share and, in harvest mode, the contention bucket) and event
-//! sampling (costs, queueing waits, collisions), the calibration of estimates against NVML
-//! (≤ 2 per s per device, on a sampled launch), the usage counters, the footprint charge of every
-//! context, the charge of what memory pools reserve (refreshed from the driver) and of graph
-//! memory nodes from instantiation to destruction.
+//! memory info, launch admission (raw share and, in harvest mode, deferral and the contention
+//! bucket) and event sampling (costs, queueing waits, collisions), the calibration of estimates
+//! against NVML (≤ 2 per s per device, on a sampled launch), the usage counters, the footprint
+//! charge of every context, the charge of what memory pools reserve (refreshed from the driver)
+//! and of graph memory nodes from instantiation to destruction.
 //! Must never: call the real driver twice for one hooked call, take a lock on the launch path
 //! except the sampler's (a `try_lock` on a periodic sample, ≤ 1 per ms; a blocking lock only
 //! around the first, unmeasured launch of a kernel or graph and around a probe after a capped
-//! contention hold), or sleep a launch on an unthrottled device.
+//! contention hold or for deferral), sleep a launch on an unthrottled device, or hold a launch
+//! for deferral past the latest start the arbiter wrote for its request.
 
 use crate::client::{self, Source};
 use crate::config::{self, Config, FailurePolicy, Level};
 use crate::gate::{CostTable, Gate, SampleClock, PPM, SAMPLE_PERIOD_NS};
-use crate::harvest::{self, Calibration, Collision, Contention, Usage, UsageCounters};
+use crate::harvest::{
+    self, Calibration, Collision, Contention, Defer, Deferral, Usage, UsageCounters,
+};
 use crate::ledger::{graph_exec_key, Kind, Ledger, OverCap, PoolFree, Reservation};
 use crate::limits::{self, GrantPage, MAX_DEVICES};
 use crate::log::{self, RateLimit};
@@ -89,8 +92,11 @@ pub struct Runtime {
     pub refusals: AtomicU64,
     /// Launches of never-measured keys whose measurement is still in flight.
     unmeasured: AtomicU64,
-    /// Probe launches (after a capped contention hold) whose measurement is still in flight.
+    /// Probe launches (after a capped contention hold or a deferral) whose measurement is still
+    /// in flight.
     probing: AtomicU64,
+    /// Per device: deferral's state (last probe and hold, how often holds succeed).
+    deferral: [Deferral; MAX_DEVICES],
     /// Per CUDA ordinal: its GPU's UUID (two words) once asked of the driver, and whether it is
     /// known ([`Runtime::device_slot`]).
     dev_uuid: [[AtomicU64; 2]; MAX_DEVICES],
@@ -129,7 +135,8 @@ struct PendingMeta {
     charged: u64,
     /// The key had no measurement yet (the gate holds further launches until it has one).
     unmeasured: bool,
-    /// A probe after a capped contention hold (further launches wait for its measurement).
+    /// A probe after a capped contention hold or a deferral (further launches wait for its
+    /// measurement).
     probe: bool,
 }
 
@@ -435,6 +442,7 @@ impl Runtime {
             refusals: AtomicU64::new(0),
             unmeasured: AtomicU64::new(0),
             probing: AtomicU64::new(0),
+            deferral: Default::default(),
             dev_uuid: std::array::from_fn(|_| [AtomicU64::new(0), AtomicU64::new(0)]),
             dev_uuid_known: std::array::from_fn(|_| AtomicBool::new(false)),
         }
@@ -931,6 +939,25 @@ impl Runtime {
         if self.unmeasured.load(Acquire) > 0 || self.probing.load(Acquire) > 0 {
             self.wait_unmeasured();
         }
+        // Deadline-aware deferral (docs/harvest.md, "Deferral"): a launch whose request may
+        // still start later waits out the trainer's busy phase instead of colliding with it.
+        let mut probe = false;
+        if budget > 0 {
+            let until = page.defer_until(slot);
+            if until > 0 {
+                let now = os::now_ns();
+                let evidence = self.collision[dev].evidence_at(now);
+                match self.deferral[dev].decide(now, evidence, until) {
+                    Defer::Run => {}
+                    Defer::Probe => probe = true,
+                    Defer::Hold(t) => {
+                        os::sleep_until(t);
+                        self.usage[dev].add_deferred(t.saturating_sub(now));
+                        probe = true;
+                    }
+                }
+            }
+        }
         let known = self.costs.lookup(key);
         // An unmeasured launch is charged nothing now and its measured cost once known (no
         // estimate from other kernels: a graph's 200 ms must not be charged to a 5 µs kernel).
@@ -944,7 +971,6 @@ impl Runtime {
         // probes (it is sampled, and later launches wait for its measurement), so a trainer that
         // went idle meanwhile is seen at once instead of after the whole debt is paid.
         let mut deadline = raw.max(harvested);
-        let mut probe = false;
         if harvested.is_some_and(|h| h > now + harvest::STALE_NS) {
             probe = true;
             deadline = raw.max(Some(now + harvest::STALE_NS));

@@ -7,7 +7,7 @@ use super::facts::{ProcFacts, Tracked};
 use super::persist::Record;
 use super::watchdog::{ShareDebt, SmOveruse};
 use crate::grantpage::PageHandle;
-use crate::harvest::{RequestPacer, UsageLedger};
+use crate::harvest::{self, RequestPacer, UsageLedger};
 use serde::Serialize;
 use smore_protocol::grant::MAX_DEVICES;
 use std::collections::VecDeque;
@@ -76,6 +76,9 @@ pub struct Instance {
     pub training_share: f64,
     /// Harvest: requests refused at admission because its shim would have held them past the SLO.
     pub paced_refusals: u64,
+    /// Harvest: time its shims held launches to wait out the training job's busy phase
+    /// (deferral), ns, cumulative as reported.
+    pub deferred_ns: u64,
     /// Harvest: its shims' reports.
     #[serde(skip)]
     pub usage: UsageLedger,
@@ -137,6 +140,7 @@ impl Instance {
             gpu_per_request_ns: None,
             training_share: 1.0,
             paced_refusals: 0,
+            deferred_ns: 0,
             usage: UsageLedger::default(),
             pacer: RequestPacer::default(),
             latencies: VecDeque::new(),
@@ -203,6 +207,39 @@ impl Instance {
     /// The share its page carries: the grant's, lowered while it pays back an over-use debt.
     pub fn page_share(&self) -> u32 {
         self.share_debt.page_share(self.rec.share)
+    }
+
+    /// Deferral (docs/harvest.md, "Deferral"): at the admission of a request that already waited
+    /// `waited_ms`, writes into its slot until when the request can still start and meet its SLO
+    /// — what the SLO leaves after the wait and [`harvest::defer_reserve_ms`] — so its shim may
+    /// hold launches while the training job is busy. 0 (no deferral) when `on` is false, before
+    /// the function's GPU time per request is known, or without slack. A latest start still
+    /// ahead (a request of this instance that may not have started yet) is only ever lowered.
+    pub fn write_defer_until(&self, on: bool, waited_ms: f64) {
+        let Some(p) = &self.page else {
+            return;
+        };
+        let page = p.page();
+        let slot = self.rec.slot as usize;
+        let now = smore_protocol::grant::monotonic_ns();
+        let slack_ms = match (on, self.gpu_per_request_ns) {
+            (true, Some(gpu_ns)) if self.contention_ppm > 0 && self.rec.slo_ms > 0.0 => {
+                self.rec.slo_ms - waited_ms.max(0.0) - harvest::defer_reserve_ms(gpu_ns / 1e6)
+            }
+            _ => 0.0,
+        };
+        let until = if slack_ms > 0.0 {
+            now.saturating_add((slack_ms * 1e6) as u64)
+        } else {
+            0
+        };
+        let current = page.defer_until(slot);
+        let until = if current > now && until > 0 {
+            until.min(current)
+        } else {
+            until
+        };
+        page.set_defer_until(slot, until);
     }
 
     /// Writes the grant (cap and share) into its slot; other slots get no memory.

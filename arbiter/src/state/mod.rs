@@ -28,7 +28,7 @@ pub mod training;
 pub mod watchdog;
 
 use crate::budget::{FunctionLoad, TimeBudget};
-use crate::config::{Config, WatchdogAction};
+use crate::config::{Config, DeferMode, WatchdogAction};
 use crate::gpus::{GpuInfo, GpuSample, Sharing};
 use crate::grantpage::PageHandle;
 pub use crate::harvest::ShimUsage;
@@ -1083,6 +1083,7 @@ impl State {
             return;
         };
         let added = i.usage.record(pid, usage, self.clock.now());
+        i.deferred_ns = i.deferred_ns.saturating_add(added.deferred_ns);
         let gpu = i.rec.gpu;
         let with_training = (added.contention_ns as f64 * i.training_share).round() as u64;
         if let Some(g) = self.gpus.iter_mut().find(|g| g.info.index == gpu) {
@@ -1261,6 +1262,15 @@ impl State {
         }
         if a.admitted {
             self.counters.admitted_requests += 1;
+            let sharing = self
+                .gpus
+                .iter()
+                .find(|g| g.info.index == gpu)
+                .and_then(|g| g.sharing);
+            let defer = self.cfg.harvest && training && defers(self.cfg.defer, sharing);
+            if let Some(i) = self.instances.get(&id) {
+                i.write_defer_until(defer, waited_ms);
+            }
         } else {
             self.counters.deferred_requests += 1;
             if let Some(i) = self.instances.get_mut(&id) {
@@ -1811,6 +1821,16 @@ impl State {
     }
 }
 
+/// Whether requests on a GPU shared as `sharing` (None: not known yet) get a latest start for
+/// deferral under `mode` (docs/harvest.md, "Deferral").
+fn defers(mode: DeferMode, sharing: Option<Sharing>) -> bool {
+    match mode {
+        DeferMode::On => true,
+        DeferMode::Off => false,
+        DeferMode::Auto => sharing == Some(Sharing::Mps),
+    }
+}
+
 /// Says once per change how a GPU's processes share it, and in harvest mode what that means.
 fn log_sharing(index: u32, sharing: Sharing, harvest: bool) {
     match sharing {
@@ -1931,6 +1951,7 @@ mod tests {
                     ShimUsage {
                         gpu_ns: sec * 200_000_000,
                         contention_ns: sec * 50_000_000,
+                        ..Default::default()
                     },
                 );
             }
@@ -1971,6 +1992,7 @@ mod tests {
                 ShimUsage {
                     gpu_ns: sec * 40_000_000,
                     contention_ns: sec * 40_000_000,
+                    ..Default::default()
                 },
             );
             s.report(g.instance, &[2.5; 20], None, None, None);
@@ -2006,6 +2028,85 @@ mod tests {
         assert!(s.admit_request(g.instance, 0.0).admitted);
         // One that already waited past its SLO at the platform is refused.
         assert!(!s.admit_request(g.instance, 25.0).admitted);
+    }
+
+    #[test]
+    fn an_admitted_request_tells_its_shim_how_long_it_may_wait_out_the_trainer() {
+        let mut s = harvest_state();
+        s.cfg.defer = DeferMode::On;
+        let clock = facts::fake::FakeClock::default();
+        s.clock = Box::new(clock.clone());
+        let (g, page) = s
+            .register(
+                me(),
+                RegisterArgs {
+                    slo_ms: Some(20.0),
+                    ..args(1 << 30)
+                },
+            )
+            .unwrap();
+        let slot = s.instances[&g.instance].rec.slot as usize;
+        // Before anything is known of its requests: admitted, no deferral.
+        assert!(s.admit_request(g.instance, 0.0).admitted);
+        assert_eq!(page.page().defer_until(slot), 0);
+        // 20 requests a second of 2 ms GPU time each, little of it colliding.
+        for sec in 1..=4u64 {
+            s.report_usage(
+                g.instance,
+                me().pid,
+                ShimUsage {
+                    gpu_ns: sec * 40_000_000,
+                    contention_ns: sec * 1_000_000,
+                    deferred_ns: sec * 2_000_000,
+                },
+            );
+            s.report(g.instance, &[2.5; 20], None, None, None);
+            for _ in 0..HARVEST_EVERY {
+                s.reconcile(&[(g.gpu_index, training_sample(30, &[]))]);
+            }
+            clock.advance(1.0);
+        }
+        assert!(page.page().contention(slot) > 0, "harvest on");
+        // What its shim reported holding is in the status.
+        let f = &s.snapshot()["gpus"][0]["functions"][0];
+        assert_eq!(f["deferred_ns"].as_u64(), Some(8_000_000), "{f}");
+        // A request that waited 3 ms: the SLO less the wait and the reserve for 2 ms of GPU time.
+        let before = smore_protocol::grant::monotonic_ns();
+        assert!(s.admit_request(g.instance, 3.0).admitted);
+        let after = smore_protocol::grant::monotonic_ns();
+        let slack_ns = ((20.0 - 3.0 - harvest::defer_reserve_ms(2.0)) * 1e6) as u64;
+        let until = page.page().defer_until(slot);
+        assert!(
+            (before + slack_ns..=after + slack_ns).contains(&until),
+            "{until} not {slack_ns} ns after admission"
+        );
+        // The next request's latest start is later, but the earlier one may not have started
+        // yet: the page keeps the earlier.
+        clock.advance(0.001);
+        assert!(s.admit_request(g.instance, 0.0).admitted);
+        assert_eq!(page.page().defer_until(slot), until);
+        // No slack left after its wait: no deferral (the earlier latest start is cleared too).
+        assert!(s.admit_request(g.instance, 15.0).admitted);
+        assert_eq!(page.page().defer_until(slot), 0);
+        // Deferral off: never written.
+        s.cfg.defer = DeferMode::Off;
+        assert!(s.admit_request(g.instance, 0.0).admitted);
+        assert_eq!(page.page().defer_until(slot), 0);
+        // Auto: only on a GPU NVML shows running MPS.
+        s.cfg.defer = DeferMode::Auto;
+        let gi = s
+            .gpus
+            .iter()
+            .position(|x| x.info.index == g.gpu_index)
+            .unwrap();
+        for sharing in [None, Some(Sharing::TimeSliced)] {
+            s.gpus[gi].sharing = sharing;
+            assert!(s.admit_request(g.instance, 0.0).admitted);
+            assert_eq!(page.page().defer_until(slot), 0, "{sharing:?}");
+        }
+        s.gpus[gi].sharing = Some(Sharing::Mps);
+        assert!(s.admit_request(g.instance, 0.0).admitted);
+        assert!(page.page().defer_until(slot) > 0);
     }
 
     #[test]
@@ -2155,6 +2256,7 @@ mod tests {
             ShimUsage {
                 gpu_ns: 0,
                 contention_ns: 0,
+                ..Default::default()
             },
         );
         let mut acted = false;

@@ -2,7 +2,7 @@
 //!
 //! Owns: the list of keys that change live ([`LIVE_KEYS`]), applying them to the state (θ_train
 //! into every GPU's harvest ledger and the policy, the watchdog action, the prewarm policy,
-//! harvest on/off), and building the prewarm manager from its config string (one
+//! harvest and deferral on/off), and building the prewarm manager from its config string (one
 //! implementation for start and reload).
 //!
 //! Must never: half-apply a config (the caller validates the whole file first: a file that does
@@ -15,11 +15,12 @@ use crate::policy::Policy;
 
 /// Config keys (as serialized) a running arbiter takes over on SIGHUP. Everything else — the
 /// socket, the state directory, the GPUs, the policy kind and its model … — is fixed at start.
-pub const LIVE_KEYS: [&str; 4] = [
+pub const LIVE_KEYS: [&str; 5] = [
     "theta_train",
     "watchdog_action",
     "prewarm_policy",
     "harvest",
+    "defer",
 ];
 
 /// What a reload did.
@@ -92,6 +93,9 @@ impl State {
         merged.watchdog_action = new.watchdog_action;
         merged.prewarm_policy = new.prewarm_policy.clone();
         merged.harvest = new.harvest;
+        // Deferral follows at the next admission (a latest start already written lapses within
+        // the request's SLO).
+        merged.defer = new.defer;
         let changes = changed_keys(&self.cfg, &merged);
         if changes.is_empty() {
             return Ok(out);

@@ -243,11 +243,28 @@ fn every_scenario_keeps_the_trainer_within_theta_in_both_interference_models() {
         for x in scenarios {
             let (name, sfd) = (x["scenario"].as_str().unwrap(), x["sfd"].as_f64().unwrap());
             eprintln!(
-                "{mode} {name}: SFD {:.1} %, DSR {:.1} %, gain {:+.1} pp",
+                "{mode} {name}: SFD {:.1} %, DSR {:.1} %, gain {:+.1} pp, deferral held {:.0} ms",
                 sfd * 100.0,
                 x["dsr"].as_f64().unwrap() * 100.0,
-                x["gui_gain_pp"].as_f64().unwrap()
+                x["gui_gain_pp"].as_f64().unwrap(),
+                x["deferred_ms"].as_f64().unwrap()
             );
+            // Deferral is `auto` (the default): on where the arbiter sees MPS. Under MPS,
+            // requests with slack arrive in the trainer's busy phases: the arbiter gives their
+            // shims a latest start, the shims wait phases out and report the holds; time-sliced,
+            // nothing is held.
+            let deferred = x["deferred_ms"].as_f64().unwrap();
+            match (mode, name) {
+                ("mps", "harvest") => assert!(
+                    deferred > 0.0,
+                    "{mode} {name}: no launch was deferred\n{stdout}"
+                ),
+                ("timeslice", _) => assert_eq!(
+                    deferred, 0.0,
+                    "{mode} {name}: deferral is auto, off without MPS\n{stdout}"
+                ),
+                _ => {}
+            }
             assert!(
                 sfd <= THETA + SFD_SLACK,
                 "{mode} {name}: the trainer slowed {:.1} % against θ_train {:.0} %\n{stdout}",

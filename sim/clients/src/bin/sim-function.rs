@@ -148,6 +148,7 @@ impl Admission {
                 refusals: None,
                 gpu_ns: None,
                 contention_ns: None,
+                deferred_ns: None,
             }) {
                 return Err(Preempted {
                     reason,
