@@ -281,6 +281,17 @@ pub enum Defer {
     Hold(u64),
 }
 
+/// Whether the probe after a hold ending at `hold_end` is waited for by the process's later
+/// launches: only when another hold could follow it (a quantum of slack left before `until`).
+/// Otherwise the request runs whatever the probe says, and waiting for its measurement only
+/// delays the request — on a time-sliced GPU by a second wait for the trainer's slice, after the
+/// probe's own (measured, simulated: with every such probe waited for, deferral took 3.5 pp of
+/// deadline satisfaction beside a trainer busy 60 % of the time on a time-sliced GPU; without,
+/// none — docs/harvest.md, "Deferral"). Its sample is still taken: it judges the hold.
+pub fn probe_blocks(hold_end: u64, until: u64) -> bool {
+    until.saturating_sub(hold_end) >= DEFER_QUANTUM_NS
+}
+
 /// Share of holds that must find the trainer idle afterwards for holding to go on: 1/4.
 /// Reasoning: a hold that ends in an idle phase saves the request's whole collision (all its
 /// kernels, 3–8 in the demo's functions); one that does not costs the request a quantum of latency
@@ -329,7 +340,10 @@ impl Deferral {
     /// `evidence` (what its probe measured), and with holding allowed while it succeeds often
     /// enough ([`DEFER_WORTH_PPM`]) or once per [`DEFER_EXPLORE_NS`].
     pub fn decide(&self, now: u64, evidence: Option<u32>, until: u64) -> Defer {
-        if self.judging.swap(false, Relaxed) {
+        // A hold is judged by the first fresh evidence after it: its probe's measurement may
+        // settle after the request's next launches (a probe nothing waits for, [`probe_blocks`]),
+        // and stale evidence then says nothing about how the hold ended.
+        if evidence.is_some() && self.judging.swap(false, Relaxed) {
             if let Some(p) = evidence {
                 let target = if p < HOLD_FROM_PPM { PPM } else { 0 };
                 let old = self.success_ppm();
@@ -347,8 +361,9 @@ impl Deferral {
         match d {
             Defer::Run => {}
             Defer::Probe => self.last_probe.store(now, Relaxed),
-            Defer::Hold(_) => {
-                self.last_probe.store(now, Relaxed);
+            Defer::Hold(t) => {
+                // Its probe goes when the hold ends.
+                self.last_probe.store(t, Relaxed);
                 self.last_hold.store(now, Relaxed);
                 self.judging.store(true, Relaxed);
             }
@@ -692,6 +707,31 @@ mod tests {
             now += MS;
         }
         assert!(d.success_ppm() >= DEFER_WORTH_PPM, "{}", d.success_ppm());
+    }
+
+    #[test]
+    fn a_holds_last_probe_is_not_waited_for_and_the_hold_is_judged_by_later_evidence() {
+        let until = T + 10 * MS;
+        // Another hold fits after this one: the later launches wait for the probe to decide.
+        assert!(probe_blocks(T + DEFER_QUANTUM_NS, until));
+        assert!(probe_blocks(until - DEFER_QUANTUM_NS, until));
+        // None fits: the request runs whatever the probe says, so nothing waits for it.
+        assert!(!probe_blocks(until - DEFER_QUANTUM_NS + 1, until));
+        assert!(!probe_blocks(until, until));
+        // The probe's measurement arrives after the request's next launches decided on stale
+        // evidence: the hold is judged by it then, not forgotten.
+        let d = Deferral::default();
+        let before = d.success_ppm();
+        assert!(matches!(d.decide(T, Some(PPM), until), Defer::Hold(_)));
+        let after_hold = T + DEFER_QUANTUM_NS + 1;
+        assert_eq!(d.decide(after_hold, None, until), Defer::Run);
+        assert_eq!(d.success_ppm(), before, "stale evidence judges nothing");
+        let _ = d.decide(after_hold + MS, Some(0), T + 100 * MS);
+        assert!(d.success_ppm() > before, "{}", d.success_ppm());
+        // Judged once.
+        let judged = d.success_ppm();
+        let _ = d.decide(after_hold + 2 * MS, Some(0), 0);
+        assert_eq!(d.success_ppm(), judged);
     }
 
     #[test]

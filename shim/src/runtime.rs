@@ -942,6 +942,9 @@ impl Runtime {
         // Deadline-aware deferral (docs/harvest.md, "Deferral"): a launch whose request may
         // still start later waits out the trainer's busy phase instead of colliding with it.
         let mut probe = false;
+        // Whether later launches wait for the probe's measurement (a deferral's last probe is
+        // only sampled: [`harvest::probe_blocks`]).
+        let mut blocking = true;
         if budget > 0 {
             let until = page.defer_until(slot);
             if until > 0 {
@@ -954,6 +957,7 @@ impl Runtime {
                         os::sleep_until(t);
                         self.usage[dev].add_deferred(t.saturating_sub(now));
                         probe = true;
+                        blocking = harvest::probe_blocks(t, until);
                     }
                 }
             }
@@ -973,6 +977,7 @@ impl Runtime {
         let mut deadline = raw.max(harvested);
         if harvested.is_some_and(|h| h > now + harvest::STALE_NS) {
             probe = true;
+            blocking = true;
             deadline = raw.max(Some(now + harvest::STALE_NS));
         }
         if let Some(deadline) = deadline {
@@ -987,9 +992,11 @@ impl Runtime {
             admitted: now,
             charged: cost,
             unmeasured: known.is_none(),
-            probe,
+            probe: probe && blocking,
         };
         if known.is_none() || probe {
+            // A probe nothing waits for is still sampled, at once (its measurement judges the
+            // hold before it).
             return self.sampled_launch(pending, stream, ptsz, call);
         }
         // Under a raw share the sampled launch is drawn (a function cannot choose which of its
