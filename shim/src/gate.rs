@@ -95,6 +95,13 @@ impl Gate {
         }
     }
 
+    /// Whether a launch at `now` would wait: the work admitted so far is paid for more than
+    /// `window_ns` ahead of now. One atomic load.
+    #[inline]
+    pub fn in_debt(&self, now: u64, window_ns: u64) -> bool {
+        self.tat.load(Acquire) > now.saturating_add(window_ns)
+    }
+
     /// Charges `cost_ns` of GPU time learnt after the fact (a launch that cost more than its
     /// estimate) without admitting anything: later launches wait until it is paid for.
     pub fn charge(&self, now: u64, cost_ns: u64, share_pct: u32) {

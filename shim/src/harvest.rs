@@ -140,9 +140,39 @@ impl Collision {
 #[derive(Debug, Default)]
 pub struct Contention {
     gate: Gate,
+    /// When a launch last probed because the bucket was in debt on stale evidence (ns).
+    last_probe: AtomicU64,
 }
 
 impl Contention {
+    /// Whether a launch at `now` with the trainer busy would wait: the bucket holds more than its
+    /// horizon of debt. One atomic load.
+    #[inline]
+    pub fn in_debt(&self, now: u64) -> bool {
+        self.gate.in_debt(now, CONTENTION_HORIZON_NS)
+    }
+
+    /// Whether a launch at `now` must probe before the process launches more: the bucket is in
+    /// debt and `evidence` is stale, at most once per [`STALE_NS`] (racing threads settle it by
+    /// compare-and-swap). Without it a function whose launches come in bursts more than
+    /// [`STALE_NS`] apart (a request every few tens of ms) launches every burst on stale
+    /// evidence, which is charged but never held (docs/harvest.md, "Enforcement on stale
+    /// evidence"). The probe is the burst's first launch; the rest wait for its measurement and
+    /// are then held while the trainer is busy. A probe goes before anything says whether the
+    /// trainer is busy, so it may collide for its whole cost: at one per [`STALE_NS`] a function
+    /// of long kernels in debt still collides more than its budget (same section).
+    pub fn probe_on_stale(&self, now: u64, evidence: Option<u32>) -> bool {
+        if evidence.is_some() || !self.in_debt(now) {
+            return false;
+        }
+        let last = self.last_probe.load(Relaxed);
+        now.saturating_sub(last) > STALE_NS
+            && self
+                .last_probe
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+    }
+
     /// Admits a launch of (calibrated) cost `cost_ns` with collision probability `p_ppm` under
     /// `budget_ppm`: returns the contention charged and when the launch may go (`None` = now).
     /// A budget of 0 (harvest off) charges and delays nothing.
@@ -557,6 +587,31 @@ mod tests {
         assert_eq!(c.correct(now, 0, 100 * MS, 50_000), 100 * MS);
         assert!(c.admit(now, MS, PPM, 50_000).1.is_some(), "in debt: held");
         assert_eq!(c.admit(now, MS, PPM / 20, 50_000), (MS / 20, None));
+    }
+
+    #[test]
+    fn a_function_in_debt_probes_on_stale_evidence_once_per_staleness_age() {
+        let c = Contention::default();
+        let now = 5_000 * MS;
+        // No debt: nothing to enforce, no probe, whatever the evidence.
+        assert!(!c.in_debt(now));
+        assert!(!c.probe_on_stale(now, None));
+        // 100 ms of collision at 5 %: 2 s of debt, past the 1 s horizon.
+        c.correct(now, 0, 100 * MS, 50_000);
+        assert!(c.in_debt(now));
+        // Fresh evidence: the bucket itself holds the launch if the trainer is busy.
+        assert!(!c.probe_on_stale(now, Some(PPM)));
+        assert!(!c.probe_on_stale(now, Some(0)));
+        // Stale: this launch probes, and the next ones within the staleness age do not (they
+        // wait for its measurement instead).
+        assert!(c.probe_on_stale(now, None));
+        assert!(!c.probe_on_stale(now + MS, None));
+        assert!(!c.probe_on_stale(now + STALE_NS, None));
+        assert!(c.probe_on_stale(now + STALE_NS + 1, None));
+        // Once the debt is paid (past the horizon), stale launches go as before.
+        let paid = now + 2_000 * MS;
+        assert!(!c.in_debt(paid));
+        assert!(!c.probe_on_stale(paid, None));
     }
 
     #[test]

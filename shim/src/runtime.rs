@@ -966,6 +966,16 @@ impl Runtime {
         // An unmeasured launch is charged nothing now and its measured cost once known (no
         // estimate from other kernels: a graph's 200 ms must not be charged to a 5 µs kernel).
         let cost = known.map_or(0, |c| self.calibration[dev].apply(c));
+        // A function in debt whose evidence is stale probes first, at most once per staleness
+        // age (docs/harvest.md, "Enforcement on stale evidence"): otherwise bursts spaced past
+        // the staleness age are never held.
+        if budget > 0 && !probe {
+            let now = os::now_ns();
+            if self.contention[dev].probe_on_stale(now, self.collision[dev].evidence_at(now)) {
+                probe = true;
+                blocking = true;
+            }
+        }
         let mut now = os::now_ns();
         let p = self.collision[dev].ppm_at(now);
         let expected = harvest::expected_collision(cost, p);
@@ -973,7 +983,9 @@ impl Runtime {
         let (_, harvested) = self.contention[dev].admit(now, cost, p, budget);
         // A contention hold longer than the evidence stays fresh is cut short: this launch then
         // probes (it is sampled, and later launches wait for its measurement), so a trainer that
-        // went idle meanwhile is seen at once instead of after the whole debt is paid.
+        // went idle meanwhile is seen at once instead of after the whole debt is paid. (Cutting
+        // it later, `cost / budget` after the last probe, was tried: docs/harvest.md,
+        // "Enforcement on stale evidence".)
         let mut deadline = raw.max(harvested);
         if harvested.is_some_and(|h| h > now + harvest::STALE_NS) {
             probe = true;

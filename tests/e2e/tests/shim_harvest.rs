@@ -78,6 +78,36 @@ fn colocated(budget_ppm: u32) -> (f64, f64) {
     (mean_ms(&String::from_utf8_lossy(&out.stdout)), share)
 }
 
+/// Trainer mean ms/iter beside a function whose requests — 4 × 1 ms kernels, then a sync —
+/// arrive every 10 ms: bursts spaced past the shim's staleness age (4 ms), so each burst starts
+/// with no fresh evidence of what the trainer does; contention budget `budget_ppm` (0: unheld).
+fn colocated_bursts(budget_ppm: u32) -> f64 {
+    let sim = sim();
+    let mut function: Child = sim
+        .command(bin("sim-function"))
+        .env("LD_PRELOAD", shim_lib())
+        .env("SMORE_SM_SHARE", "100")
+        .env("SMORE_CONTENTION_PPM", budget_ppm.to_string())
+        .args([
+            "--kernels",
+            "4",
+            "--kernel-us",
+            "1000",
+            "--interval-ms",
+            "10",
+        ])
+        .args(["--seconds", &format!("{}", TRAINER_SECS + 1.0), "--quiet"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let out = trainer(&sim).wait_with_output().unwrap();
+    assert!(out.status.success(), "trainer: {}", out.status);
+    let status = function.wait().unwrap();
+    assert!(status.success(), "function exited with {status}");
+    mean_ms(&String::from_utf8_lossy(&out.stdout))
+}
+
 fn solo() -> f64 {
     let sim = sim();
     let out = trainer(&sim).wait_with_output().unwrap();
@@ -113,4 +143,42 @@ fn a_harvesting_function_uses_the_trainers_idle_time_and_slows_it_within_its_bud
     // The trainer's idle time is harvested: far more GPU time than the contention budget
     // (measured 22–32 % at a 5 % budget on the simulated GPU, docs/shim.md).
     assert!(share >= 3.0 * c, "{report}");
+}
+
+/// Of the unheld function's slowdown, what a function in bursts may still cause: 60 %.
+/// Reasoning: without enforcement on stale evidence the harvesting function slowed the trainer
+/// 26.4–26.5 % against an unheld 31.4–31.9 % (83 %); with it 12.6 % against 31.1 % (41 %)
+/// (docs/harvest.md, "Enforcement on stale evidence"): 60 % sits between the two with 5–6 pp of
+/// slack on either side.
+const BURSTS_HELD_BELOW: f64 = 0.6;
+
+/// A function whose launches come in bursts spaced past the staleness age found every burst on
+/// stale evidence, which the budget charged but never held: it slowed the trainer nearly as much
+/// as an unheld function. In debt, such a burst's first launch now probes and the rest are held
+/// while the trainer is busy. Not yet to the budget: the probes themselves collide, and the
+/// trainer still slows ~12 % against a bound of 5.3 % (docs/harvest.md, same section) — so this
+/// asserts the hold, against the unheld function in the same run, not the bound.
+#[test]
+fn bursts_spaced_past_the_staleness_age_are_held_while_in_debt() {
+    let alone = std::thread::spawn(solo);
+    let harvest = std::thread::spawn(|| colocated_bursts(BUDGET_PPM));
+    let unheld = std::thread::spawn(|| colocated_bursts(0));
+    let alone = alone.join().unwrap();
+    let with_harvest = harvest.join().unwrap();
+    let with_unheld = unheld.join().unwrap();
+    let c = BUDGET_PPM as f64 / 1e6;
+    let bound = c / (1.0 - c);
+    let slowdown = with_harvest / alone - 1.0;
+    let unheld_slowdown = with_unheld / alone - 1.0;
+    let report = format!(
+        "trainer alone {alone:.2} ms/iter; beside bursts every 10 ms under a {:.0} % budget {with_harvest:.2} ms/iter (slowdown {:.1} %, bound {:.1} %); unheld {with_unheld:.2} ms/iter (slowdown {:.1} %)",
+        c * 100.0,
+        slowdown * 100.0,
+        bound * 100.0,
+        unheld_slowdown * 100.0
+    );
+    eprintln!("{report}");
+    // The scenario escapes without enforcement: the unheld function is far past the bound.
+    assert!(unheld_slowdown > bound + SLOWDOWN_SLACK, "{report}");
+    assert!(slowdown < BURSTS_HELD_BELOW * unheld_slowdown, "{report}");
 }
