@@ -156,8 +156,8 @@ fn a_harvesting_function_uses_the_trainers_idle_time_and_slows_it_within_its_bud
 
 /// Of the unheld function's slowdown, what a function in bursts may still cause: 60 %.
 /// Reasoning: without enforcement on stale evidence the harvesting function slowed the trainer
-/// 26.4–26.5 % against an unheld 31.4–31.9 % (83 %); with it 11.4–12.6 % against 31.1–31.8 %
-/// (36–41 %) (docs/harvest.md, "Enforcement on stale evidence"): 60 % sits between the two with
+/// 26.4–26.5 % against an unheld 31.4–31.9 % (83 %); with it 11.2–12.6 % against 31.1–31.8 %
+/// (35–41 %) (docs/harvest.md, "Enforcement on stale evidence"): 60 % sits between the two with
 /// 6–7 pp of slowdown to spare on either side.
 const BURSTS_HELD_BELOW: f64 = 0.6;
 
