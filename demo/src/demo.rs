@@ -112,6 +112,11 @@ pub struct DemoArgs {
     /// auto (on where the GPU runs MPS, as on a node by default), on, or off — to compare.
     #[arg(long, value_enum, default_value = "auto")]
     pub defer: DeferArg,
+    /// The arbiter's `[watchdog] action` for the demo's node (default: the arbiter's, sigterm).
+    /// `log` keeps a function the watchdog would stop running and says why in arbiter.log — to
+    /// diagnose a node where the watchdog stops functions (docs/real-gpu.md).
+    #[arg(long, value_parser = ["log", "sigterm", "sigkill"])]
+    pub watchdog_action: Option<String>,
     /// How the simulated GPU shares itself between processes: timeslice (contexts take turns in
     /// 2 ms slices, as a GPU without MPS; the default) or mps (kernels of different processes run
     /// concurrently and slow each other, as under NVIDIA's Multi-Process Service; docs/simgpu.md).
@@ -363,7 +368,11 @@ fn start_arbiter(node: &Node, out: &Path, a: &DemoArgs) -> Result<ArbiterProc> {
             a.policy,
             a.theta_train,
             a.defer.as_config()
-        ),
+        ) + &a
+            .watchdog_action
+            .as_ref()
+            .map(|w| format!("\n[watchdog]\naction = {w:?}\n"))
+            .unwrap_or_default(),
     )?;
     let _ = std::fs::remove_dir_all(out.join("state"));
     let log = std::fs::File::create(out.join("arbiter.log"))?;

@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -96,6 +97,9 @@ def main():
     ap.add_argument("--workdir", default="/tmp/smore-gpu")
     ap.add_argument("--memory", default="4GiB")
     ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--watchdog-action", choices=["log", "sigterm", "sigkill"],
+                    help="[watchdog] action for this run (default: the arbiter's, sigterm); "
+                         "log keeps a function the watchdog would stop running, to see why")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     sock = os.path.join(a.workdir, "arbiter.sock")
@@ -105,6 +109,8 @@ def main():
         f.write(f'[arbiter]\nsocket = "{sock}"\nstate_dir = "{a.workdir}/state"\n'
                 'metrics_addr = "127.0.0.1:9464"\nreconcile_ms = 250\n'
                 '[policy]\nname = "fit"\n')
+        if a.watchdog_action:
+            f.write(f'[watchdog]\naction = "{a.watchdog_action}"\n')
     r = {"test": "arbiter_e2e", "config": open(cfg).read(), "checks": {}, "snapshots": {}}
     checks = r["checks"]
     smi = common.nvidia_smi()
@@ -143,7 +149,29 @@ def main():
         f0 = listed[0] if listed else {}
         r["snapshots"]["admitted"] = f0
         checks["admitted_with_the_cap"] = f0.get("cap") == common.parse_size(a.memory)
-        checks["share_below_100_beside_training"] = (f0.get("share") or 100) < 100
+        # The fit policy admits at 100 % and the harvest budget lowers the share at the next
+        # reconcile once the training job's use is known: wait for that, up to 5 s.
+        lowered = wait_for("the share lowered beside training", lambda: [
+            f for f in functions(status(a.smore, sock)) if (f.get("share") or 100) < 100], 5.0)
+        checks["share_below_100_beside_training"] = bool(lowered)
+        timeline = r["timeline"] = []
+        stop_sampling = threading.Event()
+
+        def sample():
+            # What the arbiter sees twice a second: the function's share, its NVML SM use and
+            # the GPU time its shim reports, beside the training job's NVML use.
+            while not stop_sampling.is_set():
+                try:
+                    snap = status(a.smore, sock)
+                    g = (snap.get("gpus") or [{}])[0]
+                    timeline.append({"t": round(time.time() - t_fn, 2),
+                                     "gpu": {k: v for k, v in g.items() if k != "functions"},
+                                     "functions": functions(snap)})
+                except Exception as e:  # noqa: BLE001 - the arbiter is down (restart)
+                    timeline.append({"t": round(time.time() - t_fn, 2), "error": repr(e)[:200]})
+                stop_sampling.wait(0.5)
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         try:
             body = urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=5).read()
             lines = [l for l in body.decode().splitlines() if l.startswith("smore_")]
@@ -172,6 +200,7 @@ def main():
         fr["exit_code"] = fn.returncode
         fr["stderr_tail"] = err[-3000:]
         r["function"] = fr
+        stop_sampling.set()
         checks["function_exit_0"] = fn.returncode == 0
         for k, v in (fr.get("checks") or {}).items():
             checks["function_" + k] = v
