@@ -80,6 +80,22 @@ def arbiter_md(r):
     return out
 
 
+def nvml_md(r):
+    out = ["## (d) NVML's per-process SM utilization of a shimmed process", "",
+           f"Window {r.get('seconds')} s per run, NVML sampled every 250 ms. Measurements only; "
+           f"all runs completed: **{r.get('pass')}**", "",
+           "| run | process | rate (/s) | p50 (ms) | NVML smUtil mean (max, samples) | device util |",
+           "|---|---|---|---|---|---|"]
+    for key, run in (r.get("runs") or {}).items():
+        for name, v in run.items():
+            if not isinstance(v, dict):
+                continue
+            out.append(f"| {key} | {name} | {v.get('rate', 0):.1f} | {v.get('p50_ms')} | "
+                       f"{v.get('nvml_sm_mean')} ({v.get('nvml_sm_max')}, "
+                       f"{v.get('nvml_sm_samples')}) | {run.get('device_util_mean')} |")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--meta", required=True)
@@ -101,7 +117,8 @@ def main():
     md.append("")
     for s in steps:
         kind = s.get("test")
-        body = {"mem_cap": mem_md, "sm_share": share_md, "arbiter_e2e": arbiter_md}.get(kind)
+        body = {"mem_cap": mem_md, "sm_share": share_md, "arbiter_e2e": arbiter_md,
+                "nvml_view": nvml_md}.get(kind)
         md += (body(s) if body else [f"## {kind}", "", f"Error: {s.get('error')}"]) + [""]
     with open(os.path.join(a.out, "results.md"), "w") as f:
         f.write("\n".join(md) + "\n")

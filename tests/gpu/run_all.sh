@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the real-GPU checks of smore and writes results.json, results.md and run.log to $OUT.
 #
-#   tests/gpu/run_all.sh [all|mem|share|arbiter ...]
+#   tests/gpu/run_all.sh [all|mem|share|nvml|arbiter ...]
 #
 # Needs: an NVIDIA GPU with its driver, nvidia-smi, python3 with torch (CUDA), and the release
 # binaries built elsewhere (no cargo needed here): $SMORE_BIN_DIR/smore and
@@ -87,6 +87,7 @@ step() {
 RESULTS=()
 want mem && step mem_cap 300 "$PY" "$HERE/mem_cap.py" --shim "$SHIM" --cap "$CAP"
 want share && step sm_share 540 "$PY" "$HERE/sm_share.py" --shim "$SHIM" --shares "$SHARES" --seconds "$SECS"
+want nvml && step nvml_view 240 "$PY" "$HERE/nvml_view.py" --shim "$SHIM" --shares "${SHARES%%,*},50" --seconds "$SECS"
 want arbiter && step arbiter_e2e 240 "$PY" "$HERE/arbiter_e2e.py" --smore "$SMORE" --shim "$SHIM" --workdir "$WORK/arbiter" --memory "$CAP"
 [ -f "$WORK/arbiter/arbiter.log" ] && cp "$WORK/arbiter/arbiter.log" "$OUT/arbiter.log"
 
