@@ -222,9 +222,11 @@ pub fn expected_collision(cost_ns: u64, p_ppm: u32) -> u64 {
 ///
 /// Event pairs on a time-sliced GPU include the co-runners' slices whenever a kernel's span
 /// crosses a slice boundary — always, for kernels or graphs longer than a slice — and no event
-/// placement can separate them. The driver knows each process's own GPU time (NVML per-process
-/// utilization samples), so the runtime compares, over ~0.5 s windows, the GPU time it estimated
-/// with what the driver measured and scales its estimates by the ratio.
+/// placement can separate them. The driver's per-process utilization samples (NVML) are each
+/// process's own GPU time as long as they do not overlap, so the runtime compares, over ~0.5 s
+/// windows, the GPU time it estimated with what the driver measured and scales its estimates by
+/// the ratio. Windows whose figures overlap on a time-sliced device are skipped by the runtime:
+/// on a real H200 they counted another context's time (docs/real-gpu.md, section 8).
 ///
 /// The first observation that raises the factor is taken in full (still at most doubling it):
 /// the ×1 the factor starts from is no measurement, and averaging it in halved the first

@@ -82,7 +82,7 @@ name_enum! {
         nvmlInit_v2, nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetIndex, nvmlDeviceGetUUID,
         nvmlDeviceGetHandleByUUID,
         nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetComputeRunningProcesses_v2,
-        nvmlDeviceGetProcessUtilization,
+        nvmlDeviceGetProcessUtilization, nvmlDeviceGetMPSComputeRunningProcesses_v3,
     }
 }
 

@@ -136,6 +136,11 @@ pub struct Gpu {
     /// How its processes share it (NVML's MPS client list), as last known: `time-sliced`, `mps`,
     /// or null before any sample told.
     pub sharing: Option<Sharing>,
+    /// Percent points by which NVML's per-process SM figures sum past the device's utilization
+    /// in the last sample (0 under MPS): on a time-sliced GPU a process's figure can count time
+    /// that was another's, and the watchdog judges functions without it
+    /// ([`watchdog::attribution_overlap`]).
+    pub sm_overlap: u32,
     /// Harvest: the functions' collision time with training, as their shims report it.
     #[serde(skip)]
     pub meter: ContentionMeter,
@@ -154,6 +159,7 @@ impl Gpu {
             training_used: 0,
             ungranted_used: 0,
             sharing: None,
+            sm_overlap: 0,
             estimate: TrainingEstimate::default(),
             memory: TrainingMemory::default(),
             budget: TimeBudget::default(),
@@ -1362,6 +1368,15 @@ impl State {
                 log_sharing(*index, sharing, self.cfg.harvest);
                 g.sharing = Some(sharing);
             }
+            g.sm_overlap = watchdog::attribution_overlap(
+                s.proc_util
+                    .iter()
+                    .filter(|(pid, _)| s.procs.contains_key(pid))
+                    .map(|(_, &u)| u),
+                s.util,
+                g.sharing,
+            );
+            let overlap = g.sm_overlap;
             g.training_used = split.training.iter().map(|t| t.used).sum();
             if !has_functions || split.training.is_empty() {
                 // The feedback loop starts again from the worst case with the next functions.
@@ -1453,7 +1468,10 @@ impl State {
                 } else {
                     inst.rec.share
                 };
-                let overuse = inst.over_share.observe(usage.sm, share.min(100));
+                // What NVML shows of the function that cannot have been another process's time
+                // (a time-sliced GPU's per-process figures overlap: docs/real-gpu.md, section 8).
+                let own_sm = usage.sm.saturating_sub(overlap);
+                let overuse = inst.over_share.observe(own_sm, share.min(100));
                 // The windowed rule and its after-the-fact correction (cost poisoning, issue 12
                 // item 10): the mean over seconds, which pauses do not break, against the
                 // granted share. Not in harvest mode: there the raw share is 100 and what a
@@ -1465,7 +1483,7 @@ impl State {
                 let debt = if harvest {
                     Ok(None)
                 } else {
-                    inst.share_debt.observe(now, usage.sm, inst.rec.share)
+                    inst.share_debt.observe(now, own_sm, inst.rec.share)
                 };
                 let debt = match debt {
                     Ok(Some(change)) => {
@@ -2260,14 +2278,54 @@ mod tests {
             },
         );
         let mut acted = false;
+        // The device busy all the time (20 + 80): the figures do not overlap, so all 80 % is
+        // the function's own.
+        let mut sample = training_sample(20, &[(me().pid, 80)]);
+        sample.util = Some(100);
         for _ in 0..(SM_OVERUSE_SAMPLES * 2) {
-            let a = s.reconcile(&[(g.gpu_index, training_sample(20, &[(me().pid, 80)]))]);
+            let a = s.reconcile(&[(g.gpu_index, sample.clone())]);
             acted |= !a.is_empty();
         }
         assert!(
             acted,
             "the watchdog acts on NVML use the shim does not report"
         );
+    }
+
+    #[test]
+    fn a_harvested_function_is_not_stopped_for_time_a_time_sliced_gpu_attributes_twice() {
+        // The H200 arbiter run (docs/real-gpu.md, section 8): beside a busy trainer an honest
+        // function's NVML figure read 98–99 % and the trainer's too, the device ~100 %, while
+        // its shim reported ~5 %. Before the overlap was taken off, 8 samples stopped it.
+        let mut s = harvest_state();
+        let (g, _page) = s.register(me(), args(1 << 30)).unwrap();
+        s.cfg.check_shim = false;
+        s.report_usage(
+            g.instance,
+            me().pid,
+            ShimUsage {
+                gpu_ns: 50_000_000,
+                contention_ns: 0,
+                ..Default::default()
+            },
+        );
+        let mut sample = training_sample(99, &[(me().pid, 98)]);
+        sample.util = Some(100);
+        sample.sharing = Some(Sharing::TimeSliced);
+        for _ in 0..(SM_OVERUSE_SAMPLES * 3) {
+            let a = s.reconcile(&[(g.gpu_index, sample.clone())]);
+            assert!(a.is_empty(), "acted on an honest function: {:?}", a.first().map(|e| &e.reason));
+        }
+        assert_eq!(s.gpus[g.gpu_index as usize].sm_overlap, 97);
+        assert_eq!(s.snapshot()["gpus"][0]["sm_overlap"], 97);
+        // The same figures under MPS are each process's running time: the rule applies whole.
+        let mut mps = sample.clone();
+        mps.sharing = Some(Sharing::Mps);
+        let mut acted = false;
+        for _ in 0..(SM_OVERUSE_SAMPLES * 3) {
+            acted |= !s.reconcile(&[(g.gpu_index, mps.clone())]).is_empty();
+        }
+        assert!(acted, "under MPS 98 % against a report of ~5 % is over-use");
     }
 
     #[test]

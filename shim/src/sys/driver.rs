@@ -469,6 +469,28 @@ pub fn nvml_process_utilization(
     }
 }
 
+/// NVML's `NVML_ERROR_INSUFFICIENT_SIZE`: the count query's answer when entries exist.
+const NVML_ERROR_INSUFFICIENT_SIZE: u32 = 7;
+
+/// Whether NVML lists MPS clients on CUDA ordinal `dev` (`nvmlDeviceGetMPSComputeRunningProcesses_v3`,
+/// asked for the count only): `Some(true)` where the device runs MPS. `None`: NVML is unavailable,
+/// the device cannot be identified, or the driver cannot say.
+pub fn nvml_runs_mps(dev: usize) -> Option<bool> {
+    if !nvml_ready() {
+        return None;
+    }
+    let h = nvml_handle_of_ordinal(dev)?;
+    let f = helper_fn!(nvmlDeviceGetMPSComputeRunningProcesses_v3: fn(*mut c_void, *mut c_uint, *mut c_void) -> u32, else None);
+    let mut n: c_uint = 0;
+    // SAFETY: a count of 0 with a null buffer asks only for the number of entries (nvml.h);
+    // `h` is a valid NVML handle and `n` a valid out-pointer.
+    match unsafe { f(h, &mut n, std::ptr::null_mut()) } {
+        0 => Some(false),
+        NVML_ERROR_INSUFFICIENT_SIZE => Some(n > 0),
+        _ => None,
+    }
+}
+
 /// Frees a device pointer the shim itself must give back (a pitched allocation whose real size
 /// did not fit the cap). `v1` selects the 32-bit `cuMemFree`.
 pub fn mem_free(ptr: u64, v1: bool) -> u32 {

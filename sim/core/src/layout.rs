@@ -44,7 +44,8 @@ pub struct Header {
     pub mode: u32,
     /// MPS interference coefficient β, thousandths.
     pub mps_beta_permille: u32,
-    pub _pad: u32,
+    /// [`crate::config::NvmlProcessUtil`] code: 0 running, 1 held.
+    pub nvml_process_util: u32,
     /// CLOCK_REALTIME − CLOCK_MONOTONIC at creation, ns: turns timeline instants into the
     /// Unix-epoch timestamps NVML reports, the same way in every process (a per-call offset would
     /// jitter and make a sample's timestamp differ between two queries).
@@ -65,8 +66,9 @@ pub struct ProcSlot {
     pub pidns: AtomicU64,
     pub mem_used: [AtomicU64; MAX_DEVICES],
     /// Cumulative time this process's kernels were running on the device (SM activity, what NVML's
-    /// per-process utilization reports), per device (written under the device lock). In MPS mode
-    /// a kernel that runs slowed beside others still counts all the time it was running.
+    /// per-process utilization reports under the default `running` model), per device (written
+    /// under the device lock). In MPS mode a kernel that runs slowed beside others still counts
+    /// all the time it was running.
     pub gpu_time_ns: [AtomicU64; MAX_DEVICES],
     /// Solo-equivalent kernel time completed: how long the work done would have taken alone.
     pub work_ns: [AtomicU64; MAX_DEVICES],

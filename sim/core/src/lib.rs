@@ -46,7 +46,7 @@ pub mod node;
 pub mod pidns;
 mod timeline;
 
-pub use config::{SchedMode, SimConfig};
+pub use config::{NvmlProcessUtil, SchedMode, SimConfig};
 pub use layout::{MAX_DEVICES, MAX_INFLIGHT_PER_PROC, MAX_PROCS, OPS_PER_DEVICE, STREAMS_PER_PROC};
 pub use node::{DeviceInfo, MemError, Node, ProcTruth, ProcUsage, SimError, UtilSample};
 pub use timeline::EventStatus;

@@ -244,6 +244,11 @@ impl Node {
         SchedMode::from_code(self.state.header.mode)
     }
 
+    /// What NVML's per-process utilization counts on the node's time-sliced devices.
+    pub fn nvml_process_util(&self) -> crate::config::NvmlProcessUtil {
+        crate::config::NvmlProcessUtil::from_code(self.state.header.nvml_process_util)
+    }
+
     /// MPS interference coefficient β of the node, thousandths.
     pub fn mps_beta_permille(&self) -> u32 {
         self.state.header.mps_beta_permille
@@ -679,6 +684,7 @@ unsafe fn init_state(state: *mut NodeState, cfg: &SimConfig) {
     h.driver_version = DRIVER_VERSION;
     h.mode = cfg.mode.code();
     h.mps_beta_permille = cfg.mps_beta_permille;
+    h.nvml_process_util = cfg.nvml_process_util.code();
     h.realtime_offset_ns = realtime_ns().saturating_sub(crate::now_ns());
     let seed = crate::now_ns() ^ (u64::from(std::process::id())) << 32;
     for d in 0..MAX_DEVICES {

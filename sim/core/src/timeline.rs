@@ -2,7 +2,7 @@
 //! advances them to "now", and the blocking waits (stream, event, context synchronize) that return
 //! at the simulated completion instants in real wall-clock time.
 
-use crate::config::SchedMode;
+use crate::config::{NvmlProcessUtil, SchedMode};
 use crate::layout::*;
 use crate::node::{Node, SimError};
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
@@ -160,7 +160,9 @@ fn next_runnable(s: &Sched, after: u32) -> u32 {
     NONE
 }
 
-fn take_snapshot(s: &mut Sched, procs: &[ProcSlot], d: usize, time_ns: u64) {
+/// `held`: NVML's per-process figure counts the time a process waited for its timeslice with
+/// work pending as well as its kernels' run time ([`crate::config::NvmlProcessUtil::Held`]).
+fn take_snapshot(s: &mut Sched, procs: &[ProcSlot], d: usize, time_ns: u64, held: bool) {
     let i = s.snap_next as usize;
     let busy = s.busy_ns;
     let snap = &mut s.snaps[i];
@@ -168,7 +170,12 @@ fn take_snapshot(s: &mut Sched, procs: &[ProcSlot], d: usize, time_ns: u64) {
     snap.busy_ns = busy;
     for (k, p) in procs.iter().enumerate() {
         snap.pids[k] = p.pid.load(Acquire);
-        snap.proc_gpu_ns[k] = p.gpu_time_ns[d].load(Acquire);
+        let waited = if held {
+            p.interference_ns[d].load(Acquire)
+        } else {
+            0
+        };
+        snap.proc_gpu_ns[k] = p.gpu_time_ns[d].load(Acquire) + waited;
     }
     s.snap_next = ((i + 1) % SNAPSHOTS) as u32;
     s.snap_count = (s.snap_count + 1).min(SNAPSHOTS as u32);
@@ -186,10 +193,10 @@ pub(crate) fn latest_snapshots(s: &Sched, n: usize) -> Vec<Snapshot> {
 }
 
 /// Records the utilization snapshots of every sample boundary at or before `t`.
-fn snapshots_until(s: &mut Sched, procs: &[ProcSlot], d: usize, t: u64, period: u64) {
+fn snapshots_until(s: &mut Sched, procs: &[ProcSlot], d: usize, t: u64, period: u64, held: bool) {
     while s.next_sample_ns <= t {
         let at = s.next_sample_ns;
-        take_snapshot(s, procs, d, at);
+        take_snapshot(s, procs, d, at, held);
         s.next_sample_ns = at + period;
     }
 }
@@ -237,8 +244,9 @@ fn advance_timeslice(
     period: u64,
 ) {
     let mut t = s.sim_time_ns;
+    let held = NvmlProcessUtil::from_code(h.nvml_process_util) == NvmlProcessUtil::Held;
     loop {
-        snapshots_until(s, procs, d, t, period);
+        snapshots_until(s, procs, d, t, period, held);
         let horizon = now.min(s.next_sample_ns);
         let mut cur = s.running;
         if cur != NONE {
@@ -346,7 +354,9 @@ fn advance_mps(
     }; MAX_PROCS];
     s.running = NONE;
     loop {
-        snapshots_until(s, procs, d, t, period);
+        // Under MPS a process's figure is its kernels' running time, however slowed: the `held`
+        // model describes time slicing only.
+        snapshots_until(s, procs, d, t, period, false);
         let horizon = now.min(s.next_sample_ns);
         // Zero-time ops at the heads complete at t. A marker completing may resolve another
         // context's stream wait, so repeat until a pass completes nothing.
@@ -791,7 +801,7 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{SchedMode, SimConfig};
+    use crate::config::{NvmlProcessUtil, SchedMode, SimConfig};
 
     /// A node in a temp file with two process slots: this process and its parent (both alive,
     /// so neither is reaped), each driving the timeline as its own context.
@@ -917,6 +927,40 @@ mod tests {
             "{tb:?}"
         );
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_held_nvml_model_counts_the_wait_for_a_timeslice_and_the_running_model_does_not() {
+        for (model, lo_ms, hi_ms) in [
+            (NvmlProcessUtil::Running, 19.0, 26.0),
+            (NvmlProcessUtil::Held, 36.0, 46.0),
+        ] {
+            let cfg = SimConfig {
+                nvml_process_util: model,
+                ..SimConfig::default()
+            };
+            let (a, b, dir) = two_contexts(&cfg);
+            assert_eq!(a.nvml_process_util(), model);
+            // Two 20 ms kernels time-sliced at 2 ms (A also runs the 5 ms gate): each waits
+            // ~20 ms for the other's slices. NVML's figure of each, in the first snapshot after
+            // both finished: its run time (running), or run time + wait (held: the two sum to
+            // ~twice the device's busy time, as measured on a time-sliced H200).
+            let g = gate(&a);
+            let (sa, _, _) = timed_kernel(&a, g, 20);
+            let (sb, _, _) = timed_kernel(&b, g, 20);
+            a.stream_sync(0, sa).unwrap();
+            b.stream_sync(0, sb).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let snap = a.with_device(0, crate::now_ns(), |s, _| latest_snapshots(s, 1)[0]);
+            for (n, extra_ms) in [(&a, 5.0), (&b, 0.0)] {
+                let ms = snap.proc_gpu_ns[n.slot as usize] as f64 / 1e6 - extra_ms;
+                assert!(
+                    (lo_ms..hi_ms).contains(&ms),
+                    "{model}: NVML figure {ms} ms outside {lo_ms}..{hi_ms}"
+                );
+            }
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 
     #[test]

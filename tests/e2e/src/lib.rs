@@ -104,6 +104,11 @@ impl SimGpuBuilder {
         self.cfg.mps_beta_permille = beta;
         self
     }
+    /// What NVML's per-process utilization counts on a time-sliced device (default: running).
+    pub fn nvml_process_util(mut self, model: smore_simgpu::NvmlProcessUtil) -> Self {
+        self.cfg.nvml_process_util = model;
+        self
+    }
     /// Creates the node: a temporary directory with the fake driver libraries and the state file.
     pub fn build(self) -> Result<SimGpu> {
         let dir = tempfile::Builder::new().prefix("smore-sim-").tempdir()?;
