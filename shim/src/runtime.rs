@@ -72,7 +72,10 @@ fn window_sum_ppm(samples: &[driver::ProcessUtilization], ts0: u64, last: u64) -
     sorted[..n].copy_from_slice(&samples[..n]);
     sorted[..n].sort_by_key(|u| u.ts_us);
     let mut ns = 0u64;
-    for u in sorted[..n].iter().filter(|u| u.ts_us > ts0 && u.ts_us <= last) {
+    for u in sorted[..n]
+        .iter()
+        .filter(|u| u.ts_us > ts0 && u.ts_us <= last)
+    {
         let slot = match prev[..known].iter().position(|&(p, _)| p == u.pid) {
             Some(i) => i,
             None => {

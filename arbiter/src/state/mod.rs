@@ -2314,7 +2314,11 @@ mod tests {
         sample.sharing = Some(Sharing::TimeSliced);
         for _ in 0..(SM_OVERUSE_SAMPLES * 3) {
             let a = s.reconcile(&[(g.gpu_index, sample.clone())]);
-            assert!(a.is_empty(), "acted on an honest function: {:?}", a.first().map(|e| &e.reason));
+            assert!(
+                a.is_empty(),
+                "acted on an honest function: {:?}",
+                a.first().map(|e| &e.reason)
+            );
         }
         assert_eq!(s.gpus[g.gpu_index as usize].sm_overlap, 97);
         assert_eq!(s.snapshot()["gpus"][0]["sm_overlap"], 97);
