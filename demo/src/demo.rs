@@ -123,6 +123,11 @@ pub struct DemoArgs {
     /// Only for the simulated GPU: a real GPU runs in the mode its node is set up in.
     #[arg(long, value_enum)]
     pub interference: Option<Interference>,
+    /// What the simulated NVML's per-process utilization counts on a time-sliced GPU: running
+    /// (a process's own kernel run time; the default) or held (plus the time it waited for a
+    /// timeslice with work pending, as a real H200 reported; docs/simgpu.md). Simulated GPU only.
+    #[arg(long, value_parser = ["running", "held"])]
+    pub nvml_process_util: Option<String>,
     /// Run on this machine's real GPU 0 (real libcuda and NVML) with PyTorch workloads
     /// (profiling/smore_profiling/demo_workers.py) instead of the simulated GPU.
     #[arg(long)]
@@ -178,6 +183,19 @@ impl DemoArgs {
             (true, Some(_)) => anyhow::bail!(
                 "--interference chooses the simulated GPU's model; with --gpu the real GPU runs in \
                  the mode its node is set up in (start nvidia-cuda-mps-control for MPS) — drop one of them"
+            ),
+        }
+    }
+
+    /// The simulated NVML's per-process model (`running` unless asked): `None` on a real GPU,
+    /// where asking for one is an error.
+    pub fn nvml_process_util(&self) -> Result<Option<String>> {
+        match (self.gpu, &self.nvml_process_util) {
+            (false, m) => Ok(Some(m.clone().unwrap_or_else(|| "running".into()))),
+            (true, None) => Ok(None),
+            (true, Some(_)) => anyhow::bail!(
+                "--nvml-process-util chooses the simulated NVML's model; a real GPU's driver reports \
+                 its own way (docs/real-gpu.md) — drop one of them"
             ),
         }
     }
@@ -1023,6 +1041,8 @@ pub struct ScenarioSummary {
     pub simulated: bool,
     /// The simulated GPU's interference model (`timeslice` or `mps`); `None` on a real GPU.
     pub interference: Option<Interference>,
+    /// The simulated NVML's per-process model (`running` or `held`); `None` on a real GPU.
+    pub nvml_process_util: Option<String>,
     /// Seconds of trace replayed in the co-located run.
     pub seconds: usize,
     /// Name of the prewarm policy.
@@ -1306,6 +1326,7 @@ fn run_scenario(
         about: sc.about,
         simulated: !a.gpu,
         interference: a.interference()?,
+        nvml_process_util: a.nvml_process_util()?,
         seconds,
         prewarm: prewarm_spec.name(),
         policy: a.policy.clone(),
@@ -1375,6 +1396,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let prewarm_spec =
         PolicySpec::parse(&a.prewarm).with_context(|| format!("--prewarm {:?}", a.prewarm))?;
     let interference = a.interference()?;
+    let nvml_model = a.nvml_process_util()?;
     let node = Arc::new(match interference {
         None => real_node(&a.out, a.profiling.as_deref())?,
         Some(i) => {
@@ -1382,6 +1404,10 @@ pub fn run(a: DemoArgs) -> Result<()> {
             // Set, never inherited: the report names the model the node really ran.
             node.env
                 .push(("SMORE_SIM_MODE".to_string(), i.sim_mode().to_string()));
+            node.env.push((
+                "SMORE_SIM_NVML_PROCESS_UTIL".to_string(),
+                nvml_model.clone().unwrap_or_else(|| "running".into()),
+            ));
             node
         }
     });
@@ -1394,9 +1420,10 @@ pub fn run(a: DemoArgs) -> Result<()> {
         );
     } else {
         eprintln!(
-            "smore demo: simulated node in {} (1 GPU, 16 GiB, interference {})",
+            "smore demo: simulated node in {} (1 GPU, 16 GiB, interference {}, NVML per-process {})",
             node.dir.display(),
-            interference.map_or("", Interference::sim_mode)
+            interference.map_or("", Interference::sim_mode),
+            nvml_model.as_deref().unwrap_or("")
         );
     }
     let mut nvml = open_nvml(&node)?;
@@ -1424,6 +1451,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             serde_json::to_string_pretty(&serde_json::json!({
                 "simulated": !a.gpu,
                 "interference": interference,
+                "nvml_process_util": nvml_model,
                 "scenarios": summaries,
             }))?,
         )?;
@@ -1766,6 +1794,27 @@ mod tests {
         for i in [Interference::Timeslice, Interference::Mps] {
             assert_eq!(serde_json::to_value(i).unwrap(), i.sim_mode());
         }
+    }
+
+    #[test]
+    fn the_nvml_model_is_running_unless_asked_and_refused_with_a_real_gpu() {
+        assert_eq!(
+            args(&[]).nvml_process_util().unwrap().as_deref(),
+            Some("running")
+        );
+        assert_eq!(
+            args(&["--nvml-process-util", "held"])
+                .nvml_process_util()
+                .unwrap()
+                .as_deref(),
+            Some("held")
+        );
+        assert_eq!(args(&["--gpu"]).nvml_process_util().unwrap(), None);
+        let e = args(&["--gpu", "--nvml-process-util", "held"])
+            .nvml_process_util()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("drop one of them"), "{e}");
     }
 
     #[test]
