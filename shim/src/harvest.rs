@@ -225,8 +225,9 @@ pub fn expected_collision(cost_ns: u64, p_ppm: u32) -> u64 {
 /// placement can separate them. The driver's per-process utilization samples (NVML) are each
 /// process's own GPU time as long as they do not overlap, so the runtime compares, over ~0.5 s
 /// windows, the GPU time it estimated with what the driver measured and scales its estimates by
-/// the ratio. Windows whose figures overlap on a time-sliced device are skipped by the runtime:
-/// on a real H200 they counted another context's time (docs/real-gpu.md, section 8).
+/// the ratio. On a time-sliced device beside other processes the runtime moves the factor only
+/// as far as the window's bounds prove (`runtime::calibration_target`): on a real H200 the
+/// figures counted another context's time (docs/real-gpu.md, section 8).
 ///
 /// The first observation that raises the factor is taken in full (still at most doubling it):
 /// the ×1 the factor starts from is no measurement, and averaging it in halved the first

@@ -469,6 +469,66 @@ pub fn nvml_process_utilization(
     }
 }
 
+/// One NVML sample (`nvmlSample_t`, nvml.h): a timestamp (µs) and an `nvmlValue_t`, a union of
+/// 8 bytes read according to the value type the call returns.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sample {
+    /// When the sample's period ended, µs.
+    pub ts_us: u64,
+    /// The `nvmlValue_t` bytes.
+    pub raw: u64,
+}
+
+/// `nvmlSamplingType_t` `NVML_GPU_UTILIZATION_SAMPLES`.
+const NVML_GPU_UTILIZATION_SAMPLES: c_uint = 1;
+
+/// The device's utilization samples of CUDA ordinal `dev` newer than `since_us`
+/// (`nvmlDeviceGetSamples`, `NVML_GPU_UTILIZATION_SAMPLES`) as (µs, percent busy) into `out`;
+/// returns how many. `None`: NVML is unavailable, the device cannot be identified, the call
+/// failed, or the values come in a type that is not a whole or real number of percent.
+pub fn nvml_device_utilization(
+    dev: usize,
+    since_us: u64,
+    out: &mut [(u64, u32); MAX_UTIL_SAMPLES],
+) -> Option<usize> {
+    if !nvml_ready() {
+        return None;
+    }
+    let h = nvml_handle_of_ordinal(dev)?;
+    let f = helper_fn!(nvmlDeviceGetSamples: fn(*mut c_void, c_uint, u64, *mut c_uint, *mut c_uint, *mut Sample) -> u32, else None);
+    let mut raw = [Sample::default(); MAX_UTIL_SAMPLES];
+    let (mut ty, mut n): (c_uint, c_uint) = (0, MAX_UTIL_SAMPLES as c_uint);
+    // SAFETY: `raw` has room for `n` samples of the nvml.h layout; `h` is a valid NVML handle;
+    // `ty` and `n` are valid out-pointers.
+    match unsafe {
+        f(
+            h,
+            NVML_GPU_UTILIZATION_SAMPLES,
+            since_us,
+            &mut ty,
+            &mut n,
+            raw.as_mut_ptr(),
+        )
+    } {
+        0 => {}
+        NVML_ERROR_NOT_FOUND => return Some(0),
+        _ => return None,
+    }
+    let n = (n as usize).min(MAX_UTIL_SAMPLES);
+    for (o, s) in out.iter_mut().zip(&raw[..n]) {
+        // nvmlValueType_t: 0 double, 1 unsigned int, 2 unsigned long, 3 unsigned long long.
+        let pct = match ty {
+            0 => f64::from_bits(s.raw).clamp(0.0, 100.0) as u32,
+            1 => (s.raw & 0xffff_ffff) as u32,
+            2 | 3 => s.raw.min(100) as u32,
+            _ => return None,
+        };
+        *o = (s.ts_us, pct.min(100));
+    }
+    Some(n)
+}
+
 /// NVML's `NVML_ERROR_INSUFFICIENT_SIZE`: the count query's answer when entries exist.
 const NVML_ERROR_INSUFFICIENT_SIZE: u32 = 7;
 

@@ -484,6 +484,38 @@ impl Node {
         }))
     }
 
+    /// Device utilization on `d` since `since_us` (NVML `nvmlDeviceGetSamples` with
+    /// `NVML_GPU_UTILIZATION_SAMPLES`): one sample — (µs since the Unix epoch, percent busy) —
+    /// over the same window as [`Node::process_utilization`]'s samples, so the two line up as
+    /// the shim's calibration compares them; `None` when no snapshot is newer than `since_us`.
+    pub fn device_utilization_since(
+        &self,
+        d: u32,
+        since_us: u64,
+    ) -> Result<Option<(u64, u32)>, SimError> {
+        self.dev(d)?;
+        let now = crate::now_ns();
+        Ok(self.with_device(d, now, |s, _| {
+            let snaps = crate::timeline::latest_snapshots(s, SNAPSHOTS);
+            let last = *snaps.last()?;
+            let first = snaps
+                .iter()
+                .rev()
+                .find(|sn| self.epoch_us(sn.time_ns) <= since_us)
+                .or_else(|| snaps.first())
+                .copied()?;
+            if last.time_ns <= first.time_ns {
+                return None;
+            }
+            let window = last.time_ns - first.time_ns;
+            let busy = last.busy_ns.saturating_sub(first.busy_ns);
+            Some((
+                self.epoch_us(last.time_ns),
+                ((busy * 100 + window / 2) / window).min(100) as u32,
+            ))
+        }))
+    }
+
     /// Per-process SM utilization on device `d` since `since_us`, µs since the Unix epoch (NVML
     /// `nvmlDeviceGetProcessUtilization`'s lastSeenTimeStamp; 0 = everything kept): one sample per
     /// process that ran in the window.

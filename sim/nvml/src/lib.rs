@@ -190,6 +190,19 @@ pub struct nvmlProcessUtilizationSample_t {
     dec_util: c_uint,
 }
 
+/// NVML's `nvmlSample_t`: a timestamp (µs since the Unix epoch) and an `nvmlValue_t` (a union
+/// of 8 bytes; utilization samples use its `unsigned int` member, the low half on little-endian).
+#[repr(C)]
+pub struct nvmlSample_t {
+    time_stamp: c_ulonglong,
+    value: c_ulonglong,
+}
+
+/// `nvmlSamplingType_t` `NVML_GPU_UTILIZATION_SAMPLES`.
+const NVML_GPU_UTILIZATION_SAMPLES: c_uint = 1;
+/// `nvmlValueType_t` `NVML_VALUE_TYPE_UNSIGNED_INT`.
+const NVML_VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
+
 /// NVML's `nvmlUtilization_t`: device utilization, percent.
 #[repr(C)]
 pub struct nvmlUtilization_t {
@@ -370,6 +383,36 @@ api! {
                 pid: x.pid, time_stamp: x.timestamp_us, sm_util: x.sm_util, mem_util: 0, enc_util: 0, dec_util: 0,
             });
         }
+        Ok(())
+    }
+
+    // Only `NVML_GPU_UTILIZATION_SAMPLES`: one sample of the device's busy percent over the
+    // window the per-process samples since `last_seen` cover (docs/simgpu.md, "Accounting").
+    fn nvmlDeviceGetSamples(h: *const DeviceHandle, sample_type: c_uint, last_seen: c_ulonglong, val_type: *mut c_uint, count: *mut c_uint, samples: *mut nvmlSample_t) {
+        let (i, n) = dev(h)?;
+        if count.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        if sample_type != NVML_GPU_UTILIZATION_SAMPLES {
+            return Err(NVML_ERROR_NOT_SUPPORTED);
+        }
+        let Some((ts, pct)) = n.device_utilization_since(i, last_seen).map_err(|_| NVML_ERROR_UNKNOWN)? else {
+            *count = 0;
+            return Err(NVML_ERROR_NOT_FOUND);
+        };
+        if !val_type.is_null() {
+            *val_type = NVML_VALUE_TYPE_UNSIGNED_INT;
+        }
+        if samples.is_null() {
+            *count = 1;
+            return Ok(());
+        }
+        if *count < 1 {
+            *count = 1;
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        *count = 1;
+        samples.write(nvmlSample_t { time_stamp: ts, value: u64::from(pct) });
         Ok(())
     }
 

@@ -115,7 +115,7 @@ fn an_honest_function_is_not_stopped_for_time_a_time_sliced_gpu_counts_twice() {
     assert!(status.success(), "the function exited {status}");
     // Its shim did not take the overlapping figures for its own time either (they would have
     // raised its calibration and throttled it: 191–206 ms of GPU time in this run instead of
-    // 638–646 ms, docs/shim.md), and what it used stayed within the training job's bound.
+    // 638–662 ms, docs/shim.md), and what it used stayed within the training job's bound.
     assert!(
         slowdown <= THETA + SLOWDOWN_SLACK,
         "the trainer slowed by {:.1} %\n{}",
