@@ -128,6 +128,10 @@ pub struct DemoArgs {
     /// timeslice with work pending, as a real H200 reported; docs/simgpu.md). Simulated GPU only.
     #[arg(long, value_parser = ["running", "held"])]
     pub nvml_process_util: Option<String>,
+    /// Time the simulated time-sliced GPU spends on each context switch, µs (default 0: free;
+    /// a real H200 measured ≈ 250, docs/simgpu.md). Simulated GPU only.
+    #[arg(long)]
+    pub switch_us: Option<u64>,
     /// Run on this machine's real GPU 0 (real libcuda and NVML) with PyTorch workloads
     /// (profiling/smore_profiling/demo_workers.py) instead of the simulated GPU.
     #[arg(long)]
@@ -196,6 +200,19 @@ impl DemoArgs {
             (true, Some(_)) => anyhow::bail!(
                 "--nvml-process-util chooses the simulated NVML's model; a real GPU's driver reports \
                  its own way (docs/real-gpu.md) — drop one of them"
+            ),
+        }
+    }
+
+    /// The simulated GPU's context-switch time, µs (0 unless asked): `None` on a real GPU,
+    /// where asking for one is an error.
+    pub fn switch_us(&self) -> Result<Option<u64>> {
+        match (self.gpu, self.switch_us) {
+            (false, us) => Ok(Some(us.unwrap_or(0))),
+            (true, None) => Ok(None),
+            (true, Some(_)) => anyhow::bail!(
+                "--switch-us sets the simulated GPU's context-switch time; a real GPU switches at \
+                 its own cost — drop one of them"
             ),
         }
     }
@@ -1043,6 +1060,8 @@ pub struct ScenarioSummary {
     pub interference: Option<Interference>,
     /// The simulated NVML's per-process model (`running` or `held`); `None` on a real GPU.
     pub nvml_process_util: Option<String>,
+    /// The simulated GPU's context-switch time, µs; `None` on a real GPU.
+    pub switch_us: Option<u64>,
     /// Seconds of trace replayed in the co-located run.
     pub seconds: usize,
     /// Name of the prewarm policy.
@@ -1327,6 +1346,7 @@ fn run_scenario(
         simulated: !a.gpu,
         interference: a.interference()?,
         nvml_process_util: a.nvml_process_util()?,
+        switch_us: a.switch_us()?,
         seconds,
         prewarm: prewarm_spec.name(),
         policy: a.policy.clone(),
@@ -1408,6 +1428,10 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 "SMORE_SIM_NVML_PROCESS_UTIL".to_string(),
                 nvml_model.clone().unwrap_or_else(|| "running".into()),
             ));
+            node.env.push((
+                "SMORE_SIM_SWITCH_US".to_string(),
+                a.switch_us()?.unwrap_or(0).to_string(),
+            ));
             node
         }
     });
@@ -1420,10 +1444,11 @@ pub fn run(a: DemoArgs) -> Result<()> {
         );
     } else {
         eprintln!(
-            "smore demo: simulated node in {} (1 GPU, 16 GiB, interference {}, NVML per-process {})",
+            "smore demo: simulated node in {} (1 GPU, 16 GiB, interference {}, NVML per-process {}, context switch {} µs)",
             node.dir.display(),
             interference.map_or("", Interference::sim_mode),
-            nvml_model.as_deref().unwrap_or("")
+            nvml_model.as_deref().unwrap_or(""),
+            a.switch_us()?.unwrap_or(0)
         );
     }
     let mut nvml = open_nvml(&node)?;
@@ -1452,6 +1477,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 "simulated": !a.gpu,
                 "interference": interference,
                 "nvml_process_util": nvml_model,
+                "switch_us": a.switch_us()?,
                 "scenarios": summaries,
             }))?,
         )?;
@@ -1810,6 +1836,12 @@ mod tests {
             Some("held")
         );
         assert_eq!(args(&["--gpu"]).nvml_process_util().unwrap(), None);
+        assert_eq!(args(&[]).switch_us().unwrap(), Some(0));
+        assert_eq!(
+            args(&["--switch-us", "250"]).switch_us().unwrap(),
+            Some(250)
+        );
+        assert!(args(&["--gpu", "--switch-us", "250"]).switch_us().is_err());
         let e = args(&["--gpu", "--nvml-process-util", "held"])
             .nvml_process_util()
             .unwrap_err()

@@ -86,6 +86,17 @@ impl std::fmt::Display for SchedMode {
     }
 }
 
+/// Largest context-switch time accepted, ns: 10 ms (five default timeslices; a switch that long
+/// is almost certainly a typo for µs). Default 0: switching is free unless a study sets
+/// `SMORE_SIM_SWITCH_US`.
+///
+/// Why it exists: on an NVIDIA H200 without MPS (docs/real-gpu.md, section 8, point 4) a
+/// training loop lost ≈ 0.98 ms per request of a shimmed inference loop (16 kernels and a sync)
+/// whose own kernels took ≈ 0.5 ms — the rest is the GPU taking itself from the trainer's context
+/// and back, ≈ 0.25 ms per switch if the two switches of a request cost the same. One workload on
+/// one device is the whole evidence, so it is a knob to study, not yet the default.
+pub const MAX_SWITCH_NS: u64 = 10_000_000;
+
 /// What the simulated NVML's per-process utilization (`nvmlDeviceGetProcessUtilization`'s
 /// `smUtil`) counts on a time-sliced device (`SMORE_SIM_NVML_PROCESS_UTIL`). Under MPS it is
 /// always the time a process's kernels were running.
@@ -191,6 +202,9 @@ pub struct SimConfig {
     /// What NVML's per-process utilization counts on a time-sliced device
     /// (`SMORE_SIM_NVML_PROCESS_UTIL`).
     pub nvml_process_util: NvmlProcessUtil,
+    /// Time a time-sliced device spends switching contexts, ns (`SMORE_SIM_SWITCH_US` × 1000; see
+    /// [`MAX_SWITCH_NS`]).
+    pub switch_ns: u64,
 }
 
 impl Default for SimConfig {
@@ -206,6 +220,7 @@ impl Default for SimConfig {
             mode: SchedMode::TimeSlice,
             mps_beta_permille: DEFAULT_MPS_BETA_PERMILLE,
             nvml_process_util: NvmlProcessUtil::Running,
+            switch_ns: 0,
         }
     }
 }
@@ -255,6 +270,17 @@ impl SimConfig {
         if let Some(v) = var("SMORE_SIM_MODE") {
             c.mode = v.parse().map_err(|e| format!("SMORE_SIM_MODE={e}"))?;
         }
+        if let Some(v) = var("SMORE_SIM_SWITCH_US") {
+            c.switch_ns = num("SMORE_SIM_SWITCH_US", &v)?
+                .checked_mul(1000)
+                .filter(|ns| *ns <= MAX_SWITCH_NS)
+                .ok_or_else(|| {
+                    format!(
+                        "SMORE_SIM_SWITCH_US={v:?}: expected 0 to {} µs",
+                        MAX_SWITCH_NS / 1000
+                    )
+                })?;
+        }
         if let Some(v) = var("SMORE_SIM_NVML_PROCESS_UTIL") {
             c.nvml_process_util = v
                 .parse()
@@ -302,5 +328,10 @@ mod tests {
             assert_eq!(NvmlProcessUtil::from_code(m.code()), m);
         }
         assert!("pending".parse::<NvmlProcessUtil>().is_err());
+        assert_eq!(
+            SimConfig::default().switch_ns,
+            0,
+            "switching is free by default"
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// "SMORESIM" — set last by the creator; a reader that does not see it waits for initialisation.
 pub const MAGIC: u64 = 0x534d_4f52_4553_494d;
 /// Bumped whenever this layout changes, so a stale state file is refused instead of misread.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Devices per simulated node (a DGX has 8).
 pub const MAX_DEVICES: usize = 8;
@@ -46,6 +46,8 @@ pub struct Header {
     pub mps_beta_permille: u32,
     /// [`crate::config::NvmlProcessUtil`] code: 0 running, 1 held.
     pub nvml_process_util: u32,
+    /// Time a time-sliced device spends switching from one context to another, ns (0: free).
+    pub switch_ns: u64,
     /// CLOCK_REALTIME − CLOCK_MONOTONIC at creation, ns: turns timeline instants into the
     /// Unix-epoch timestamps NVML reports, the same way in every process (a per-call offset would
     /// jitter and make a sample's timestamp differ between two queries).
@@ -145,7 +147,8 @@ pub struct Sched {
     pub running: u32,
     /// Process slot that ran last (round-robin position).
     pub rr_last: u32,
-    pub _pad: u32,
+    /// What is left of the context switch in progress, ns (time slicing with a switch cost).
+    pub switch_left_ns: u32,
     pub sim_time_ns: u64,
     pub slice_end_ns: u64,
     pub busy_ns: u64,

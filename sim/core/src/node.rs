@@ -717,6 +717,7 @@ unsafe fn init_state(state: *mut NodeState, cfg: &SimConfig) {
     h.mode = cfg.mode.code();
     h.mps_beta_permille = cfg.mps_beta_permille;
     h.nvml_process_util = cfg.nvml_process_util.code();
+    h.switch_ns = cfg.switch_ns;
     h.realtime_offset_ns = realtime_ns().saturating_sub(crate::now_ns());
     let seed = crate::now_ns() ^ (u64::from(std::process::id())) << 32;
     for d in 0..MAX_DEVICES {

@@ -234,6 +234,15 @@ fn charge_waiters(s: &Sched, procs: &[ProcSlot], d: usize, running: u32, dt: u64
     }
 }
 
+/// A context switch in progress for `dt`: every context with work waits, the incoming one too.
+fn charge_switch(s: &Sched, procs: &[ProcSlot], d: usize, dt: u64) {
+    for q in 0..MAX_PROCS as u32 {
+        if s.pending[q as usize] > 0 && pick_op(s, q).is_some() {
+            procs[q as usize].interference_ns[d].fetch_add(dt, AcqRel);
+        }
+    }
+}
+
 /// Time slicing: runs queued kernels context by context, one timeslice at a time.
 fn advance_timeslice(
     s: &mut Sched,
@@ -272,9 +281,26 @@ fn advance_timeslice(
                 }
                 continue;
             }
+            // Taking the GPU from another context costs the switch time (if the node has one):
+            // nothing runs meanwhile and every context with work waits.
+            if cur != s.rr_last && h.switch_ns > 0 {
+                s.switch_left_ns = h.switch_ns.min(u64::from(u32::MAX)) as u32;
+            }
             s.running = cur;
             s.rr_last = cur;
-            s.slice_end_ns = t + h.timeslice_ns;
+            s.slice_end_ns = t + u64::from(s.switch_left_ns) + h.timeslice_ns;
+        }
+        if s.switch_left_ns > 0 {
+            let run_until = horizon.min(t + u64::from(s.switch_left_ns));
+            let dt = run_until - t;
+            s.switch_left_ns -= dt as u32;
+            s.busy_ns += dt;
+            charge_switch(s, procs, d, dt);
+            t = run_until;
+            if t >= now {
+                break;
+            }
+            continue;
         }
         let Some((local, opi)) = pick_op(s, cur) else {
             continue;
@@ -961,6 +987,31 @@ mod tests {
             }
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+
+    #[test]
+    fn a_context_switch_cost_delays_both_contexts_and_is_charged_as_interference() {
+        let cfg = SimConfig {
+            switch_ns: 250_000,
+            ..SimConfig::default()
+        };
+        let (a, b, dir) = two_contexts(&cfg);
+        // Two 20 ms kernels time-sliced at 2 ms with a 250 µs switch: ~20 switches add ~5 ms to
+        // the 40 ms both take without (timeslice_waiting_is_charged_as_interference).
+        let g = gate(&a);
+        let (sa, a0, a1) = timed_kernel(&a, g, 20);
+        let (sb, _, _) = timed_kernel(&b, g, 20);
+        a.stream_sync(0, sa).unwrap();
+        b.stream_sync(0, sb).unwrap();
+        let ma = elapsed_ms(&a, a0, a1);
+        assert!((42.0..48.0).contains(&ma), "A took {ma} ms");
+        for n in [&a, &b] {
+            let t = n.truth_of(0, n.pid).unwrap();
+            let waited = t.interference_ns as f64 / 1e6;
+            assert!((20.0..28.0).contains(&waited), "waited {waited} ms: {t:?}");
+            assert_eq!(t.gpu_active_ns, t.work_ns, "a switch is nobody's run time");
+        }
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
