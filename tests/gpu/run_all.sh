@@ -27,7 +27,7 @@ SMORE="$BIN/smore"
 SHIM="$BIN/libsmore_shim.so"
 for f in "$SMORE" "$SHIM"; do
   if [ ! -e "$f" ]; then
-    echo "missing $f: build with 'CARGO_TARGET_DIR=target-gpu cargo build --release -p smore-arbiter -p smore-shim', strip --strip-debug both, and carry target-gpu/release/{smore,libsmore_shim.so} (or set SMORE_BIN_DIR); see docs/real-gpu.md" >&2
+    echo "missing $f: build with 'CARGO_TARGET_DIR=target-gpu cargo build --release -p smore-cli -p smore-shim', strip --strip-debug both, and carry target-gpu/release/{smore,libsmore_shim.so} (or set SMORE_BIN_DIR); see docs/real-gpu.md" >&2
     exit 2
   fi
 done
