@@ -96,6 +96,7 @@ struct RawGpus {
     discover: Option<bool>,
     indices: Option<Spanned<Vec<u32>>>,
     nvml_library: Option<String>,
+    context_switch_us: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -272,6 +273,10 @@ pub struct Config {
     pub gpu_indices: Option<Vec<u32>>,
     /// Path or name of `libnvidia-ml.so.1`.
     pub nvml_library: String,
+    /// Harvest: what one context switch between a function and the training job costs on this
+    /// node's GPUs without MPS, ns (0: free). The arbiter publishes it on time-sliced GPUs and
+    /// the shims charge each collision two of them (docs/harvest.md, "Context switches").
+    pub context_switch_ns: u64,
     /// The placement policy.
     pub policy: PolicyKind,
     /// σ: fraction of each GPU's memory smore may hand out (training included).
@@ -357,6 +362,7 @@ impl Default for Config {
             discover: true,
             gpu_indices: None,
             nvml_library: "libnvidia-ml.so.1".into(),
+            context_switch_ns: 0,
             policy: PolicyKind::Fit,
             // σ = 0.95 and θ_train = 0.10: SMORE's defaults (Liu et al., "SMORE…", IEEE TPDS 2025, §V).
             memory_safety: 0.95,
@@ -609,6 +615,21 @@ impl Config {
         }
         if let Some(l) = raw.gpus.nvml_library {
             c.nvml_library = l;
+        }
+        if let Some(v) = raw.gpus.context_switch_us {
+            let us = *v.get_ref();
+            let max_us = smore_protocol::grant::MAX_SWITCH_NS / 1_000;
+            if us > max_us {
+                return Err(err(
+                    v.span(),
+                    "gpus.context_switch_us",
+                    format!(
+                        "{us} µs is more than {max_us} µs: give one switch's cost in microseconds \
+                         (an NVIDIA H200 measured ≈ 250, docs/real-gpu.md)"
+                    ),
+                ));
+            }
+            c.context_switch_ns = us * 1_000;
         }
         if !c.discover && c.gpu_indices.is_none() {
             return Err(ConfigError(format!(
@@ -937,6 +958,19 @@ mod tests {
 
     fn error_of(text: &str) -> String {
         Config::parse(text, "node.toml").unwrap_err().0
+    }
+
+    #[test]
+    fn a_context_switch_cost_is_microseconds_up_to_the_page_bound() {
+        assert_eq!(Config::parse("", "node.toml").unwrap().context_switch_ns, 0);
+        let c = Config::parse("[gpus]\ncontext_switch_us = 250\n", "node.toml").unwrap();
+        assert_eq!(c.context_switch_ns, 250_000);
+        let e = error_of("[gpus]\ncontext_switch_us = 20000\n");
+        assert!(
+            e.starts_with("node.toml:2:") && e.contains("context_switch_us") && e.contains("10000"),
+            "{e}"
+        );
+        assert!(error_of("[gpus]\ncontext_switch_us = -1\n").contains("context_switch_us"));
     }
 
     #[test]

@@ -625,6 +625,7 @@ fn handle(
             gpu_ns,
             contention_ns,
             deferred_ns,
+            contention_ahead_ns,
         } => match need(registered) {
             Ok(id) => {
                 if let Some(i) = st.instances.get(&id) {
@@ -641,6 +642,9 @@ fn handle(
                             deferred_ns: deferred_ns.unwrap_or(0),
                         },
                     );
+                }
+                if let Some(ahead) = contention_ahead_ns {
+                    st.report_contention_ahead(id, ahead);
                 }
                 // A preempted instance learns it from its next report too (runtimes that only
                 // report, and the C ABI's poll).

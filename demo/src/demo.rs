@@ -132,6 +132,11 @@ pub struct DemoArgs {
     /// a real H200 measured ≈ 250, docs/simgpu.md). Simulated GPU only.
     #[arg(long)]
     pub switch_us: Option<u64>,
+    /// What the demo's arbiter charges per context switch on a GPU without MPS, µs (its `[gpus]
+    /// context_switch_us`; docs/harvest.md "Context switches"). Default: the simulated GPU's
+    /// --switch-us (the node's operator knows its hardware); 0 with --gpu.
+    #[arg(long)]
+    pub charge_switch_us: Option<u64>,
     /// Run on this machine's real GPU 0 (real libcuda and NVML) with PyTorch workloads
     /// (profiling/smore_profiling/demo_workers.py) instead of the simulated GPU.
     #[arg(long)]
@@ -215,6 +220,15 @@ impl DemoArgs {
                  its own cost — drop one of them"
             ),
         }
+    }
+
+    /// The arbiter's `[gpus] context_switch_us`: --charge-switch-us, else the simulated GPU's
+    /// switch time (0 on a real GPU, whose cost the demo does not know).
+    pub fn charge_switch_us(&self) -> Result<u64> {
+        Ok(match self.charge_switch_us {
+            Some(us) => us,
+            None => self.switch_us()?.unwrap_or(0),
+        })
     }
 
     /// The scenario with this run's overrides applied.
@@ -397,9 +411,10 @@ fn start_arbiter(node: &Node, out: &Path, a: &DemoArgs) -> Result<ArbiterProc> {
     std::fs::write(
         &cfg,
         format!(
-            "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 100\n\n[policy]\nname = {:?}\ntheta_train = {}\ndefer = {}\n",
+            "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 100\n\n[gpus]\ncontext_switch_us = {}\n\n[policy]\nname = {:?}\ntheta_train = {}\ndefer = {}\n",
             socket,
             out.join("state"),
+            a.charge_switch_us()?,
             a.policy,
             a.theta_train,
             a.defer.as_config()
@@ -1062,6 +1077,8 @@ pub struct ScenarioSummary {
     pub nvml_process_util: Option<String>,
     /// The simulated GPU's context-switch time, µs; `None` on a real GPU.
     pub switch_us: Option<u64>,
+    /// What the arbiter charged per context switch, µs (`[gpus] context_switch_us`).
+    pub charge_switch_us: u64,
     /// Seconds of trace replayed in the co-located run.
     pub seconds: usize,
     /// Name of the prewarm policy.
@@ -1347,6 +1364,7 @@ fn run_scenario(
         interference: a.interference()?,
         nvml_process_util: a.nvml_process_util()?,
         switch_us: a.switch_us()?,
+        charge_switch_us: a.charge_switch_us()?,
         seconds,
         prewarm: prewarm_spec.name(),
         policy: a.policy.clone(),
@@ -1444,11 +1462,12 @@ pub fn run(a: DemoArgs) -> Result<()> {
         );
     } else {
         eprintln!(
-            "smore demo: simulated node in {} (1 GPU, 16 GiB, interference {}, NVML per-process {}, context switch {} µs)",
+            "smore demo: simulated node in {} (1 GPU, 16 GiB, interference {}, NVML per-process {}, context switch {} µs, charged {} µs)",
             node.dir.display(),
             interference.map_or("", Interference::sim_mode),
             nvml_model.as_deref().unwrap_or(""),
-            a.switch_us()?.unwrap_or(0)
+            a.switch_us()?.unwrap_or(0),
+            a.charge_switch_us()?
         );
     }
     let mut nvml = open_nvml(&node)?;
@@ -1478,6 +1497,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 "interference": interference,
                 "nvml_process_util": nvml_model,
                 "switch_us": a.switch_us()?,
+                "charge_switch_us": a.charge_switch_us()?,
                 "scenarios": summaries,
             }))?,
         )?;
@@ -1842,6 +1862,25 @@ mod tests {
             Some(250)
         );
         assert!(args(&["--gpu", "--switch-us", "250"]).switch_us().is_err());
+        // The arbiter charges what the simulated GPU costs unless told otherwise.
+        assert_eq!(args(&[]).charge_switch_us().unwrap(), 0);
+        assert_eq!(
+            args(&["--switch-us", "250"]).charge_switch_us().unwrap(),
+            250
+        );
+        assert_eq!(
+            args(&["--switch-us", "250", "--charge-switch-us", "0"])
+                .charge_switch_us()
+                .unwrap(),
+            0
+        );
+        assert_eq!(args(&["--gpu"]).charge_switch_us().unwrap(), 0);
+        assert_eq!(
+            args(&["--gpu", "--charge-switch-us", "250"])
+                .charge_switch_us()
+                .unwrap(),
+            250
+        );
         let e = args(&["--gpu", "--nvml-process-util", "held"])
             .nvml_process_util()
             .unwrap_err()

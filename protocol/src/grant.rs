@@ -23,8 +23,13 @@ pub const PAGE_MAGIC: u64 = 0x4d49_4c45_524f_4d53;
 /// (budget × 1 s, e.g. 50 ms at 5 %) to a few training iterations (docs/harvest.md).
 pub const CONTENTION_HORIZON_NS: u64 = 1_000_000_000;
 /// Layout version of [`GrantPage`]. 2: `DeviceGrant::contention_ppm` (was padding). 3:
-/// `GrantPage::slot_uuid` (the GPU each slot describes). 4: `DeviceGrant::defer_until_ns`.
-pub const PAGE_VERSION: u32 = 4;
+/// `GrantPage::slot_uuid` (the GPU each slot describes). 4: `DeviceGrant::defer_until_ns`. 5:
+/// `DeviceGrant::switch_ns`.
+pub const PAGE_VERSION: u32 = 5;
+/// Largest context-switch charge a page may carry: 10 ms (ns). Reasoning: a real H200 measured
+/// ≈ 0.25 ms per switch (docs/real-gpu.md, section 8); a value beyond a few timeslices is a
+/// typo, and the shim never trusts foreign memory past it.
+pub const MAX_SWITCH_NS: u64 = 10_000_000;
 /// Now on the clock of `DeviceGrant::defer_until_ns`: CLOCK_MONOTONIC, ns. Every process of the
 /// machine reads the same clock (the shim's launch path reads it with its own `clock_gettime`).
 pub fn monotonic_ns() -> u64 {
@@ -57,10 +62,16 @@ pub struct DeviceGrant {
     /// instead of colliding with it (docs/harvest.md, "Deferral"). 0 = no deferral. Written by
     /// the arbiter at each request's admission; a hold only ever delays the function itself.
     pub defer_until_ns: AtomicU64,
+    /// Harvest: what one context switch between the function and the training job costs on this
+    /// GPU, ns (0: free, or an MPS GPU, where contexts do not switch). The shim charges each
+    /// collision it measures two of them — the GPU switches to the function and back — beside
+    /// the collision's run time (docs/harvest.md, "Context switches"). Set by the arbiter from
+    /// the node's `[gpus] context_switch_us`; at most [`MAX_SWITCH_NS`].
+    pub switch_ns: AtomicU64,
 }
 
-/// The page: header plus [`MAX_DEVICES`] grants and slot UUIDs. 8 + 4 + 4 + 16 × 32 + 16 × 16 =
-/// 784 bytes (< 4 KiB).
+/// The page: header plus [`MAX_DEVICES`] grants and slot UUIDs. 8 + 4 + 4 + 16 × 40 + 16 × 16 =
+/// 912 bytes (< 4 KiB).
 #[repr(C)]
 #[derive(Debug)]
 pub struct GrantPage {
@@ -97,6 +108,7 @@ impl GrantPage {
                 contention_ppm: AtomicU32::new(0),
                 generation: AtomicU64::new(0),
                 defer_until_ns: AtomicU64::new(0),
+                switch_ns: AtomicU64::new(0),
             }),
             slot_uuid: std::array::from_fn(|_| [AtomicU64::new(0), AtomicU64::new(0)]),
         }
@@ -175,6 +187,22 @@ impl GrantPage {
         if let Some(d) = self.devices.get(dev) {
             d.defer_until_ns.store(until_ns, Relaxed);
         }
+    }
+
+    /// Owner-side: one context switch on `dev` costs `ns` (clamped to [`MAX_SWITCH_NS`]). Not a
+    /// grant change: the generation is not bumped (the shim reads it at each settled sample).
+    pub fn set_switch(&self, dev: usize, ns: u64) {
+        if let Some(d) = self.devices.get(dev) {
+            d.switch_ns.store(ns.min(MAX_SWITCH_NS), Relaxed);
+        }
+    }
+
+    /// What one context switch on `dev` costs, ns (0 for untracked devices; never more than
+    /// [`MAX_SWITCH_NS`], whatever the page holds).
+    pub fn switch(&self, dev: usize) -> u64 {
+        self.devices
+            .get(dev)
+            .map_or(0, |d| d.switch_ns.load(Relaxed).min(MAX_SWITCH_NS))
     }
 
     /// Until when `dev`'s launches may be deferred (CLOCK_MONOTONIC ns; 0 = not at all, also for
@@ -299,6 +327,23 @@ mod tests {
         assert_eq!(p.contention(3), 1_000_000);
         p.set_contention(99, 5); // out of range: ignored
         assert_eq!(p.contention(99), 0);
+    }
+
+    #[test]
+    fn a_switch_cost_is_clamped_and_changes_no_grant() {
+        let p = GrantPage::unlimited();
+        assert_eq!(p.switch(4), 0);
+        p.set_switch(4, 250_000);
+        assert_eq!(p.switch(4), 250_000);
+        assert_eq!(p.generation(4), 0);
+        assert_eq!(p.throttled_mask.load(Relaxed), 0);
+        p.set_switch(4, u64::MAX);
+        assert_eq!(p.switch(4), MAX_SWITCH_NS);
+        // A page written by someone else is read clamped too.
+        p.devices[4].switch_ns.store(u64::MAX, Relaxed);
+        assert_eq!(p.switch(4), MAX_SWITCH_NS);
+        p.set_switch(99, 5); // out of range: ignored
+        assert_eq!(p.switch(99), 0);
     }
 
     #[test]

@@ -101,6 +101,11 @@ pub enum Request {
         /// phase (deferral), ns (cumulative; docs/harvest.md, "Deferral").
         #[serde(default)]
         deferred_ns: Option<u64>,
+        /// How far the reporting process's contention bucket ran ahead of now when it reported,
+        /// ns (not cumulative): the arbiter's request admission mirrors that bucket and catches
+        /// up with it (docs/harvest.md, "Context switches").
+        #[serde(default)]
+        contention_ahead_ns: Option<u64>,
     },
     /// Request-level admission (SMORE style): may one more request run now?
     Admit {
@@ -560,6 +565,7 @@ mod tests {
             gpu_ns: Some(5_000_000),
             contention_ns: Some(1_000_000),
             deferred_ns: Some(2_000_000),
+            contention_ahead_ns: Some(1_200_000_000),
         }));
         for r in [
             Request::Admit {

@@ -438,6 +438,7 @@ impl Reporter {
             gpu_ns: Some(usage.gpu_ns),
             contention_ns: Some(usage.contention_ns),
             deferred_ns: Some(usage.deferred_ns),
+            contention_ahead_ns: Some(usage.contention_ahead_ns),
         });
         match r {
             Ok(Reply::Ok) => {

@@ -6,6 +6,7 @@
 //! value, which the runtime reports once on stderr before running pass-through (see docs/shim.md).
 
 use crate::limits::MAX_DEVICES;
+use smore_protocol::grant::MAX_SWITCH_NS;
 use std::fmt;
 
 /// Default SM-share window: 100 ms. Source: the issue ("default about 100 ms"); long enough that
@@ -51,6 +52,9 @@ pub struct Config {
     /// Contention budget per device, parts per million of wall time (0 = harvest off); the
     /// standalone counterpart of the grant page's `contention_ppm`.
     pub contention_ppm: [u32; MAX_DEVICES],
+    /// What one context switch costs on every device, ns (`SMORE_SWITCH_US`; 0 = free); the
+    /// standalone counterpart of the grant page's `switch_ns`.
+    pub switch_ns: u64,
     /// The gate's window (`SMORE_SM_WINDOW_MS`), ms.
     pub window_ms: u64,
     /// Log verbosity (`SMORE_LOG`).
@@ -65,6 +69,7 @@ impl Default for Config {
             mem_cap: [u64::MAX; MAX_DEVICES],
             sm_share: [100; MAX_DEVICES],
             contention_ppm: [0; MAX_DEVICES],
+            switch_ns: 0,
             window_ms: DEFAULT_WINDOW_MS,
             log: Level::Warn,
             policy: FailurePolicy::Open,
@@ -213,6 +218,12 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Parsed {
             }
         }
     }
+    if let Some(v) = get("SMORE_SWITCH_US") {
+        match v.trim().parse::<u64>() {
+            Ok(us) if us.saturating_mul(1_000) <= MAX_SWITCH_NS => c.switch_ns = us * 1_000,
+            _ => bad("SMORE_SWITCH_US", &v, "microseconds 0..=10000"),
+        }
+    }
     if let Some(v) = get("SMORE_SM_WINDOW_MS") {
         match v.trim().parse::<u64>() {
             Ok(ms) if (1..=MAX_WINDOW_MS).contains(&ms) => c.window_ms = ms,
@@ -247,6 +258,18 @@ mod tests {
         for bad in ["", "abc", "12XB", "-1", "GiB", "99999999999999999999TiB"] {
             let p = parse(env(&[("SMORE_MEMORY_LIMIT", bad)]));
             assert_eq!(p.errors.len(), 1, "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn a_switch_cost_is_microseconds_within_the_page_bound() {
+        let p = parse(env(&[("SMORE_SWITCH_US", "250")]));
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        assert_eq!(p.config.switch_ns, 250_000);
+        for bad in ["", "-1", "0.5", "10001", "ms"] {
+            let p = parse(env(&[("SMORE_SWITCH_US", bad)]));
+            assert_eq!(p.errors.len(), 1, "{bad:?} must be refused");
+            assert!(p.errors[0].to_string().contains("SMORE_SWITCH_US"));
         }
     }
 

@@ -102,6 +102,13 @@ impl Gate {
         self.tat.load(Acquire) > now.saturating_add(window_ns)
     }
 
+    /// How far the admitted work is paid for ahead of `now`, ns (0: nothing owed). One atomic
+    /// load.
+    #[inline]
+    pub fn ahead(&self, now: u64) -> u64 {
+        self.tat.load(Acquire).saturating_sub(now)
+    }
+
     /// Charges `cost_ns` of GPU time learnt after the fact (a launch that cost more than its
     /// estimate) without admitting anything: later launches wait until it is paid for.
     pub fn charge(&self, now: u64, cost_ns: u64, share_pct: u32) {

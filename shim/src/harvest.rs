@@ -111,12 +111,29 @@ impl Collision {
     /// kernel slowed among several concurrent ones is inflated past `d0` while the trainer among
     /// them loses as much (docs/shim.md, "Harvest"). Without a known wait a
     /// sample that shows no inflation says nothing (it may have waited before its start event)
-    /// and is skipped. Returns the sample's collision time.
-    pub fn observe(&self, now: u64, d_ns: u64, d0_ns: u64, wait_ns: Option<u64>) -> u64 {
+    /// and is skipped. On a time-sliced GPU whose context switches cost `switch_ns` (> 0), a
+    /// wait of at least half a switch is a preemption: the launch took the GPU from another
+    /// context's running work, which then waited its whole run, so the wait part is `d0` however
+    /// short the wait (a trainer that ran alone past its timeslice is preempted at once, and the
+    /// launch waits only the switch — measured on the simulated GPU with 250 µs switches,
+    /// docs/harvest.md "Context switches"). Returns the sample's collision time.
+    pub fn observe(
+        &self,
+        now: u64,
+        d_ns: u64,
+        d0_ns: u64,
+        wait_ns: Option<u64>,
+        switch_ns: u64,
+    ) -> u64 {
         if d0_ns == 0 || (wait_ns.is_none() && d_ns <= d0_ns) {
             return 0;
         }
-        let c = wait_ns.unwrap_or(0).min(d0_ns) + collision_ns(d_ns, d0_ns);
+        let waited = match wait_ns {
+            Some(w) if switch_ns > 0 && w >= switch_ns / 2 => d0_ns,
+            Some(w) => w.min(d0_ns),
+            None => 0,
+        };
+        let c = waited + collision_ns(d_ns, d0_ns);
         let f = (c as u128 * PPM as u128 / d0_ns as u128).min(PPM as u128) as u32;
         // Racy read-modify-write is fine: a lost update only delays convergence.
         let old = self.p_ppm.load(Relaxed);
@@ -150,6 +167,14 @@ impl Contention {
     #[inline]
     pub fn in_debt(&self, now: u64) -> bool {
         self.gate.in_debt(now, CONTENTION_HORIZON_NS)
+    }
+
+    /// How far the bucket's collision time is paid for ahead of `now`, ns: a launch with the
+    /// trainer busy waits while this is more than [`CONTENTION_HORIZON_NS`]. Reported to the
+    /// arbiter, whose request admission mirrors this bucket (docs/harvest.md, "Context
+    /// switches": a mirror that drifted below it admitted requests into kernel-by-kernel holds).
+    pub fn ahead_ns(&self, now: u64) -> u64 {
+        self.gate.ahead(now)
     }
 
     /// Whether a launch at `now` must probe before the process launches more: the bucket is in
@@ -210,6 +235,24 @@ impl Contention {
         }
         excess
     }
+}
+
+/// Context switches a collision on a time-sliced GPU costs the training job: 2 — the GPU switches
+/// from the trainer to the function and, when the function's work is done or its slice ends, back
+/// (docs/harvest.md, "Context switches").
+pub const SWITCHES_PER_COLLISION: u64 = 2;
+
+/// What a sampled collision at `rate_ppm` (its collision time over its solo cost) costs the
+/// training job in context switches of `switch_ns` each: one handover's
+/// [`SWITCHES_PER_COLLISION`], weighted by the rate (capped at 1: a launch that met the trainer
+/// for part of its run may have run in a gap between its kernels, without a handover). One per
+/// settled sample: harvesting samples the first launch of each burst (and one per
+/// `SAMPLE_PERIOD_NS` of a longer one), and a burst of a request's kernels shorter than a
+/// timeslice is one handover — its later kernels run in the slice the first one got. 0 when
+/// switches are free (`switch_ns` 0; an MPS GPU, where contexts do not switch).
+#[inline]
+pub fn switch_charge(switch_ns: u64, rate_ppm: u32) -> u64 {
+    expected_collision(SWITCHES_PER_COLLISION.saturating_mul(switch_ns), rate_ppm)
 }
 
 /// `cost × p`: the expected collision time of a launch.
@@ -303,6 +346,9 @@ pub struct Usage {
     pub contention_ns: u64,
     /// Time launches were held by deferral (waiting out the trainer's busy phase), ns.
     pub deferred_ns: u64,
+    /// Not cumulative: how far the contention bucket ran ahead of now when this was taken, ns
+    /// ([`Contention::ahead_ns`]; 0 from the counters alone).
+    pub contention_ahead_ns: u64,
 }
 
 /// How long a deferred launch is held before the training job's phase is measured again: 4 ms.
@@ -477,6 +523,7 @@ impl UsageCounters {
             gpu_ns: self.gpu_ns.load(Relaxed),
             contention_ns: self.contention_ns.load(Relaxed),
             deferred_ns: self.deferred_ns.load(Relaxed),
+            contention_ahead_ns: 0,
         }
     }
 }
@@ -491,6 +538,16 @@ mod tests {
     const T: u64 = 5_000 * MS;
 
     #[test]
+    fn a_collision_is_charged_two_switches_at_its_rate() {
+        assert_eq!(switch_charge(250 * US, PPM), 500 * US);
+        assert_eq!(switch_charge(250 * US, PPM / 2), 250 * US);
+        // A sample that collided past its solo cost (a wait and an inflation) is one handover.
+        assert_eq!(switch_charge(250 * US, 2 * PPM), 500 * US);
+        assert_eq!(switch_charge(0, PPM), 0);
+        assert_eq!(switch_charge(250 * US, 0), 0);
+    }
+
+    #[test]
     fn collision_is_the_inflation_capped_at_the_solo_cost() {
         assert_eq!(collision_ns(100 * US, 100 * US), 0);
         assert_eq!(collision_ns(90 * US, 100 * US), 0);
@@ -503,10 +560,10 @@ mod tests {
         let (p, c) = (Collision::default(), Contention::default());
         // A training phase (every sample collided), then an idle gap (samples at the solo cost).
         for _ in 0..20 {
-            p.observe(T, 2 * MS, 100 * US, None);
+            p.observe(T, 2 * MS, 100 * US, None, 0);
         }
         for _ in 0..20 {
-            p.observe(T, 100 * US, 100 * US, Some(0));
+            p.observe(T, 100 * US, 100 * US, Some(0), 0);
         }
         let (charged, wait) = c.admit(T, 100 * US, p.ppm_at(T), 50_000);
         assert!(charged <= US, "{charged}");
@@ -518,7 +575,7 @@ mod tests {
         let (p, c) = (Collision::default(), Contention::default());
         for _ in 0..40 {
             // Waited 2 ms behind a trainer's slice: collided its whole solo cost.
-            p.observe(T, 2 * MS + 100 * US, 100 * US, None);
+            p.observe(T, 2 * MS + 100 * US, 100 * US, None, 0);
         }
         assert!(p.ppm() > PPM * 99 / 100, "{}", p.ppm());
         let (charged, _) = c.admit(T, 100 * US, p.ppm_at(T), 50_000);
@@ -529,19 +586,52 @@ mod tests {
     fn a_launch_that_waited_for_another_contexts_slice_collided() {
         let p = Collision::default();
         // Ran at its solo cost, but only after waiting 1.5 ms for the GPU.
-        assert_eq!(p.observe(T, 100 * US, 100 * US, Some(1_500 * US)), 100 * US);
+        assert_eq!(
+            p.observe(T, 100 * US, 100 * US, Some(1_500 * US), 0),
+            100 * US
+        );
         assert_eq!(p.ppm(), PPM);
+    }
+
+    #[test]
+    fn a_wait_for_a_context_switch_is_a_preemption_and_a_whole_collision() {
+        let p = Collision::default();
+        // 250 µs switches: a 400 µs launch that waited one switch preempted the trainer, which
+        // then waited its whole run.
+        assert_eq!(
+            p.observe(T, 400 * US, 400 * US, Some(251 * US), 250 * US),
+            400 * US
+        );
+        assert_eq!(p.ppm(), PPM);
+        // A wait well under a switch is jitter, taken as measured.
+        let q = Collision::default();
+        assert_eq!(
+            q.observe(T, 400 * US, 400 * US, Some(20 * US), 250 * US),
+            20 * US
+        );
+        // Without a switch cost a wait counts as measured, up to the solo cost.
+        let r = Collision::default();
+        assert_eq!(
+            r.observe(T, 400 * US, 400 * US, Some(251 * US), 0),
+            251 * US
+        );
     }
 
     #[test]
     fn waiting_and_running_slowed_are_each_bounded_by_the_solo_cost() {
         let p = Collision::default();
         // MPS among several concurrent kernels: no wait, run 2.5× as long as alone.
-        assert_eq!(p.observe(T, 250 * US, 100 * US, Some(0)), 100 * US);
+        assert_eq!(p.observe(T, 250 * US, 100 * US, Some(0), 0), 100 * US);
         // Waited a slice, then ran slowed by half: both parts count.
-        assert_eq!(p.observe(T, 150 * US, 100 * US, Some(400 * US)), 150 * US);
+        assert_eq!(
+            p.observe(T, 150 * US, 100 * US, Some(400 * US), 0),
+            150 * US
+        );
         // Never more than twice the solo cost, and the probability is at most 1.
-        assert_eq!(p.observe(T, 900 * US, 100 * US, Some(900 * US)), 200 * US);
+        assert_eq!(
+            p.observe(T, 900 * US, 100 * US, Some(900 * US), 0),
+            200 * US
+        );
         assert_eq!(p.ppm(), PPM);
     }
 
@@ -549,22 +639,22 @@ mod tests {
     fn old_evidence_is_no_evidence() {
         let p = Collision::default();
         for _ in 0..10 {
-            p.observe(T, 2 * MS, 100 * US, None);
+            p.observe(T, 2 * MS, 100 * US, None, 0);
         }
         assert!(p.ppm_at(T + STALE_NS) > PPM * 99 / 100);
         assert_eq!(p.ppm_at(T + STALE_NS + 1), 0);
         // The next sample replaces it rather than being averaged with it.
         let later = T + STALE_NS + 1;
-        p.observe(later, 100 * US, 100 * US, Some(0));
+        p.observe(later, 100 * US, 100 * US, Some(0), 0);
         assert_eq!(p.ppm_at(later), 0);
     }
 
     #[test]
     fn a_clean_sample_of_unknown_wait_is_no_evidence() {
         let p = Collision::default();
-        p.observe(T, 2 * MS, 100 * US, None);
+        p.observe(T, 2 * MS, 100 * US, None, 0);
         let before = p.ppm();
-        assert_eq!(p.observe(T, 100 * US, 100 * US, None), 0);
+        assert_eq!(p.observe(T, 100 * US, 100 * US, None, 0), 0);
         assert_eq!(p.ppm(), before);
     }
 
@@ -572,11 +662,11 @@ mod tests {
     fn the_collision_probability_reacts_within_a_few_samples() {
         let p = Collision::default();
         for _ in 0..6 {
-            p.observe(T, 200 * US, 100 * US, None);
+            p.observe(T, 200 * US, 100 * US, None, 0);
         }
         assert!(p.ppm() > PPM * 8 / 10, "{}", p.ppm());
         for _ in 0..6 {
-            p.observe(T, 100 * US, 100 * US, Some(0));
+            p.observe(T, 100 * US, 100 * US, Some(0), 0);
         }
         assert!(p.ppm() < PPM * 2 / 10, "{}", p.ppm());
     }
@@ -834,7 +924,7 @@ mod tests {
     fn evidence_is_none_before_any_sample_and_once_stale() {
         let p = Collision::default();
         assert_eq!(p.evidence_at(T), None);
-        p.observe(T, 2 * MS, 100 * US, None);
+        p.observe(T, 2 * MS, 100 * US, None, 0);
         assert_eq!(p.evidence_at(T + STALE_NS), Some(p.ppm()));
         assert_eq!(p.evidence_at(T + STALE_NS + 1), None);
     }
@@ -851,6 +941,7 @@ mod tests {
                 gpu_ns: 150,
                 contention_ns: 20,
                 deferred_ns: 4_000,
+                contention_ahead_ns: 0,
             }
         );
     }

@@ -11,17 +11,19 @@
 pub use smore_protocol::grant::{GrantPage, MAX_DEVICES};
 use std::sync::atomic::Ordering::Relaxed;
 
-/// A leaked, process-local page with the given caps, shares and contention budgets (standalone
-/// mode).
+/// A leaked, process-local page with the given caps, shares, contention budgets and
+/// context-switch cost (standalone mode).
 pub fn standalone(
     caps: &[u64; MAX_DEVICES],
     shares: &[u32; MAX_DEVICES],
     contention_ppm: &[u32; MAX_DEVICES],
+    switch_ns: u64,
 ) -> &'static GrantPage {
     let page: &'static GrantPage = Box::leak(Box::new(GrantPage::unlimited()));
     for d in 0..MAX_DEVICES {
         page.set(d, caps[d], shares[d]);
         page.set_contention(d, contention_ppm[d]);
+        page.set_switch(d, switch_ns);
     }
     page
 }
@@ -57,7 +59,7 @@ mod tests {
         caps[1] = 1 << 30;
         let mut budgets = [0; MAX_DEVICES];
         budgets[5] = 20_000;
-        let p = standalone(&caps, &shares, &budgets);
+        let p = standalone(&caps, &shares, &budgets, 0);
         assert_eq!(p.contention(5), 20_000);
         assert_eq!(share(p, 5), 100);
         assert_eq!(p.throttled_mask.load(Relaxed), 1 << 3 | 1 << 5);

@@ -310,7 +310,7 @@ fn init() -> &'static Runtime {
             let page = rt.limits();
             let shares: [u32; MAX_DEVICES] = std::array::from_fn(|d| page.share(d));
             let budgets: [u32; MAX_DEVICES] = std::array::from_fn(|d| page.contention(d));
-            let closed = limits::standalone(&[0; MAX_DEVICES], &shares, &budgets);
+            let closed = limits::standalone(&[0; MAX_DEVICES], &shares, &budgets, 0);
             for d in 0..MAX_DEVICES {
                 if let Some(u) = page.slot_uuid(d) {
                     closed.set_slot_uuid(d, u);
@@ -486,16 +486,22 @@ impl Runtime {
         }
         let limits = match page {
             Some(p) => p,
-            None => limits::standalone(&config.mem_cap, &config.sm_share, &config.contention_ppm),
+            None => limits::standalone(
+                &config.mem_cap,
+                &config.sm_share,
+                &config.contention_ppm,
+                config.switch_ns,
+            ),
         };
         if enforcing && page.is_none() && log::enabled(Level::Info) {
             log::line(
                 Level::Info,
                 format_args!(
-                    "standalone mode: memory cap {}, SM share {} %, contention budget {} ppm (device 0), window {} ms, policy {:?}",
+                    "standalone mode: memory cap {}, SM share {} %, contention budget {} ppm, context switch {} µs (device 0), window {} ms, policy {:?}",
                     fmt_bytes(config.mem_cap[0]),
                     config.sm_share[0],
                     config.contention_ppm[0],
+                    config.switch_ns / 1_000,
                     config.window_ms,
                     config.policy
                 ),
@@ -585,6 +591,11 @@ impl Runtime {
     pub fn contention(&self, dev: usize) -> u32 {
         self.device_slot(dev)
             .map_or(0, |s| self.limits().contention(s))
+    }
+
+    /// What one context switch costs on CUDA ordinal `dev`, ns (its slot's; 0 off the grant).
+    pub fn switch_ns(&self, dev: usize) -> u64 {
+        self.device_slot(dev).map_or(0, |s| self.limits().switch(s))
     }
 
     /// What to do when an allocation cannot be accounted (device unknown).
@@ -1259,15 +1270,19 @@ impl Runtime {
             return;
         }
         if let Some(d0) = solo {
-            let collided = self.collision[dev].observe(os::now_ns(), ns, d0, wait);
+            let switch_ns = self.switch_ns(dev);
+            let collided = self.collision[dev].observe(os::now_ns(), ns, d0, wait, switch_ns);
             if collided > 0 {
                 // The sample stands for the launches admitted since the last settled one (a
                 // batch submitted together waited together): they collided at its rate, and
                 // whatever they were charged below that is charged now.
                 let now = self.usage[dev].get();
                 let rate = (collided as u128 * PPM as u128 / d0.max(1) as u128) as u32;
+                // Plus, on a time-sliced GPU, the context switches the collision cost the
+                // trainer (docs/harvest.md, "Context switches").
                 let due =
-                    harvest::expected_collision(now.gpu_ns.saturating_sub(settled.gpu_ns), rate);
+                    harvest::expected_collision(now.gpu_ns.saturating_sub(settled.gpu_ns), rate)
+                        + harvest::switch_charge(switch_ns, rate);
                 let paid = now.contention_ns.saturating_sub(settled.contention_ns);
                 let excess =
                     self.contention[dev].correct(m.admitted, paid, due, self.contention(dev));
@@ -1344,9 +1359,13 @@ impl Runtime {
     /// What this process's launches on `dev` used, as the shim estimates it (cumulative; only
     /// launches on a throttled or harvesting device are counted — others take the fast path).
     pub fn usage(&self, dev: usize) -> Usage {
-        self.usage
-            .get(dev)
-            .map_or(Usage::default(), UsageCounters::get)
+        match (self.usage.get(dev), self.contention.get(dev)) {
+            (Some(u), Some(c)) => Usage {
+                contention_ahead_ns: c.ahead_ns(os::now_ns()),
+                ..u.get()
+            },
+            _ => Usage::default(),
+        }
     }
 }
 

@@ -60,6 +60,9 @@ pub struct Instance {
     pub shim_loaded: Option<bool>,
     /// Harvest: its part of the GPU's collision budget, ppm of wall time (0: harvest off).
     pub contention_ppm: u32,
+    /// Harvest: what one context switch costs on its GPU, ns, as written to its page (0: free,
+    /// harvest off, or an MPS GPU).
+    pub switch_ns: u64,
     /// Harvest: collision time it used over the last 3 s (`harvest::USE_WINDOW_S`), ppm of wall
     /// time.
     pub contention_used_ppm: u32,
@@ -133,6 +136,7 @@ impl Instance {
             sm_used_mean: None,
             shim_loaded: None,
             contention_ppm: 0,
+            switch_ns: 0,
             contention_used_ppm: 0,
             gpu_used_ppm: 0,
             miss_rate: None,
@@ -253,6 +257,7 @@ impl Instance {
                     if page.contention(d) != self.contention_ppm {
                         page.set_contention(d, self.contention_ppm);
                     }
+                    page.set_switch(d, self.switch_ns);
                     page.set(d, self.page_cap(), self.page_share());
                 } else if page.cap(d) != 0 {
                     // Devices the instance was not admitted to: no memory at all.

@@ -574,12 +574,14 @@ impl State {
         } else {
             BTreeMap::new()
         };
+        let switch_ns = switch_charge(harvesting, g.sharing, self.cfg.context_switch_ns);
         for (id, share) in shares {
             if let Some(i) = self.instances.get_mut(&id) {
                 let ppm = budgets.get(&id).copied().unwrap_or(0);
-                if i.rec.share != share || i.contention_ppm != ppm {
+                if i.rec.share != share || i.contention_ppm != ppm || i.switch_ns != switch_ns {
                     i.rec.share = share;
                     i.contention_ppm = ppm;
+                    i.switch_ns = switch_ns;
                     i.write_page();
                     self.dirty = true;
                 }
@@ -1080,6 +1082,26 @@ impl State {
         }
     }
 
+    /// Harvest: an instance's shim said its contention bucket ran `ahead_ns` ahead of now; its
+    /// request admission's mirror catches up ([`harvest::RequestPacer::catch_up`]). A report can
+    /// only make the reporting function's own requests wait or be refused.
+    pub fn report_contention_ahead(&mut self, id: InstanceId, ahead_ns: u64) {
+        let now = self.clock.now();
+        let Some(gpu) = self.instances.get(&id).map(|i| i.rec.gpu) else {
+            return;
+        };
+        // Not known yet: taken as busy (the side that refuses rather than admits into holds).
+        let trainer_busy = self
+            .gpus
+            .iter()
+            .find(|g| g.info.index == gpu)
+            .and_then(Gpu::trusted_solo_util)
+            .unwrap_or(1.0);
+        if let Some(i) = self.instances.get_mut(&id) {
+            i.pacer.catch_up(now, ahead_ns as f64 / 1e9, trainer_busy);
+        }
+    }
+
     /// Folds a shim's usage report (cumulative counters of process `pid` of instance `id`) into
     /// the instance's ledger and its GPU's collision meter. A report is the function's word about
     /// itself: it can lower nobody's budget but the reporting function's own GPU's estimate, and
@@ -1365,8 +1387,15 @@ impl State {
             g.used = s.used;
             g.util = s.util;
             if let Some(sharing) = s.sharing.filter(|m| g.sharing != Some(*m)) {
-                log_sharing(*index, sharing, self.cfg.harvest);
+                log_sharing(
+                    *index,
+                    sharing,
+                    self.cfg.harvest,
+                    self.cfg.context_switch_ns,
+                );
                 g.sharing = Some(sharing);
+                // The switch charge on the pages follows the mode.
+                reshare.push(*index);
             }
             g.sm_overlap = watchdog::attribution_overlap(
                 s.proc_util
@@ -1849,8 +1878,20 @@ fn defers(mode: DeferMode, sharing: Option<Sharing>) -> bool {
     }
 }
 
+/// What the shims on a GPU shared as `sharing` (None: not known yet) charge per context switch,
+/// ns: the node's `[gpus] context_switch_us` while harvesting on a GPU without MPS; 0 under MPS
+/// (contexts do not switch) and with harvest off (no collision budget to charge). An unknown mode
+/// is charged: the side that protects training (docs/harvest.md, "Context switches").
+fn switch_charge(harvesting: bool, sharing: Option<Sharing>, configured_ns: u64) -> u64 {
+    if harvesting && sharing != Some(Sharing::Mps) {
+        configured_ns
+    } else {
+        0
+    }
+}
+
 /// Says once per change how a GPU's processes share it, and in harvest mode what that means.
-fn log_sharing(index: u32, sharing: Sharing, harvest: bool) {
+fn log_sharing(index: u32, sharing: Sharing, harvest: bool, switch_ns: u64) {
     match sharing {
         Sharing::Mps => tracing::info!(
             "GPU {index}: MPS clients on it — kernels of different processes run concurrently; a \
@@ -1858,8 +1899,16 @@ fn log_sharing(index: u32, sharing: Sharing, harvest: bool) {
         ),
         Sharing::TimeSliced if harvest => tracing::info!(
             "GPU {index}: no MPS — processes take turns in time slices; a function's kernel that \
-             meets training costs it its whole run time, so functions with SLOs of a few ms get \
-             far less of the collision budget's worth than under MPS (docs/harvest.md)"
+             meets training costs it its whole run time{}, so functions with SLOs of a few ms get \
+             far less of the collision budget's worth than under MPS (docs/harvest.md)",
+            if switch_ns > 0 {
+                format!(
+                    " and two context switches ([gpus] context_switch_us = {}: charged)",
+                    switch_ns / 1_000
+                )
+            } else {
+                String::new()
+            }
         ),
         Sharing::TimeSliced => {
             tracing::info!("GPU {index}: no MPS — processes take turns in time slices")
@@ -1922,6 +1971,35 @@ mod tests {
         assert_eq!(s.snapshot()["gpus"][0]["sharing"], "time-sliced");
         // The other GPU was never sampled.
         assert!(s.snapshot()["gpus"][1]["sharing"].is_null());
+    }
+
+    #[test]
+    fn a_harvesting_function_is_charged_context_switches_on_a_gpu_without_mps_only() {
+        let mut s = harvest_state();
+        s.cfg.context_switch_ns = 250_000;
+        let (g, page) = s.register(me(), args(1 << 30)).unwrap();
+        let slot = s.instances[&g.instance].rec.slot as usize;
+        let told = |m: Option<Sharing>| GpuSample {
+            sharing: m,
+            ..training_sample(50, &[])
+        };
+        // Not known yet: charged (the side that protects training).
+        for _ in 0..HARVEST_EVERY {
+            s.reconcile(&[(g.gpu_index, told(None))]);
+        }
+        assert!(page.page().contention(slot) > 0, "harvest on");
+        assert_eq!(page.page().switch(slot), 250_000);
+        // MPS: contexts do not switch; the next round's page says so.
+        s.reconcile(&[(g.gpu_index, told(Some(Sharing::Mps)))]);
+        assert_eq!(page.page().switch(slot), 0);
+        s.reconcile(&[(g.gpu_index, told(Some(Sharing::TimeSliced)))]);
+        assert_eq!(page.page().switch(slot), 250_000);
+        // The training job left: no budget, nothing to charge.
+        for _ in 0..HARVEST_EVERY {
+            s.reconcile(&[(g.gpu_index, GpuSample::default())]);
+        }
+        assert_eq!(page.page().contention(slot), 0);
+        assert_eq!(page.page().switch(slot), 0);
     }
 
     /// A sample with a training process (pid 1, never ours) busy `util` % and `fns` (pid, SM %).

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// "SMORESIM" — set last by the creator; a reader that does not see it waits for initialisation.
 pub const MAGIC: u64 = 0x534d_4f52_4553_494d;
 /// Bumped whenever this layout changes, so a stale state file is refused instead of misread.
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 
 /// Devices per simulated node (a DGX has 8).
 pub const MAX_DEVICES: usize = 8;
@@ -157,6 +157,10 @@ pub struct Sched {
     /// Number of processes with at least one queued op.
     pub procs_pending: u32,
     pub pending: [u32; MAX_PROCS],
+    /// Bit p set ⇔ process slot p lost the GPU with work running (it was preempted), so giving
+    /// it the GPU back restores its state: with a switch cost, a switch (docs/simgpu.md,
+    /// "Context switches").
+    pub preempted: [u64; MAX_PROCS / 64],
     pub next_sample_ns: u64,
     pub snap_next: u32,
     pub snap_count: u32,

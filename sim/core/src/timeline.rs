@@ -86,6 +86,7 @@ fn pop(s: &mut Sched, p: u32, local: u32) {
 
 /// Forgets everything a dead process had queued or owned on this device.
 pub(crate) fn drop_process(s: &mut Sched, p: u32) {
+    set_preempted(s, p, false);
     for local in 0..STREAMS_PER_PROC as u32 {
         let st = s.streams[p as usize][local as usize];
         if st.in_use == 0 {
@@ -234,6 +235,20 @@ fn charge_waiters(s: &Sched, procs: &[ProcSlot], d: usize, running: u32, dt: u64
     }
 }
 
+/// Whether process slot `p` lost the GPU with work running and has not had it back.
+fn is_preempted(s: &Sched, p: u32) -> bool {
+    s.preempted[p as usize / 64] & (1 << (p % 64)) != 0
+}
+
+fn set_preempted(s: &mut Sched, p: u32, on: bool) {
+    let (w, bit) = (p as usize / 64, 1u64 << (p % 64));
+    if on {
+        s.preempted[w] |= bit;
+    } else {
+        s.preempted[w] &= !bit;
+    }
+}
+
 /// A context switch in progress for `dt`: every context with work waits, the incoming one too.
 fn charge_switch(s: &Sched, procs: &[ProcSlot], d: usize, dt: u64) {
     for q in 0..MAX_PROCS as u32 {
@@ -267,8 +282,9 @@ fn advance_timeslice(
             }
         }
         if cur == NONE {
-            let from = if s.running != NONE {
-                s.running
+            let outgoing = s.running;
+            let from = if outgoing != NONE {
+                outgoing
             } else {
                 s.rr_last
             };
@@ -281,9 +297,18 @@ fn advance_timeslice(
                 }
                 continue;
             }
-            // Taking the GPU from another context costs the switch time (if the node has one):
-            // nothing runs meanwhile and every context with work waits.
-            if cur != s.rr_last && h.switch_ns > 0 {
+            // Handing the GPU to another context costs the switch time (if the node has one)
+            // when state must move: the outgoing context is preempted with work still running
+            // (its state is saved), or the incoming one was preempted before (its state is
+            // restored). A context that went idle is left without a save. Nothing runs
+            // meanwhile and every context with work waits.
+            if cur != outgoing && outgoing != NONE && pick_op(s, outgoing).is_some() {
+                set_preempted(s, outgoing, true);
+            }
+            let restoring = is_preempted(s, cur);
+            set_preempted(s, cur, false);
+            let preempting = outgoing != NONE && cur != outgoing && is_preempted(s, outgoing);
+            if cur != s.rr_last && h.switch_ns > 0 && (preempting || restoring) {
                 s.switch_left_ns = h.switch_ns.min(u64::from(u32::MAX)) as u32;
             }
             s.running = cur;
@@ -1011,6 +1036,35 @@ mod tests {
             assert!((20.0..28.0).contains(&waited), "waited {waited} ms: {t:?}");
             assert_eq!(t.gpu_active_ns, t.work_ns, "a switch is nobody's run time");
         }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_switch_costs_only_when_running_work_is_preempted_or_restored() {
+        let cfg = SimConfig {
+            switch_ns: 250_000,
+            ..SimConfig::default()
+        };
+        let (a, b, dir) = two_contexts(&cfg);
+        // A runs a kernel and goes idle; then B runs one: nothing to save or restore, so B
+        // waits for nothing.
+        let sa = a.stream_create(0, 0).unwrap();
+        a.launch(0, sa, 1_000_000).unwrap();
+        a.stream_sync(0, sa).unwrap();
+        let sb = b.stream_create(0, 0).unwrap();
+        b.launch(0, sb, 1_000_000).unwrap();
+        b.stream_sync(0, sb).unwrap();
+        assert_eq!(b.truth_of(0, b.pid).unwrap().interference_ns, 0);
+        assert_eq!(a.truth_of(0, a.pid).unwrap().interference_ns, 0);
+        // B's 20 ms kernel and A's 1 ms one at once: A preempts B (B's state saved), runs, and
+        // gives the GPU back (B's state restored). B waits A's kernel and both switches.
+        let g = gate(&a);
+        let (sb, _, _) = timed_kernel(&b, g, 20);
+        let (sa, _, _) = timed_kernel(&a, g, 1);
+        a.stream_sync(0, sa).unwrap();
+        b.stream_sync(0, sb).unwrap();
+        let waited = b.truth_of(0, b.pid).unwrap().interference_ns as f64 / 1e6;
+        assert!((1.7..1.8).contains(&waited), "B waited {waited} ms");
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -109,6 +109,11 @@ impl SimGpuBuilder {
         self.cfg.nvml_process_util = model;
         self
     }
+    /// What each context switch of a time-sliced device costs, µs (default 0: free).
+    pub fn switch_us(mut self, us: u64) -> Self {
+        self.cfg.switch_ns = us * 1000;
+        self
+    }
     /// Creates the node: a temporary directory with the fake driver libraries and the state file.
     pub fn build(self) -> Result<SimGpu> {
         let dir = tempfile::Builder::new().prefix("smore-sim-").tempdir()?;

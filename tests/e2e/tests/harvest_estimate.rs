@@ -35,19 +35,42 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 const WINDOW: f64 = 10.0;
 /// How far the estimate may be from the truth: 2 pp (the harvest issue's accuracy target).
 const TOLERANCE: f64 = 0.02;
-/// One run with `functions` functions beside the trainer, offering 40 % of the GPU together:
-/// (the arbiter's estimate, the true slowdown), over the same 10 s.
-fn estimate_and_truth(mode: SchedMode, functions: usize) -> (f64, f64) {
+/// The simulated GPU's context-switch time, and what the arbiter is told it is
+/// (`[gpus] context_switch_us`), µs.
+#[derive(Debug, Clone, Copy)]
+struct Switches {
+    cost_us: u64,
+    charged_us: u64,
+}
+
+impl Switches {
+    const FREE: Switches = Switches {
+        cost_us: 0,
+        charged_us: 0,
+    };
+}
+
+/// One run with `functions` functions beside the trainer, offering 40 % of the GPU together, on
+/// a GPU whose context switches cost `switches.cost_us`: (the arbiter's estimate, the true
+/// slowdown), over the same 10 s.
+fn estimate_and_truth_with(mode: SchedMode, functions: usize, switches: Switches) -> (f64, f64) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // 4 × 300 µs every `interval` ms: 40 % of the GPU together.
     let interval = (3 * functions).to_string();
     let sim = SimGpu::builder()
         .memory("16GiB")
         .mode(mode)
+        .switch_us(switches.cost_us)
         .build()
         .expect("simulated node");
     let node = sim.node();
-    let arb = Arbiter::with_policy(&sim, "name = \"fit\"");
+    let arb = Arbiter::new(
+        &sim,
+        &format!(
+            "\n[gpus]\ncontext_switch_us = {}\n\n[policy]\nname = \"fit\"\n",
+            switches.charged_us
+        ),
+    );
     // Busy about a quarter of the time (4 × 2 ms kernels, 24 ms of host work per iteration).
     let mut trainer: Child = sim
         .command(bin("sim-trainer"))
@@ -100,9 +123,14 @@ fn estimate_and_truth(mode: SchedMode, functions: usize) -> (f64, f64) {
 
 /// Runs once and checks that the functions slowed the trainer; (estimate, truth).
 fn measured(mode: SchedMode, functions: usize) -> (f64, f64) {
-    let (est, truth) = estimate_and_truth(mode, functions);
+    measured_with(mode, functions, Switches::FREE)
+}
+
+/// [`measured`] on a GPU whose context switches cost `switches.cost_us`.
+fn measured_with(mode: SchedMode, functions: usize, switches: Switches) -> (f64, f64) {
+    let (est, truth) = estimate_and_truth_with(mode, functions, switches);
     eprintln!(
-        "{mode:?}, {functions} function(s): estimate {:.1} %, truth {:.1} %",
+        "{mode:?}, {functions} function(s), {switches:?}: estimate {:.1} %, truth {:.1} %",
         est * 100.0,
         truth * 100.0
     );
@@ -185,4 +213,42 @@ fn the_estimate_is_within_2_pp_beside_several_functions_time_sliced() {
 #[ignore = "under MPS with several functions the estimate reads under the truth, within 2 pp in 4 runs of 4 on 2026-11-27 (4.7–5.7 % vs 5.9–6.1 %) but by 1.4–2.2 pp before (docs/harvest.md): too close to its bound for CI"]
 fn the_estimate_is_within_2_pp_beside_several_functions_under_mps() {
     within_tolerance(SchedMode::Mps, 4);
+}
+
+/// A GPU whose context switches cost 250 µs (about what an NVIDIA H200 paid, docs/real-gpu.md):
+/// with the arbiter told so, the estimate tracks the truth as closely as on a GPU that switches
+/// for free ([`TRACKING_TIME_SLICED`]; measured 10.6 % against 11.7–11.9 %, three runs,
+/// 2026-11-27). Told nothing, each collision is charged only its run time and the estimate reads
+/// 8.0 % against 13.3 %, outside the tracking bound (docs/harvest.md, "Context switches").
+#[test]
+fn the_estimate_tracks_the_truth_on_a_gpu_whose_context_switches_cost_time() {
+    let (est, truth) = measured_with(
+        SchedMode::TimeSlice,
+        1,
+        Switches {
+            cost_us: 250,
+            charged_us: 250,
+        },
+    );
+    assert!(
+        (est - truth).abs() <= TRACKING_TIME_SLICED,
+        "TimeSlice, 1 function, 250 µs switches charged: estimate {:.1} % vs true {:.1} %",
+        est * 100.0,
+        truth * 100.0
+    );
+}
+
+/// The same GPU with the arbiter told nothing of its switches: how far under the truth the
+/// estimate reads (a report, not a check: `--ignored --nocapture`).
+#[test]
+#[ignore = "a measurement for docs/harvest.md, \"Context switches\""]
+fn the_estimate_uncharged_on_a_gpu_whose_context_switches_cost_time() {
+    measured_with(
+        SchedMode::TimeSlice,
+        1,
+        Switches {
+            cost_us: 250,
+            charged_us: 0,
+        },
+    );
 }

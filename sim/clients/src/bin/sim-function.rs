@@ -149,6 +149,7 @@ impl Admission {
                 gpu_ns: None,
                 contention_ns: None,
                 deferred_ns: None,
+                contention_ahead_ns: None,
             }) {
                 return Err(Preempted {
                     reason,
