@@ -1994,6 +1994,18 @@ mod tests {
         assert_eq!(page.page().switch(slot), 0);
         s.reconcile(&[(g.gpu_index, told(Some(Sharing::TimeSliced)))]);
         assert_eq!(page.page().switch(slot), 250_000);
+        // A reload changes the charge on the page at once.
+        let base = s.cfg.clone();
+        let new = Config {
+            context_switch_ns: 100_000,
+            ..base.clone()
+        };
+        let out = s
+            .reload(&base, &new, |_| unreachable!("θ did not change"))
+            .unwrap();
+        assert_eq!(out.applied, vec!["context_switch_ns: 250000 -> 100000"]);
+        assert!(out.need_restart.is_empty(), "{out:?}");
+        assert_eq!(page.page().switch(slot), 100_000);
         // The training job left: no budget, nothing to charge.
         for _ in 0..HARVEST_EVERY {
             s.reconcile(&[(g.gpu_index, GpuSample::default())]);

@@ -2,7 +2,7 @@
 //!
 //! Owns: the list of keys that change live ([`LIVE_KEYS`]), applying them to the state (θ_train
 //! into every GPU's harvest ledger and the policy, the watchdog action, the prewarm policy,
-//! harvest and deferral on/off), and building the prewarm manager from its config string (one
+//! harvest and deferral on/off, the context-switch charge into every harvesting function's page), and building the prewarm manager from its config string (one
 //! implementation for start and reload).
 //!
 //! Must never: half-apply a config (the caller validates the whole file first: a file that does
@@ -15,12 +15,13 @@ use crate::policy::Policy;
 
 /// Config keys (as serialized) a running arbiter takes over on SIGHUP. Everything else — the
 /// socket, the state directory, the GPUs, the policy kind and its model … — is fixed at start.
-pub const LIVE_KEYS: [&str; 5] = [
+pub const LIVE_KEYS: [&str; 6] = [
     "theta_train",
     "watchdog_action",
     "prewarm_policy",
     "harvest",
     "defer",
+    "context_switch_ns",
 ];
 
 /// What a reload did.
@@ -96,6 +97,7 @@ impl State {
         // Deferral follows at the next admission (a latest start already written lapses within
         // the request's SLO).
         merged.defer = new.defer;
+        merged.context_switch_ns = new.context_switch_ns;
         let changes = changed_keys(&self.cfg, &merged);
         if changes.is_empty() {
             return Ok(out);
@@ -114,7 +116,15 @@ impl State {
             .into_iter()
             .map(|(k, a, b)| format!("{k}: {a} -> {b}"))
             .collect();
+        let switch_changed = merged.context_switch_ns != self.cfg.context_switch_ns;
         self.cfg = merged;
+        if switch_changed {
+            // Into every harvesting function's page now, not at the next budget split.
+            let gpus: Vec<u32> = self.gpus.iter().map(|g| g.info.index).collect();
+            for gpu in gpus {
+                self.reshare(gpu);
+            }
+        }
         Ok(out)
     }
 }
