@@ -303,6 +303,11 @@ impl PerRequest {
 /// probability instead did not separate the two: beside the 22 %-busy trainer the demo's
 /// functions read 0.3–1.0, their collisions with each other included.)
 pub const CATCH_UP_FROM: f64 = 0.5;
+/// The most debt a shim's report moves request admission by: 60 s (reasoning: a report is the
+/// function's word; a garbage value must not refuse its requests for hours — a real debt that
+/// large drains in under a minute of refusals at any budget the split gives a busy function, or
+/// is reported again the next second).
+pub const CATCH_UP_MAX_S: f64 = 60.0;
 
 /// Request-level admission under a function's collision budget: a mirror of its shim's contention
 /// bucket (the same GCRA — `tat` advances by `cost / rate`, a launch waits while `tat` runs more
@@ -331,7 +336,7 @@ impl RequestPacer {
         // A busy fraction that is not a number is taken as busy (the side that refuses).
         let busy = trainer_busy.is_nan() || trainer_busy >= CATCH_UP_FROM;
         if ahead_s.is_finite() && ahead_s > 0.0 && busy {
-            self.tat = self.tat.max(now + ahead_s);
+            self.tat = self.tat.max(now + ahead_s.min(CATCH_UP_MAX_S));
         }
     }
 
@@ -805,6 +810,13 @@ mod tests {
         p.catch_up(10.0, 0.2, 1.0);
         p.catch_up(10.0, f64::NAN, 1.0);
         p.catch_up(10.0, -5.0, 1.0);
+        // Garbage past any real debt is capped.
+        let mut r = RequestPacer::default();
+        r.catch_up(0.0, 1e12, 1.0);
+        assert!(matches!(
+            r.admit(61.2, busy, 20_000, 0.0, 50.0),
+            Pace::Admit { .. }
+        ));
         assert!(matches!(
             p.admit(10.0, busy, 20_000, 0.0, 50.0),
             Pace::Refuse { .. }

@@ -63,6 +63,12 @@ const CALIBRATION_WEIGHT_DIV: u64 = 2;
 /// 10–20 %; doubling still follows a ×20 under-statement within ~5 windows, ~2.5 s).
 const CALIBRATION_RISE_MAX: u64 = 2;
 
+/// Shortest wait taken for a preemption however cheap a node says its switches are: 50 µs
+/// (reasoning: below it a queue wait is launch-latency and clock-offset jitter of the event
+/// pairs, a few to tens of µs; with a configured switch of 1–100 µs half a switch would take
+/// that jitter for preemptions and every sample for a whole collision).
+const PREEMPTION_WAIT_MIN_NS: u64 = 50_000;
+
 /// The collision time of a launch that measured `d_ns` with solo cost `d0_ns`:
 /// `min(d0, max(0, d − d0))`.
 pub fn collision_ns(d_ns: u64, d0_ns: u64) -> u64 {
@@ -129,7 +135,7 @@ impl Collision {
             return 0;
         }
         let waited = match wait_ns {
-            Some(w) if switch_ns > 0 && w >= switch_ns / 2 => d0_ns,
+            Some(w) if switch_ns > 0 && w >= (switch_ns / 2).max(PREEMPTION_WAIT_MIN_NS) => d0_ns,
             Some(w) => w.min(d0_ns),
             None => 0,
         };
@@ -608,6 +614,12 @@ mod tests {
         assert_eq!(
             q.observe(T, 400 * US, 400 * US, Some(20 * US), 250 * US),
             20 * US
+        );
+        // A node with very cheap switches: jitter under 50 µs is still not a preemption.
+        let j = Collision::default();
+        assert_eq!(
+            j.observe(T, 400 * US, 400 * US, Some(30 * US), 20 * US),
+            30 * US
         );
         // Without a switch cost a wait counts as measured, up to the solo cost.
         let r = Collision::default();

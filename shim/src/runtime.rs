@@ -312,6 +312,7 @@ fn init() -> &'static Runtime {
             let budgets: [u32; MAX_DEVICES] = std::array::from_fn(|d| page.contention(d));
             let closed = limits::standalone(&[0; MAX_DEVICES], &shares, &budgets, 0);
             for d in 0..MAX_DEVICES {
+                closed.set_switch(d, page.switch(d));
                 if let Some(u) = page.slot_uuid(d) {
                     closed.set_slot_uuid(d, u);
                 }

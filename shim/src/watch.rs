@@ -79,13 +79,14 @@ pub fn spawn(
     }
 }
 
-/// A process-local page refusing every allocation, with the shares, contention budgets and GPU
-/// names (slot UUIDs) of `last`.
+/// A process-local page refusing every allocation, with the shares, contention budgets,
+/// context-switch costs and GPU names (slot UUIDs) of `last`.
 fn closed_page(last: &GrantPage) -> &'static GrantPage {
     let page: &'static GrantPage = Box::leak(Box::new(GrantPage::unlimited()));
     for d in 0..MAX_DEVICES {
         page.set(d, 0, last.share(d).clamp(1, 100));
         page.set_contention(d, last.contention(d));
+        page.set_switch(d, last.switch(d));
         if let Some(u) = last.slot_uuid(d) {
             page.set_slot_uuid(d, u);
         }

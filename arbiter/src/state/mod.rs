@@ -1394,8 +1394,11 @@ impl State {
                     self.cfg.context_switch_ns,
                 );
                 g.sharing = Some(sharing);
-                // The switch charge on the pages follows the mode.
-                reshare.push(*index);
+                // The switch charge on the pages follows the mode (a re-split is also a growth
+                // step of the budget split: only when a page would change).
+                if self.cfg.harvest && self.cfg.context_switch_ns > 0 && !reshare.contains(index) {
+                    reshare.push(*index);
+                }
             }
             g.sm_overlap = watchdog::attribution_overlap(
                 s.proc_util
