@@ -47,6 +47,11 @@ use std::time::{Duration, Instant};
 
 /// Seconds the training job runs alone before functions arrive in the co-located run.
 const SETTLE_S: f64 = 2.0;
+/// How long the co-located run waits for the training job's first iteration: 120 s (reasoning:
+/// a PyTorch trainer on a real GPU takes ~5–15 s to create its context and load its model on a
+/// warm machine; a simulated one, milliseconds; ten times the slow case still fails a broken
+/// trainer well before the run would have ended).
+const TRAINER_START_TIMEOUT: Duration = Duration::from_secs(120);
 /// Seconds of the training job alone in the baseline.
 const BASELINE_S: f64 = 5.0;
 /// After the arbiter refuses an instance start, the platform waits this long before trying
@@ -542,13 +547,17 @@ fn trainer_cmd(node: &Node, t: &TrainerShape, seconds: f64, quiet: bool) -> Resu
 
 /// Copies the trainer's stdout to `log` and keeps its iterations as (seconds since `origin` at
 /// which the iteration ended, iteration ms).
+/// Follows the co-located trainer's output: each iteration's (time since `origin`, ms). `first`
+/// is sent once, at its first iteration (dropped unsent if it ends without one).
 fn follow_trainer(
     stdout: ChildStdout,
     mut log: std::fs::File,
     origin: Instant,
+    first: mpsc::Sender<()>,
 ) -> std::thread::JoinHandle<Vec<(f64, f64)>> {
     std::thread::spawn(move || {
         let mut v = Vec::new();
+        let mut first = Some(first);
         for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
             let t = origin.elapsed().as_secs_f64();
             let _ = writeln!(log, "{line}");
@@ -558,6 +567,9 @@ fn follow_trainer(
                 .and_then(|m| m.trim().parse::<f64>().ok())
             {
                 v.push((t, ms));
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(());
+                }
             }
         }
         v
@@ -1245,13 +1257,27 @@ fn run_scenario(
     let mut trainer = trainer_cmd(node, &sc.trainer, seconds as f64 + 2.0 + SETTLE_S, false)?
         .stdout(Stdio::piped())
         .spawn()?;
+    let (first_tx, first_rx) = mpsc::channel();
     let follower = follow_trainer(
         trainer.stdout.take().context("trainer stdout")?,
         std::fs::File::create(out.join("trainer-colocated.log"))?,
         origin,
+        first_tx,
     );
     // The training job runs alone first, as on a real node where functions arrive beside a
-    // running job: the arbiter learns its solo utilization (it trusts it after 8 samples).
+    // running job: the arbiter learns its solo utilization (it trusts it after 8 samples). Alone
+    // means iterating: a PyTorch trainer spends seconds creating its context and loading its
+    // model before its first step (measured on an H200: the functions' instances were on the
+    // GPU 2–3 s before the trainer, so the arbiter never saw it alone; docs/real-gpu.md).
+    if first_rx.recv_timeout(TRAINER_START_TIMEOUT).is_err() {
+        let _ = trainer.kill();
+        let _ = trainer.wait();
+        anyhow::bail!(
+            "the co-located training job printed no iteration within {} s (or exited): see {}",
+            TRAINER_START_TIMEOUT.as_secs(),
+            out.join("trainer-colocated.log").display()
+        );
+    }
     std::thread::sleep(Duration::from_secs_f64(SETTLE_S));
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = sample_util(nvml, origin, stop.clone());

@@ -135,7 +135,7 @@ impl Collision {
             return 0;
         }
         let waited = match wait_ns {
-            Some(w) if switch_ns > 0 && w >= (switch_ns / 2).max(PREEMPTION_WAIT_MIN_NS) => d0_ns,
+            Some(w) if switch_ns > 0 && w >= preemption_threshold(switch_ns) => d0_ns,
             Some(w) => w.min(d0_ns),
             None => 0,
         };
@@ -243,19 +243,42 @@ impl Contention {
     }
 }
 
+/// The least wait or stretch that shows a context switch on a GPU whose switches cost
+/// `switch_ns`: half a switch, and at least [`PREEMPTION_WAIT_MIN_NS`].
+#[inline]
+pub fn preemption_threshold(switch_ns: u64) -> u64 {
+    (switch_ns / 2).max(PREEMPTION_WAIT_MIN_NS)
+}
+
+/// Whether a sample measured `d_ns` (solo cost `d0_ns`, waited `wait_ns` when known) shows a
+/// handover between contexts on a GPU whose switches cost `switch_ns` (> 0): it waited at least
+/// [`preemption_threshold`] before starting (it took the GPU from a context with work) or ran
+/// that much past its solo cost (it was preempted mid-run and restored). Only such a sample is
+/// charged switches ([`switch_charge`]). A sample that collided by less — a launch a few µs late
+/// on an idle GPU, a kernel a little longer than its floor — shows no switch: charging two
+/// switches for each such sample made the estimate 3–6× the trainer's measured slowdown on an
+/// NVIDIA H200 with PyTorch functions (docs/real-gpu.md, section 9), where a function samples a
+/// launch every millisecond of a stream of 10–50 µs kernels.
+#[inline]
+pub fn shows_handover(d_ns: u64, d0_ns: u64, wait_ns: Option<u64>, switch_ns: u64) -> bool {
+    let t = preemption_threshold(switch_ns);
+    switch_ns > 0 && (wait_ns.is_some_and(|w| w >= t) || d_ns.saturating_sub(d0_ns) >= t)
+}
+
 /// Context switches a collision on a time-sliced GPU costs the training job: 2 — the GPU switches
 /// from the trainer to the function and, when the function's work is done or its slice ends, back
 /// (docs/harvest.md, "Context switches").
 pub const SWITCHES_PER_COLLISION: u64 = 2;
 
-/// What a sampled collision at `rate_ppm` (its collision time over its solo cost) costs the
-/// training job in context switches of `switch_ns` each: one handover's
-/// [`SWITCHES_PER_COLLISION`], weighted by the rate (capped at 1: a launch that met the trainer
-/// for part of its run may have run in a gap between its kernels, without a handover). One per
-/// settled sample: harvesting samples the first launch of each burst (and one per
-/// `SAMPLE_PERIOD_NS` of a longer one), and a burst of a request's kernels shorter than a
-/// timeslice is one handover — its later kernels run in the slice the first one got. 0 when
-/// switches are free (`switch_ns` 0; an MPS GPU, where contexts do not switch).
+/// What a sampled collision at `rate_ppm` (its collision time over its solo cost) that
+/// [`shows_handover`] costs the training job in context switches of `switch_ns` each: one
+/// handover's [`SWITCHES_PER_COLLISION`], weighted by the rate (capped at 1: a launch that met
+/// the trainer for part of its run may have run in a gap between its kernels, without a
+/// handover). One per settled sample that shows a handover: harvesting samples the first launch
+/// of each burst (and one per `SAMPLE_PERIOD_NS` of a longer one), and a burst of a request's
+/// kernels shorter than a timeslice is one handover — its later kernels run in the slice the
+/// first one got. 0 when switches are free (`switch_ns` 0; an MPS GPU, where contexts do not
+/// switch).
 #[inline]
 pub fn switch_charge(switch_ns: u64, rate_ppm: u32) -> u64 {
     expected_collision(SWITCHES_PER_COLLISION.saturating_mul(switch_ns), rate_ppm)
@@ -597,6 +620,24 @@ mod tests {
             100 * US
         );
         assert_eq!(p.ppm(), PPM);
+    }
+
+    #[test]
+    fn only_a_wait_or_stretch_of_half_a_switch_shows_a_handover() {
+        // 150 µs switches: the threshold is 75 µs.
+        assert!(shows_handover(30 * US, 30 * US, Some(80 * US), 150 * US));
+        assert!(shows_handover(120 * US, 30 * US, Some(0), 150 * US));
+        assert!(shows_handover(120 * US, 30 * US, None, 150 * US));
+        // A tiny kernel a few tens of µs late or long collided (its whole solo cost, even) but
+        // shows no switch: on an H200 such jitter was charged two switches a millisecond.
+        assert!(!shows_handover(30 * US, 30 * US, Some(60 * US), 150 * US));
+        assert!(!shows_handover(90 * US, 30 * US, Some(10 * US), 150 * US));
+        assert!(!shows_handover(90 * US, 30 * US, None, 150 * US));
+        // Cheap switches: still at least 50 µs.
+        assert!(!shows_handover(30 * US, 30 * US, Some(40 * US), 10 * US));
+        assert!(shows_handover(30 * US, 30 * US, Some(50 * US), 10 * US));
+        // Free switches (MPS, or none configured): never.
+        assert!(!shows_handover(30 * US, 30 * US, Some(5_000 * US), 0));
     }
 
     #[test]

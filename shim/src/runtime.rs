@@ -1280,10 +1280,15 @@ impl Runtime {
                 let now = self.usage[dev].get();
                 let rate = (collided as u128 * PPM as u128 / d0.max(1) as u128) as u32;
                 // Plus, on a time-sliced GPU, the context switches the collision cost the
-                // trainer (docs/harvest.md, "Context switches").
+                // trainer, where the sample shows one (docs/harvest.md, "Context switches").
+                let switches = if harvest::shows_handover(ns, d0, wait, switch_ns) {
+                    harvest::switch_charge(switch_ns, rate)
+                } else {
+                    0
+                };
                 let due =
                     harvest::expected_collision(now.gpu_ns.saturating_sub(settled.gpu_ns), rate)
-                        + harvest::switch_charge(switch_ns, rate);
+                        + switches;
                 let paid = now.contention_ns.saturating_sub(settled.contention_ns);
                 let excess =
                     self.contention[dev].correct(m.admitted, paid, due, self.contention(dev));

@@ -96,6 +96,28 @@ def nvml_md(r):
     return out
 
 
+def switch_md(r):
+    rows = [("probe alone", r.get("probe_alone")),
+            ("probe beside an idle context", r.get("probe_beside_idle_context"))]
+    rows += [(f"probe beside the trainer: {k}", v)
+             for k, v in (r.get("probe_beside_trainer") or {}).items()]
+    rows += [("trainer burst alone", r.get("trainer_burst_alone")),
+             ("trainer burst, a probe inside", r.get("trainer_burst_with_probe")),
+             ("trainer burst, no probe", r.get("trainer_burst_without_probe"))]
+    md = ["## Context switches (switch_cost.py)", "", f"config: {r.get('config')}", "",
+          "| case | n | p50 µs | p90 µs | p99 µs |", "|---|---|---|---|---|"]
+    for name, s in rows:
+        s = s or {}
+        md.append(f"| {name} | {s.get('n', 0)} | {s.get('p50_us', '')} | {s.get('p90_us', '')} "
+                  f"| {s.get('p99_us', '')} |")
+    md += ["", f"- probes per overlapped burst: {r.get('probes_per_hit_burst')}",
+           f"- trainer time added per overlapping probe: "
+           f"{r.get('trainer_extra_us_per_overlapping_probe')} µs, of which beyond the probe's "
+           f"own time: {r.get('of_which_beyond_probe_own_time_us')} µs",
+           f"- trainer busy alone: {r.get('trainer_busy_fraction_alone')}"]
+    return md
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--meta", required=True)
@@ -118,7 +140,7 @@ def main():
     for s in steps:
         kind = s.get("test")
         body = {"mem_cap": mem_md, "sm_share": share_md, "arbiter_e2e": arbiter_md,
-                "nvml_view": nvml_md}.get(kind)
+                "nvml_view": nvml_md, "switch_cost": switch_md}.get(kind)
         md += (body(s) if body else [f"## {kind}", "", f"Error: {s.get('error')}"]) + [""]
     with open(os.path.join(a.out, "results.md"), "w") as f:
         f.write("\n".join(md) + "\n")

@@ -1414,7 +1414,8 @@ impl State {
                 // The feedback loop starts again from the worst case with the next functions.
                 g.budget.reset();
             }
-            g.estimate.observe(&split.training, s.util, has_functions);
+            g.estimate
+                .observe(&split.training, s.util, has_functions, overlap);
             let procs = self.procs.as_ref();
             let growth = g.memory.observe(
                 &split.training,

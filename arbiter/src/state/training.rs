@@ -59,12 +59,15 @@ pub(crate) fn ewma(old: Option<f64>, u: f64) -> f64 {
 
 impl TrainingEstimate {
     /// Folds one NVML sample in: the GPU's training processes, the device utilization
-    /// (percent) and whether functions are placed on the GPU.
+    /// (percent), whether functions are placed on the GPU, and by how many points the GPU's
+    /// per-process figures overlap (sum past the device's utilization; 0 under MPS:
+    /// [`super::watchdog::attribution_overlap`]).
     pub fn observe(
         &mut self,
         training: &[TrainingProc],
         device_util: Option<u32>,
         with_functions: bool,
+        overlap_pct: u32,
     ) {
         if !with_functions || training.is_empty() {
             // The next functions start from nothing known about co-location.
@@ -85,14 +88,20 @@ impl TrainingEstimate {
             self.solo_samples += 1;
             self.solo = Some(ewma(self.solo, pct(u)));
         } else if let Some(u) = training.iter().map(|t| t.sm_util).sum::<Option<u32>>() {
-            // Co-located, training's own samples are a lower bound of its solo use: one that
+            // Co-located, training's own time is a lower bound of its solo use: one that
             // exceeds a trusted estimate (a job ramping up after functions arrived) raises it —
-            // the safe direction. They never create an estimate.
-            let u = pct(u);
-            if self.trusted().is_some_and(|old| u > old) {
-                self.solo = Some(u);
+            // the safe direction. They never create an estimate. Its own time is its figure
+            // less the overlap: on a time-sliced GPU NVML counts a process's waits for its
+            // timeslice too. On an NVIDIA H200 a trainer whose kernels ran 8–11 % of the time
+            // read 63 % beside functions, and raised its solo estimate to 0.67, which read as a
+            // trainer busy most of the time (docs/real-gpu.md, section 9).
+            if self
+                .trusted()
+                .is_some_and(|old| pct(u.saturating_sub(overlap_pct)) > old)
+            {
+                self.solo = Some(pct(u.saturating_sub(overlap_pct)));
             }
-            self.colocated = Some(ewma(self.colocated, u));
+            self.colocated = Some(ewma(self.colocated, pct(u)));
         }
     }
 
@@ -152,45 +161,54 @@ mod tests {
         let mut e = TrainingEstimate::default();
         for i in 0..SOLO_MIN_SAMPLES {
             assert_eq!(e.trusted(), None, "trusted after {i} samples");
-            e.observe(&trainer(Some(60)), Some(60), false);
+            e.observe(&trainer(Some(60)), Some(60), false, 0);
         }
         assert_eq!(e.trusted(), Some(0.6));
         assert!(e.drifted());
         e.mark_shared();
         assert!(!e.drifted());
         // Training leaves: everything known goes.
-        e.observe(&[], None, false);
+        e.observe(&[], None, false, 0);
         assert_eq!(e.trusted(), None);
     }
 
     #[test]
     fn colocated_samples_never_create_a_solo_estimate_but_may_raise_it() {
         let mut e = TrainingEstimate::default();
-        e.observe(&trainer(Some(30)), Some(80), true);
+        e.observe(&trainer(Some(30)), Some(80), true, 0);
         assert_eq!(e.trusted(), None, "unknown stays unknown (fully busy)");
         assert_eq!(e.colocated(), Some(0.3));
         let mut e = TrainingEstimate::default();
         for _ in 0..SOLO_MIN_SAMPLES {
-            e.observe(&trainer(Some(50)), None, false);
+            e.observe(&trainer(Some(50)), None, false, 0);
         }
-        e.observe(&trainer(Some(70)), None, true);
+        e.observe(&trainer(Some(70)), None, true, 0);
         assert_eq!(e.trusted(), Some(0.7), "a ramping job raises the estimate");
-        e.observe(&trainer(Some(35)), None, true);
+        e.observe(&trainer(Some(35)), None, true, 0);
         assert_eq!(
             e.trusted(),
             Some(0.7),
             "lower co-located samples do not lower it"
         );
+        // Time-sliced, the figures overlap: only what is beyond the overlap is the job's own.
+        e.observe(&trainer(Some(95)), Some(80), true, 60);
+        assert_eq!(
+            e.trusted(),
+            Some(0.7),
+            "95 % with 60 points of overlap is 35 % own"
+        );
+        e.observe(&trainer(Some(95)), Some(80), true, 15);
+        assert_eq!(e.trusted(), Some(0.8), "80 % own raises it");
     }
 
     #[test]
     fn the_slowdown_compares_colocated_with_solo_utilization() {
         let mut e = TrainingEstimate::default();
         for _ in 0..SOLO_MIN_SAMPLES {
-            e.observe(&trainer(None), Some(60), false);
+            e.observe(&trainer(None), Some(60), false, 0);
         }
         assert_eq!(e.slowdown(), None);
-        e.observe(&trainer(Some(40)), Some(90), true);
+        e.observe(&trainer(Some(40)), Some(90), true, 0);
         let d = e.slowdown().unwrap();
         assert!((d - 0.5).abs() < 1e-9, "{d}");
     }
