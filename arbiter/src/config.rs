@@ -625,7 +625,7 @@ impl Config {
                     "gpus.context_switch_us",
                     format!(
                         "{us} µs is more than {max_us} µs: give one switch's cost in microseconds \
-                         (an NVIDIA H200 measured ≈ 250, docs/real-gpu.md)"
+                         (leave it 0 on an NVIDIA H200: docs/real-gpu.md, section 9)"
                     ),
                 ));
             }

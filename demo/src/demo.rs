@@ -52,6 +52,14 @@ const SETTLE_S: f64 = 2.0;
 /// warm machine; a simulated one, milliseconds; ten times the slow case still fails a broken
 /// trainer well before the run would have ended).
 const TRAINER_START_TIMEOUT: Duration = Duration::from_secs(120);
+/// On a real GPU, how long the co-located run waits for every function's instances to start
+/// before the replay: 180 s (reasoning: a PyTorch instance takes ~5–15 s to create its context
+/// and load its model; six start at once). The replay compresses a trace minute into a second,
+/// so an instance that starts with the replay is cold for its first ~10 trace minutes: on an
+/// H200 about a quarter of all requests of a 30 s run arrived while the first instances were
+/// starting (docs/real-gpu.md, section 9). A node runs for days; the demo measures it warm.
+/// The simulated GPU's instances start in milliseconds and are not waited for.
+const WARMUP_TIMEOUT: Duration = Duration::from_secs(180);
 /// Seconds of the training job alone in the baseline.
 const BASELINE_S: f64 = 5.0;
 /// After the arbiter refuses an instance start, the platform waits this long before trying
@@ -134,12 +142,14 @@ pub struct DemoArgs {
     #[arg(long, value_parser = ["running", "held"])]
     pub nvml_process_util: Option<String>,
     /// Time the simulated time-sliced GPU spends on each context switch, µs (default 0: free;
-    /// a real H200 measured ≈ 250, docs/simgpu.md). Simulated GPU only.
+    /// 250 reproduces the trainer cost of one H200 workload, whose real switches cost 50–170 µs
+    /// each by the kernels preempted; docs/simgpu.md). Simulated GPU only.
     #[arg(long)]
     pub switch_us: Option<u64>,
     /// What the demo's arbiter charges per context switch on a GPU without MPS, µs (its `[gpus]
     /// context_switch_us`; docs/harvest.md "Context switches"). Default: the simulated GPU's
-    /// --switch-us (the node's operator knows its hardware); 0 with --gpu.
+    /// --switch-us (the node's operator knows its hardware); 0 with --gpu (on an H200 a charge
+    /// made the estimate far too high: docs/real-gpu.md, section 9).
     #[arg(long)]
     pub charge_switch_us: Option<u64>,
     /// Run on this machine's real GPU 0 (real libcuda and NVML) with PyTorch workloads
@@ -546,9 +556,8 @@ fn trainer_cmd(node: &Node, t: &TrainerShape, seconds: f64, quiet: bool) -> Resu
 }
 
 /// Copies the trainer's stdout to `log` and keeps its iterations as (seconds since `origin` at
-/// which the iteration ended, iteration ms).
-/// Follows the co-located trainer's output: each iteration's (time since `origin`, ms). `first`
-/// is sent once, at its first iteration (dropped unsent if it ends without one).
+/// which the iteration ended, iteration ms). `first` is sent once, at its first iteration
+/// (dropped unsent if the output ends without one).
 fn follow_trainer(
     stdout: ChildStdout,
     mut log: std::fs::File,
@@ -795,6 +804,39 @@ impl Shared {
                 refused,
                 cold,
             });
+    }
+}
+
+/// Starts an instance in every slot of every pool and waits until each is up, or its start was
+/// refused or failed, or [`WARMUP_TIMEOUT`] passed.
+fn warm_up(pools: &[Pool], sh: &Shared) {
+    let slots: usize = pools.iter().map(|p| p.slots.len()).sum();
+    let not_started =
+        || sh.starts_refused.load(Ordering::Relaxed) + sh.start_failures.load(Ordering::Relaxed);
+    let before = not_started();
+    eprintln!(
+        "smore demo: starting {slots} instance(s) before the replay (at most {} s)",
+        WARMUP_TIMEOUT.as_secs()
+    );
+    for p in pools {
+        p.broadcast(|| Msg::Load);
+    }
+    let t0 = Instant::now();
+    loop {
+        let warm = pools
+            .iter()
+            .flat_map(|p| &p.slots)
+            .filter(|s| s.1.warm.load(Ordering::Acquire))
+            .count();
+        let gave_up = usize::try_from(not_started() - before).unwrap_or(usize::MAX);
+        if warm.saturating_add(gave_up) >= slots || t0.elapsed() >= WARMUP_TIMEOUT {
+            eprintln!(
+                "smore demo: {warm} of {slots} instance(s) up after {:.1} s ({gave_up} refused or failed)",
+                t0.elapsed().as_secs_f64()
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -1254,9 +1296,21 @@ fn run_scenario(
         shim: shim.to_path_buf(),
         deadline_refusal: !a.no_deadline_refusal,
     });
-    let mut trainer = trainer_cmd(node, &sc.trainer, seconds as f64 + 2.0 + SETTLE_S, false)?
-        .stdout(Stdio::piped())
-        .spawn()?;
+    // On a real GPU the instances warm before the replay (below), for up to WARMUP_TIMEOUT: the
+    // trainer runs on through it and is stopped after the replay.
+    let warmup_s = if node.gpu.is_some() {
+        WARMUP_TIMEOUT.as_secs_f64()
+    } else {
+        0.0
+    };
+    let mut trainer = trainer_cmd(
+        node,
+        &sc.trainer,
+        seconds as f64 + 2.0 + SETTLE_S + warmup_s,
+        false,
+    )?
+    .stdout(Stdio::piped())
+    .spawn()?;
     let (first_tx, first_rx) = mpsc::channel();
     let follower = follow_trainer(
         trainer.stdout.take().context("trainer stdout")?,
@@ -1307,6 +1361,9 @@ fn run_scenario(
         offered * 100.0,
         prewarm_spec.name()
     );
+    if node.gpu.is_some() {
+        warm_up(&pools, &sh);
+    }
     let start = Instant::now();
     let _ = sh.replay.set(start);
     let replay_start_s = start.duration_since(origin).as_secs_f64();
@@ -1359,6 +1416,11 @@ fn run_scenario(
     let (shares, estimates) = poller
         .join()
         .map_err(|_| anyhow::anyhow!("status poller panicked"))?;
+    if node.gpu.is_some() {
+        // It was given the warm-up's longest time on top; what it runs past the replay is not
+        // counted (the co-located mean below takes the replay's iterations only).
+        let _ = trainer.kill();
+    }
     let _ = trainer.wait()?;
     let iterations = follower
         .join()

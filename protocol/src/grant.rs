@@ -26,9 +26,9 @@ pub const CONTENTION_HORIZON_NS: u64 = 1_000_000_000;
 /// `GrantPage::slot_uuid` (the GPU each slot describes). 4: `DeviceGrant::defer_until_ns`. 5:
 /// `DeviceGrant::switch_ns`.
 pub const PAGE_VERSION: u32 = 5;
-/// Largest context-switch charge a page may carry: 10 ms (ns). Reasoning: a real H200 measured
-/// ≈ 0.25 ms per switch (docs/real-gpu.md, section 8); a value beyond a few timeslices is a
-/// typo, and the shim never trusts foreign memory past it.
+/// Largest context-switch charge a page may carry: 10 ms (ns). Reasoning: a real H200's trainer
+/// lost 0.1–0.35 ms per overlap, two switches (docs/real-gpu.md, section 9); a value beyond a
+/// few timeslices is a typo, and the shim never trusts foreign memory past it.
 pub const MAX_SWITCH_NS: u64 = 10_000_000;
 /// Now on the clock of `DeviceGrant::defer_until_ns`: CLOCK_MONOTONIC, ns. Every process of the
 /// machine reads the same clock (the shim's launch path reads it with its own `clock_gettime`).

@@ -24,6 +24,23 @@ def parse_size(text):
     return int(float(m.group(1)) * UNITS[m.group(2).lower()])
 
 
+def pct(xs, q):
+    """The `q` quantile (0..1) of `xs` by rank (None when empty)."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def stats_us(durs_ns):
+    """n, p50/p90/p99 and mean of durations in ns, as µs."""
+    us = [d / 1e3 for d in durs_ns]
+    if not us:
+        return {"n": 0}
+    return {"n": len(us), "p50_us": round(pct(us, 0.5), 1), "p90_us": round(pct(us, 0.9), 1),
+            "p99_us": round(pct(us, 0.99), 1), "mean_us": round(sum(us) / len(us), 1)}
+
+
 def emit(obj):
     """Prints the result line the drivers parse."""
     sys.stdout.write("RESULT " + json.dumps(obj, sort_keys=True) + "\n")

@@ -113,8 +113,26 @@ def switch_md(r):
     md += ["", f"- probes per overlapped burst: {r.get('probes_per_hit_burst')}",
            f"- trainer time added per overlapping probe: "
            f"{r.get('trainer_extra_us_per_overlapping_probe')} µs, of which beyond the probe's "
-           f"own time: {r.get('of_which_beyond_probe_own_time_us')} µs",
+           f"own time ({r.get('probe_kernel_us')} µs): "
+           f"{r.get('of_which_beyond_probe_own_time_us')} µs",
            f"- trainer busy alone: {r.get('trainer_busy_fraction_alone')}"]
+    return md
+
+
+def jitter_md(r):
+    md = ["## The shim's wait estimator without co-runners (wait_jitter.py)", "",
+          f"config: {r.get('config')}", "",
+          "| condition | wait p50 / p90 / p99 µs | ≥10 µs | ≥20 µs | ≥50 µs | ≥100 µs "
+          "| kernel over its floor p50 / p99 µs |", "|---|---|---|---|---|---|---|"]
+    for k in ("alone", "cpu_busy", "beside_trainer"):
+        s = r.get(k) or {}
+        w, o = s.get("wait") or {}, s.get("over_floor") or {}
+        md.append(f"| {k} | {w.get('p50_us')} / {w.get('p90_us')} / {w.get('p99_us')} "
+                  f"| {s.get('wait_ge_10us')} | {s.get('wait_ge_20us')} | {s.get('wait_ge_50us')} "
+                  f"| {s.get('wait_ge_100us')} | {o.get('p50_us')} / {o.get('p99_us')} |")
+    md += ["", f"- trainer iteration p50, alone: {r.get('trainer_ms_p50_alone')} ms; beside "
+           f"CPU hogs: {r.get('trainer_ms_p50_cpu_busy')} ms (slowdown "
+           f"{r.get('trainer_slowdown_cpu_busy')})"]
     return md
 
 
@@ -140,7 +158,8 @@ def main():
     for s in steps:
         kind = s.get("test")
         body = {"mem_cap": mem_md, "sm_share": share_md, "arbiter_e2e": arbiter_md,
-                "nvml_view": nvml_md, "switch_cost": switch_md}.get(kind)
+                "nvml_view": nvml_md, "switch_cost": switch_md,
+                "wait_jitter": jitter_md}.get(kind)
         md += (body(s) if body else [f"## {kind}", "", f"Error: {s.get('error')}"]) + [""]
     with open(os.path.join(a.out, "results.md"), "w") as f:
         f.write("\n".join(md) + "\n")

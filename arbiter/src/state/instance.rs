@@ -68,6 +68,10 @@ pub struct Instance {
     pub contention_used_ppm: u32,
     /// Harvest: GPU time it used over the last 3 s (its shims' estimate), ppm of wall time.
     pub gpu_used_ppm: u32,
+    /// Whether `gpu_used_ppm` was computed from at least one report (before, it is 0 for want
+    /// of any).
+    #[serde(skip)]
+    pub gpu_used_known: bool,
     /// Harvest: share of its requests that missed the SLO over the last 3 s.
     pub miss_rate: Option<f64>,
     /// Harvest: collision time per served request over the last 3 s, ns.
@@ -139,6 +143,7 @@ impl Instance {
             switch_ns: 0,
             contention_used_ppm: 0,
             gpu_used_ppm: 0,
+            gpu_used_known: false,
             miss_rate: None,
             collision_per_request_ns: None,
             gpu_per_request_ns: None,
@@ -155,6 +160,13 @@ impl Instance {
             life: None,
             gpu_pids: Vec::new(),
         }
+    }
+
+    /// Its own GPU time, fraction of wall time: the smaller of what its shim reports and what
+    /// NVML shows (0 where NVML shows nothing), so that neither an over-report nor a process NVML
+    /// does not list can lower what is attributed to training (docs/arbiter.md, threat model).
+    pub fn own_gpu(&self) -> f64 {
+        (self.gpu_used_ppm as f64 / 1e6).min(self.sm_used_mean.unwrap_or(0.0))
     }
 
     /// Starts tracking the registered process (a pidfd where the platform has one).

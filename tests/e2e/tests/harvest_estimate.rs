@@ -215,10 +215,12 @@ fn the_estimate_is_within_2_pp_beside_several_functions_under_mps() {
     within_tolerance(SchedMode::Mps, 4);
 }
 
-/// A GPU whose context switches cost 250 µs (about what an NVIDIA H200 paid, docs/real-gpu.md):
+/// A GPU whose context switches cost 250 µs (the simulator's reproduction of one H200 workload's
+/// trainer cost, docs/simgpu.md; a real H200 is better left uncharged, docs/real-gpu.md section 9):
 /// with the arbiter told so, the estimate tracks the truth as closely as on a GPU that switches
 /// for free ([`TRACKING_TIME_SLICED`]; measured 10.4–10.6 % against 11.7–12.0 %, five runs,
-/// 2026-11-27). Told nothing, each collision is charged only its run time and the estimate reads
+/// 2026-11-27; 10.5 % against 11.9 % once switches were charged only to samples that show a
+/// handover). Told nothing, each collision is charged only its run time and the estimate reads
 /// 8.0 % against 12.9–13.3 %, outside the tracking bound (docs/harvest.md, "Context switches").
 #[test]
 fn the_estimate_tracks_the_truth_on_a_gpu_whose_context_switches_cost_time() {
