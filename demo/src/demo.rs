@@ -315,6 +315,19 @@ pub(crate) fn simulated_node(dir: &Path) -> Result<Node> {
 /// The arbiter process (killed on drop).
 struct ArbiterProc(Child, PathBuf);
 
+/// The co-located training job: stopped on every way out of the run (on a real GPU it is
+/// given the warm-up's longest time on top of the run and would hold the GPU that long).
+struct Trainer(Child);
+
+impl Drop for Trainer {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 impl Drop for ArbiterProc {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -834,6 +847,13 @@ fn warm_up(pools: &[Pool], sh: &Shared) {
                 "smore demo: {warm} of {slots} instance(s) up after {:.1} s ({gave_up} refused or failed)",
                 t0.elapsed().as_secs_f64()
             );
+            // The prewarm manager learns what is resident, so its policy may unload it.
+            let mut pm = sh.prewarm.lock().unwrap_or_else(|e| e.into_inner());
+            for p in pools {
+                if p.slots.iter().any(|s| s.1.warm.load(Ordering::Acquire)) {
+                    let _ = pm.set_loaded(p.ctx.spec.name, true);
+                }
+            }
             return;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -1310,10 +1330,11 @@ fn run_scenario(
         false,
     )?
     .stdout(Stdio::piped())
-    .spawn()?;
+    .spawn()
+    .map(Trainer)?;
     let (first_tx, first_rx) = mpsc::channel();
     let follower = follow_trainer(
-        trainer.stdout.take().context("trainer stdout")?,
+        trainer.0.stdout.take().context("trainer stdout")?,
         std::fs::File::create(out.join("trainer-colocated.log"))?,
         origin,
         first_tx,
@@ -1324,8 +1345,6 @@ fn run_scenario(
     // model before its first step (measured on an H200: the functions' instances were on the
     // GPU 2–3 s before the trainer, so the arbiter never saw it alone; docs/real-gpu.md).
     if first_rx.recv_timeout(TRAINER_START_TIMEOUT).is_err() {
-        let _ = trainer.kill();
-        let _ = trainer.wait();
         anyhow::bail!(
             "the co-located training job printed no iteration within {} s (or exited): see {}",
             TRAINER_START_TIMEOUT.as_secs(),
@@ -1419,9 +1438,9 @@ fn run_scenario(
     if node.gpu.is_some() {
         // It was given the warm-up's longest time on top; what it runs past the replay is not
         // counted (the co-located mean below takes the replay's iterations only).
-        let _ = trainer.kill();
+        let _ = trainer.0.kill();
     }
-    let _ = trainer.wait()?;
+    let _ = trainer.0.wait()?;
     let iterations = follower
         .join()
         .map_err(|_| anyhow::anyhow!("trainer reader panicked"))?;

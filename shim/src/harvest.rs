@@ -258,9 +258,10 @@ pub fn preemption_threshold(switch_ns: u64) -> u64 {
 /// a kernel a little longer than its floor — shows no switch, and charging it two would charge
 /// a function of short kernels two switches for every sample whatever met it. A guard checked on
 /// the simulated GPU only. (Before it, on an NVIDIA H200 a PyTorch function was charged 3.2× its
-/// GPU time per request in switches; whether this rule changes that is not measured there —
-/// launches that met the trainer waited 1.0–1.4 ms, far past any threshold: docs/real-gpu.md,
-/// section 9.)
+/// GPU time per request in switches. Whether the guard changes that there depends on which
+/// reading of that device's collisions holds — jitter of a few tens of µs taken for waits, which
+/// it drops, or waits for the trainer's timeslice of about a millisecond, which it keeps:
+/// docs/real-gpu.md, section 9, point 1.)
 #[inline]
 pub fn shows_handover(d_ns: u64, d0_ns: u64, wait_ns: Option<u64>, switch_ns: u64) -> bool {
     let t = preemption_threshold(switch_ns);

@@ -68,10 +68,7 @@ pub struct Instance {
     pub contention_used_ppm: u32,
     /// Harvest: GPU time it used over the last 3 s (its shims' estimate), ppm of wall time.
     pub gpu_used_ppm: u32,
-    /// Whether `gpu_used_ppm` was computed from at least one report (before, it is 0 for want
-    /// of any).
-    #[serde(skip)]
-    pub gpu_used_known: bool,
+
     /// Harvest: share of its requests that missed the SLO over the last 3 s.
     pub miss_rate: Option<f64>,
     /// Harvest: collision time per served request over the last 3 s, ns.
@@ -143,7 +140,6 @@ impl Instance {
             switch_ns: 0,
             contention_used_ppm: 0,
             gpu_used_ppm: 0,
-            gpu_used_known: false,
             miss_rate: None,
             collision_per_request_ns: None,
             gpu_per_request_ns: None,

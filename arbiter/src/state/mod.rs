@@ -44,7 +44,7 @@ use smore_protocol::size::format_size;
 use smore_protocol::wire::{Grant, Hint, HintAction, RefuseCode, Register, MAX_NAME};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-pub use training::{Colocation, TrainingEstimate, TrainingProc};
+pub use training::{TrainingEstimate, TrainingProc};
 pub use watchdog::Violation;
 
 /// Reconcile rounds between two observations fed to the policy's online learning (20 × 250 ms
@@ -1188,7 +1188,6 @@ impl State {
             i.gpu_per_request_ns = r.gpu_per_request_ns;
             i.contention_used_ppm = r.contention_ppm;
             i.gpu_used_ppm = r.gpu_ppm;
-            i.gpu_used_known = i.usage.has_reports();
         }
         self.attribute_collisions();
         let observe = self.rounds.is_multiple_of(OBSERVE_EVERY);
@@ -1382,14 +1381,6 @@ impl State {
                 }
             }
             let has_functions = self.instances.values().any(|i| i.rec.gpu == *index);
-            // The functions' own GPU time, the smaller of report and NVML (as the attribution
-            // of collisions takes it): what bounds training's own time on a time-sliced GPU.
-            // Unknown until every function's use was computed from a report.
-            let on_gpu = || self.instances.values().filter(|i| i.rec.gpu == *index);
-            let functions_pct = on_gpu().all(|i| i.gpu_used_known).then(|| {
-                let pct = on_gpu().map(Instance::own_gpu).sum::<f64>() * 100.0;
-                pct.round().clamp(0.0, 100.0) as u32
-            });
             let g = &mut self.gpus[gi];
             let appeared = g.training.is_empty() != split.training.is_empty();
             g.used = s.used;
@@ -1422,14 +1413,7 @@ impl State {
                 // The feedback loop starts again from the worst case with the next functions.
                 g.budget.reset();
             }
-            g.estimate.observe(
-                &split.training,
-                s.util,
-                has_functions.then_some(Colocation {
-                    overlap_pct: overlap,
-                    functions_pct,
-                }),
-            );
+            g.estimate.observe(&split.training, s.util, has_functions);
             let procs = self.procs.as_ref();
             let growth = g.memory.observe(
                 &split.training,
@@ -2398,47 +2382,6 @@ mod tests {
             acted,
             "the watchdog acts on NVML use the shim does not report"
         );
-    }
-
-    #[test]
-    fn a_time_sliced_trainers_overlapped_figure_does_not_raise_its_solo_estimate() {
-        // The H200 demo (docs/real-gpu.md, section 9): a trainer 10 % busy alone read 63 %
-        // beside functions whose own figures read up to 99 %; the solo estimate went to 0.67.
-        let mut s = harvest_state();
-        s.cfg.check_shim = false;
-        let mut alone = training_sample(10, &[]);
-        alone.sharing = Some(Sharing::TimeSliced);
-        for _ in 0..SOLO_MIN_SAMPLES {
-            s.reconcile(&[(0, alone.clone()), (1, alone.clone())]);
-        }
-        let (g, _page) = s.register(me(), args(1 << 30)).unwrap();
-        let gi = g.gpu_index as usize;
-        assert_eq!(s.gpus[gi].trusted_solo_util(), Some(0.1));
-        // A function NVML shows at 98 % and whose shim reported 50 % of the GPU (its own time
-        // is the smaller, as the attribution takes it).
-        s.report_usage(
-            g.instance,
-            me().pid,
-            ShimUsage {
-                gpu_ns: 500_000_000,
-                ..Default::default()
-            },
-        );
-        let mut beside = training_sample(63, &[(me().pid, 98)]);
-        beside.util = Some(65);
-        beside.sharing = Some(Sharing::TimeSliced);
-        for _ in 0..(4 * SOLO_MIN_SAMPLES) {
-            s.reconcile(&[(g.gpu_index, beside.clone())]);
-        }
-        // Its own time is the device's 65 % less the function's 50 %, at most: 15 %.
-        let solo = s.gpus[gi].trusted_solo_util().unwrap();
-        assert!(
-            (0.1..0.16).contains(&solo),
-            "raised past what NVML proves: {solo} (overlap {})",
-            s.gpus[gi].sm_overlap
-        );
-        assert!(solo > 0.1, "but raised by the device bound: {solo}");
-        assert_eq!(s.gpus[gi].sm_overlap, 96);
     }
 
     #[test]
