@@ -16,7 +16,7 @@ SRC = pathlib.Path(__file__).resolve().parent / "src"
 LAYERS = {
     "variants": 1, "limits": 1, "config": 1, "ledger": 1, "shared_ledger": 1, "gate": 1, "harvest": 1,
     "sys": 2,
-    "log": 3,
+    "log": 3, "trace": 3,
     "client": 4, "watch": 4,
     "runtime": 5,
     "hooks": 6,

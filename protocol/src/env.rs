@@ -10,12 +10,13 @@
 //! variables their starter sets on them.
 //!
 //! Must never: remove the simulated GPU's own configuration (`SMORE_SIM_*`), where the libraries
-//! are (`SMORE_LIB_DIR`) or the log level (`SMORE_LOG`): they describe the machine, not a grant.
+//! are (`SMORE_LIB_DIR`) or the diagnostics (`SMORE_LOG`, `SMORE_TRACE_SAMPLES`): they describe
+//! the machine or what to record, not a grant.
 
 use std::process::Command;
 
 /// Variables kept when a child's grant-bearing environment is scrubbed (see the module docs).
-const KEPT_PREFIXES: [&str; 3] = ["SMORE_SIM_", "SMORE_LIB_DIR", "SMORE_LOG"];
+const KEPT_PREFIXES: [&str; 4] = ["SMORE_SIM_", "SMORE_LIB_DIR", "SMORE_LOG", "SMORE_TRACE_"];
 
 /// Whether `name` carries a grant, a cap, a share or an arbiter connection into a process: every
 /// `SMORE_*` variable but the machine-describing ones, and `LD_PRELOAD` (which loads the shim).
@@ -63,6 +64,7 @@ mod tests {
             "SMORE_SIM_MODE",
             "SMORE_LIB_DIR",
             "SMORE_LOG",
+            "SMORE_TRACE_SAMPLES",
             "PATH",
             "LD_LIBRARY_PATH",
         ] {

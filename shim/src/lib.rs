@@ -18,7 +18,8 @@
 //! 2. **Bottom layer** [`sys`]: the real `dlsym` ([`sys::dlsym`]), the real driver's entry points
 //!    ([`sys::driver`]), grant-page mapping ([`sys::grant`]), libc wrappers — clocks, sleep,
 //!    stderr, fds, fork registration ([`sys::os`]). Uses only [`variants`] from the crate.
-//! 3. **Logging** [`log`] (rate-limited stderr over [`sys::os`]).
+//! 3. **Logging** [`log`] (rate-limited stderr over [`sys::os`]) and the opt-in per-sample trace
+//!    [`trace`] (`SMORE_TRACE_SAMPLES`, a diagnostic file).
 //! 4. **Arbiter client and watcher**: [`client`] (registration with the arbiter, re-registration),
 //!    [`watch`] (the watcher thread that re-registers after an arbiter restart and swaps the
 //!    runtime's page through the reference it is given).
@@ -49,5 +50,6 @@ pub mod log;
 pub mod runtime;
 pub mod shared_ledger;
 pub mod sys;
+pub mod trace;
 pub mod variants;
 pub mod watch;

@@ -26,6 +26,7 @@ use crate::limits::{self, GrantPage, MAX_DEVICES};
 use crate::log::{self, RateLimit};
 use crate::shared_ledger::FirstContext;
 use crate::sys::{driver, os};
+use crate::trace::{self, SampleTrace};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::Mutex;
 
@@ -197,6 +198,8 @@ struct Sampler {
     /// Per device: the usage counters when the last sample was settled (the launches a sample
     /// stands for are those admitted since).
     settled: [Usage; MAX_DEVICES],
+    /// The opt-in trace of settled samples (`SMORE_TRACE_SAMPLES`, [`crate::trace`]).
+    trace: Option<SampleTrace>,
 }
 
 /// The end of a device's last calibration window: (wall ns, estimated ns counter, NVML sample
@@ -300,6 +303,20 @@ fn init() -> &'static Runtime {
         .then(|| shared_ledger(env))
         .flatten();
     let mut rt = Runtime::build(parsed.config, &parsed.errors, source);
+    if let Some(path) = env("SMORE_TRACE_SAMPLES") {
+        match SampleTrace::open(&path, os::pid(), os::now_ns()) {
+            Ok(t) => {
+                rt.sampler
+                    .get_mut()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .trace = Some(t)
+            }
+            Err(e) => log::line(
+                Level::Warn,
+                format_args!("SMORE_TRACE_SAMPLES={path}: {e}; samples are not traced"),
+            ),
+        }
+    }
     match shared {
         Some(Ok(group)) => rt.ledger = Ledger::shared(group),
         Some(Err(e)) => {
@@ -1224,7 +1241,21 @@ impl Runtime {
                             };
                             let ns = ((ms as f64 * 1e6) as u64).saturating_sub(cpu);
                             let settled = &mut s.settled[p.meta.dev];
-                            self.settle(&p.meta, ns, wait, settled);
+                            let judged = self.settle(&p.meta, ns, wait, settled);
+                            if let Some(t) = s.trace.as_mut() {
+                                let sample = trace::Sample {
+                                    t_ns: os::now_ns(),
+                                    dev: p.meta.dev,
+                                    ns,
+                                    d0_ns: judged.map(|j| j.0),
+                                    wait_ns: wait,
+                                    collided_ns: judged.map_or(0, |j| j.1),
+                                    handover: judged.is_some_and(|j| j.2),
+                                };
+                                if t.record(&sample).is_err() {
+                                    s.trace = None;
+                                }
+                            }
                         }
                         match kept {
                             // `a` became the context's reference: the old reference's event
@@ -1252,7 +1283,15 @@ impl Runtime {
     /// starting, when known): folds it into the cost table; a first measurement charges what the
     /// launch cost beyond its (zero) charge; a measured one updates the collision probability
     /// against its solo cost and charges contention beyond what was charged at admission.
-    fn settle(&self, m: &PendingMeta, ns: u64, wait: Option<u64>, settled: &mut Usage) {
+    /// Returns, for a measured launch, (its solo cost, its collision time, whether it was
+    /// charged switches); `None` for a first measurement.
+    fn settle(
+        &self,
+        m: &PendingMeta,
+        ns: u64,
+        wait: Option<u64>,
+        settled: &mut Usage,
+    ) -> Option<(u64, u64, bool)> {
         let dev = m.dev;
         // The solo cost before this sample is folded in (the floor the sample is judged against).
         let solo = self
@@ -1268,34 +1307,34 @@ impl Runtime {
                 let share = self.share(dev);
                 self.gates[dev].charge(m.admitted, cost - m.charged, share);
             }
-            return;
+            return None;
         }
-        if let Some(d0) = solo {
-            let switch_ns = self.switch_ns(dev);
-            let collided = self.collision[dev].observe(os::now_ns(), ns, d0, wait, switch_ns);
-            if collided > 0 {
-                // The sample stands for the launches admitted since the last settled one (a
-                // batch submitted together waited together): they collided at its rate, and
-                // whatever they were charged below that is charged now.
-                let now = self.usage[dev].get();
-                let rate = (collided as u128 * PPM as u128 / d0.max(1) as u128) as u32;
-                // Plus, on a time-sliced GPU, the context switches the collision cost the
-                // trainer, where the sample shows one (docs/harvest.md, "Context switches").
-                let switches = if harvest::shows_handover(ns, d0, wait, switch_ns) {
-                    harvest::switch_charge(switch_ns, rate)
-                } else {
-                    0
-                };
-                let due =
-                    harvest::expected_collision(now.gpu_ns.saturating_sub(settled.gpu_ns), rate)
-                        + switches;
-                let paid = now.contention_ns.saturating_sub(settled.contention_ns);
-                let excess =
-                    self.contention[dev].correct(m.admitted, paid, due, self.contention(dev));
-                self.usage[dev].add(0, excess);
-            }
-            *settled = self.usage[dev].get();
+        let d0 = solo?;
+        let switch_ns = self.switch_ns(dev);
+        let collided = self.collision[dev].observe(os::now_ns(), ns, d0, wait, switch_ns);
+        let mut handover = false;
+        if collided > 0 {
+            // The sample stands for the launches admitted since the last settled one (a
+            // batch submitted together waited together): they collided at its rate, and
+            // whatever they were charged below that is charged now.
+            let now = self.usage[dev].get();
+            let rate = (collided as u128 * PPM as u128 / d0.max(1) as u128) as u32;
+            // Plus, on a time-sliced GPU, the context switches the collision cost the
+            // trainer, where the sample shows one (docs/harvest.md, "Context switches").
+            handover = harvest::shows_handover(ns, d0, wait, switch_ns);
+            let switches = if handover {
+                harvest::switch_charge(switch_ns, rate)
+            } else {
+                0
+            };
+            let due = harvest::expected_collision(now.gpu_ns.saturating_sub(settled.gpu_ns), rate)
+                + switches;
+            let paid = now.contention_ns.saturating_sub(settled.contention_ns);
+            let excess = self.contention[dev].correct(m.admitted, paid, due, self.contention(dev));
+            self.usage[dev].add(0, excess);
         }
+        *settled = self.usage[dev].get();
+        Some((d0, collided, handover))
     }
 
     /// Compares the estimated GPU time of `dev` with the driver's per-process accounting at most

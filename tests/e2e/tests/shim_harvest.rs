@@ -186,3 +186,75 @@ fn bursts_spaced_past_the_staleness_age_are_held_while_in_debt() {
     assert!(unheld_slowdown > bound + SLOWDOWN_SLACK, "{report}");
     assert!(slowdown < BURSTS_HELD_BELOW * unheld_slowdown, "{report}");
 }
+
+/// `SMORE_TRACE_SAMPLES` writes one line per settled sample — measured time, solo cost, queue
+/// wait, collision — for diagnosing the estimate on a real GPU (docs/real-gpu.md, section 9):
+/// beside a busy trainer some samples waited and collided, and every line parses.
+#[test]
+fn the_sample_trace_records_each_settled_sample_with_its_wait_and_collision() {
+    let sim = sim();
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = dir.path().join("samples-{pid}.txt");
+    let secs = 3.0;
+    let mut function: Child = sim
+        .command(bin("sim-function"))
+        .env("LD_PRELOAD", shim_lib())
+        .env("SMORE_SM_SHARE", "100")
+        .env("SMORE_CONTENTION_PPM", BUDGET_PPM.to_string())
+        .env("SMORE_TRACE_SAMPLES", &pattern)
+        .args([
+            "--kernels",
+            "4",
+            "--kernel-us",
+            "1000",
+            "--interval-ms",
+            "5",
+        ])
+        .args(["--seconds", &secs.to_string(), "--quiet"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = sim
+        .command(bin("sim-trainer"))
+        .args(TRAINER)
+        .args(["--seconds", &secs.to_string(), "--quiet"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = function.id();
+    assert!(function.wait().unwrap().success(), "function failed");
+    let _ = t.wait_with_output();
+    let path = dir.path().join(format!("samples-{pid}.txt"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("no trace at {}: {e}", path.display()));
+    let mut lines = text.lines();
+    assert!(lines
+        .next()
+        .unwrap()
+        .starts_with("# t_ns dev ns d0_ns wait_ns collided_ns"));
+    let rows: Vec<Vec<i128>> = lines
+        .map(|l| {
+            let f: Vec<i128> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+            assert_eq!(f.len(), 7, "{l}");
+            f
+        })
+        .collect();
+    // The last second may still be buffered when the process exits; the first two are written.
+    assert!(rows.len() >= 50, "{} samples traced", rows.len());
+    let waited = rows.iter().filter(|r| r[4] > 0).count();
+    let collided = rows.iter().filter(|r| r[5] > 0).count();
+    let mut waits: Vec<i128> = rows.iter().map(|r| r[4]).filter(|&w| w >= 0).collect();
+    waits.sort_unstable();
+    let q = |v: &[i128], f: f64| v.get((v.len() as f64 * f) as usize).copied().unwrap_or(-1);
+    eprintln!(
+        "{} samples: {waited} with a known wait > 0 (p10/p50/p90 {}/{}/{} ns), {collided} collided",
+        rows.len(),
+        q(&waits, 0.1),
+        q(&waits, 0.5),
+        q(&waits, 0.9)
+    );
+    assert!(
+        waited > 0 && collided > 0,
+        "beside a trainer busy half the time"
+    );
+}
