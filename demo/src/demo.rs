@@ -847,16 +847,22 @@ fn warm_up(pools: &[Pool], sh: &Shared) {
                 "smore demo: {warm} of {slots} instance(s) up after {:.1} s ({gave_up} refused or failed)",
                 t0.elapsed().as_secs_f64()
             );
-            // The prewarm manager learns what is resident, so its policy may unload it.
-            let mut pm = sh.prewarm.lock().unwrap_or_else(|e| e.into_inner());
-            for p in pools {
-                if p.slots.iter().any(|s| s.1.warm.load(Ordering::Acquire)) {
-                    let _ = pm.set_loaded(p.ctx.spec.name, true);
-                }
-            }
             return;
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Tells the prewarm manager which functions the warm-up left resident, once the replay's first
+/// tick has been answered: told before it, every policy — having seen no request yet — answered
+/// "unload" to all of them at trace second 0 and undid the warm-up. From the next tick on the
+/// policy decides with the first minute's requests seen.
+fn mark_warm_loaded(pools: &[Pool], sh: &Shared) {
+    let mut pm = sh.prewarm.lock().unwrap_or_else(|e| e.into_inner());
+    for p in pools {
+        if p.slots.iter().any(|s| s.1.warm.load(Ordering::Acquire)) {
+            let _ = pm.set_loaded(p.ctx.spec.name, true);
+        }
     }
 }
 
@@ -1400,6 +1406,9 @@ fn run_scenario(
                     Action::Unload => || Msg::Unload,
                 });
             }
+        }
+        if sec == 0 && node.gpu.is_some() {
+            mark_warm_loaded(&pools, &sh);
         }
         let mut arrivals: Vec<(f64, usize)> = tr
             .iter()

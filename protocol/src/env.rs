@@ -16,7 +16,12 @@
 use std::process::Command;
 
 /// Variables kept when a child's grant-bearing environment is scrubbed (see the module docs).
-const KEPT_PREFIXES: [&str; 4] = ["SMORE_SIM_", "SMORE_LIB_DIR", "SMORE_LOG", "SMORE_TRACE_"];
+const KEPT_PREFIXES: [&str; 4] = [
+    "SMORE_SIM_",
+    "SMORE_LIB_DIR",
+    "SMORE_LOG",
+    "SMORE_TRACE_SAMPLES",
+];
 
 /// Whether `name` carries a grant, a cap, a share or an arbiter connection into a process: every
 /// `SMORE_*` variable but the machine-describing ones, and `LD_PRELOAD` (which loads the shim).

@@ -13,7 +13,8 @@
 //! except the sampler's (a `try_lock` on a periodic sample, ≤ 1 per ms; a blocking lock only
 //! around the first, unmeasured launch of a kernel or graph and around a probe after a capped
 //! contention hold or for deferral), sleep a launch on an unthrottled device, or hold a launch
-//! for deferral past the latest start the arbiter wrote for its request.
+//! for deferral past the latest start the arbiter wrote for its request. (The opt-in sample
+//! trace, `SMORE_TRACE_SAMPLES`, writes its file under the sampler's lock about once a second.)
 
 use crate::client::{self, Source};
 use crate::config::{self, Config, FailurePolicy, Level};
@@ -313,7 +314,7 @@ fn init() -> &'static Runtime {
             }
             Err(e) => log::line(
                 Level::Warn,
-                format_args!("SMORE_TRACE_SAMPLES={path}: {e}; samples are not traced"),
+                format_args!("SMORE_TRACE_SAMPLES: {e}; samples are not traced"),
             ),
         }
     }
@@ -1249,7 +1250,7 @@ impl Runtime {
                                     ns,
                                     d0_ns: judged.map(|j| j.0),
                                     wait_ns: wait,
-                                    collided_ns: judged.map_or(0, |j| j.1),
+                                    collided_ns: judged.map(|j| j.1),
                                     handover: judged.is_some_and(|j| j.2),
                                 };
                                 if t.record(&sample).is_err() {

@@ -7,27 +7,28 @@
 //! queue wait and collision. `SMORE_TRACE_SAMPLES=<path>` (`{pid}` in it is replaced by the
 //! process id) appends one line per settled sample to that file.
 //!
-//! Owns the trace's buffer and file. Must never: allocate or write on the launch fast path (it
-//! runs where samples settle — the sampler, under its lock, at most once per sampled launch —
-//! into a buffer allocated when the trace is opened; the file is written when the buffer is
-//! nearly full or a second has passed), nor fail the process (a write error ends the trace).
+//! Owns the trace's buffer and file. Must never: allocate or write on the unthrottled launch path
+//! (it runs where samples settle — the sampler, under its lock, on sampled launches and while a
+//! launch waits for a first measurement — into a buffer allocated when the trace is opened; the
+//! file is written when the buffer holds 128 KiB or a second has passed since the last write),
+//! nor hang or fail the process (only a regular file is opened, without blocking or following a
+//! symbolic link; a write error ends the trace). Samples buffered since the last write are lost
+//! when the process exits: the runtime is never dropped.
 
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::Write as _;
 
-/// Buffer size: 256 KiB (reasoning: a line is ≤ 100 bytes and a harvesting function settles at
-/// most ~1 000 samples a second, so a second's lines fit; the buffer is written before it would
-/// have to grow).
+/// Buffer size: 256 KiB (reasoning: a line is ≤ 110 bytes, and the buffer is written once it
+/// holds 128 KiB, so the line that crosses that mark still fits and the buffer never grows).
 const BUFFER_BYTES: usize = 256 * 1024;
-/// Written when this much is buffered: room for one more second at the highest rate.
+/// Written when this much is buffered.
 const FLUSH_AT_BYTES: usize = BUFFER_BYTES - 128 * 1024;
 /// Written at least this often, ns: 1 s (a trace of a process that is killed loses at most the
 /// last second).
 const FLUSH_EVERY_NS: u64 = 1_000_000_000;
 /// The file's first line: the columns.
-pub const HEADER: &str =
-    "# t_ns dev ns d0_ns wait_ns collided_ns handover (wait_ns -1: not known; d0_ns -1: first measurement)\n";
+pub const HEADER: &str = "# t_ns dev ns d0_ns wait_ns collided_ns handover (-1: not known; d0_ns and collided_ns -1: a first measurement, not judged; lines starting with # are comments, and a header repeats where another process or image appends)\n";
 
 /// One settled sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,8 +43,8 @@ pub struct Sample {
     pub d0_ns: Option<u64>,
     /// How long it waited for the GPU, when known.
     pub wait_ns: Option<u64>,
-    /// The collision time it was taken for, ns.
-    pub collided_ns: u64,
+    /// The collision time it was taken for, ns; `None` for a first measurement (not judged).
+    pub collided_ns: Option<u64>,
     /// Whether it was charged context switches.
     pub handover: bool,
 }
@@ -59,7 +60,7 @@ pub fn format_line(out: &mut String, s: &Sample) {
         s.ns,
         opt(s.d0_ns),
         opt(s.wait_ns),
-        s.collided_ns,
+        opt(s.collided_ns),
         u8::from(s.handover)
     );
 }
@@ -75,11 +76,22 @@ impl SampleTrace {
     /// Opens (appends to) the trace at `path` with `{pid}` replaced by `pid`, writing the header.
     /// Called once, when the shim starts, never on a launch.
     pub fn open(path: &str, pid: u32, now_ns: u64) -> std::io::Result<SampleTrace> {
+        use std::os::unix::fs::OpenOptionsExt;
         let path = path.replace("{pid}", &pid.to_string());
-        let mut file = std::fs::OpenOptions::new()
+        // Never block on a FIFO nobody reads, nor follow a link planted at a predictable name.
+        let opened = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(path)?;
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path);
+        let mut file = opened.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}")))?;
+        if !file.metadata()?.is_file() {
+            // A pipe, a terminal or a device (stdout among them) could block the sampler, raise
+            // SIGPIPE or write where the shim must not.
+            return Err(std::io::Error::other(format!(
+                "{path} is not a regular file"
+            )));
+        }
         file.write_all(HEADER.as_bytes())?;
         Ok(SampleTrace {
             file,
@@ -125,7 +137,7 @@ mod tests {
             ns: 40_000,
             d0_ns: Some(30_000),
             wait_ns: None,
-            collided_ns: 10_000,
+            collided_ns: Some(10_000),
             handover: false,
         }
     }
@@ -141,12 +153,31 @@ mod tests {
             &Sample {
                 d0_ns: None,
                 wait_ns: Some(5),
+                collided_ns: None,
                 handover: true,
                 ..sample(8)
             },
         );
-        assert_eq!(s, "8 0 40000 -1 5 10000 1\n");
+        assert_eq!(s, "8 0 40000 -1 5 -1 1\n");
         assert_eq!(HEADER.split_whitespace().nth(7), Some("handover"));
+    }
+
+    #[test]
+    fn only_a_regular_file_is_traced_into() {
+        let e = SampleTrace::open("/dev/null", 1, 0)
+            .err()
+            .expect("a device is refused");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let dir = std::env::temp_dir().join(format!("smore-trace-link-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join("planted");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(dir.join("target"), &link).unwrap();
+        assert!(
+            SampleTrace::open(link.to_str().unwrap(), 1, 0).is_err(),
+            "a link is not followed"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -227,12 +227,10 @@ fn the_sample_trace_records_each_settled_sample_with_its_wait_and_collision() {
     let path = dir.path().join(format!("samples-{pid}.txt"));
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("no trace at {}: {e}", path.display()));
-    let mut lines = text.lines();
-    assert!(lines
-        .next()
-        .unwrap()
-        .starts_with("# t_ns dev ns d0_ns wait_ns collided_ns"));
-    let rows: Vec<Vec<i128>> = lines
+    assert!(text.starts_with("# t_ns dev ns d0_ns wait_ns collided_ns"));
+    let rows: Vec<Vec<i128>> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
         .map(|l| {
             let f: Vec<i128> = l.split(' ').map(|x| x.parse().unwrap()).collect();
             assert_eq!(f.len(), 7, "{l}");
@@ -243,6 +241,10 @@ fn the_sample_trace_records_each_settled_sample_with_its_wait_and_collision() {
     assert!(rows.len() >= 50, "{} samples traced", rows.len());
     let waited = rows.iter().filter(|r| r[4] > 0).count();
     let collided = rows.iter().filter(|r| r[5] > 0).count();
+    assert!(
+        rows.iter().all(|r| (r[3] < 0) == (r[5] < 0)),
+        "a first measurement is neither judged nor collided"
+    );
     let mut waits: Vec<i128> = rows.iter().map(|r| r[4]).filter(|&w| w >= 0).collect();
     waits.sort_unstable();
     let q = |v: &[i128], f: f64| v.get((v.len() as f64 * f) as usize).copied().unwrap_or(-1);
