@@ -152,6 +152,14 @@ pub struct DemoArgs {
     /// made the estimate far too high: docs/real-gpu.md, section 9).
     #[arg(long)]
     pub charge_switch_us: Option<u64>,
+    /// A study, simulated GPU only: each function instance waits out the training job's busy
+    /// phase exactly — until the simulator's ground truth says the trainer's queued kernels have
+    /// run — whenever its request can still meet its SLO afterwards with MARGIN_MS to spare beyond
+    /// its solo service time. An upper bound on what knowing the trainer's phase could buy, not
+    /// smore: no process can see another's queue on a real GPU (docs/harvest.md, "What perfect
+    /// phase knowledge buys").
+    #[arg(long, value_name = "MARGIN_MS")]
+    pub phase_oracle: Option<f64>,
     /// Run on this machine's real GPU 0 (real libcuda and NVML) with PyTorch workloads
     /// (profiling/smore_profiling/demo_workers.py) instead of the simulated GPU.
     #[arg(long)]
@@ -220,6 +228,24 @@ impl DemoArgs {
             (true, Some(_)) => anyhow::bail!(
                 "--nvml-process-util chooses the simulated NVML's model; a real GPU's driver reports \
                  its own way (docs/real-gpu.md) — drop one of them"
+            ),
+        }
+    }
+
+    /// The phase oracle's margin, ms (`--phase-oracle`): `None` unless asked; an error with
+    /// `--gpu` (a real driver has no ground truth to give) or for a margin that is not a
+    /// non-negative number.
+    pub fn phase_oracle(&self) -> Result<Option<f64>> {
+        match (self.gpu, self.phase_oracle) {
+            (_, None) => Ok(None),
+            (true, Some(_)) => anyhow::bail!(
+                "--phase-oracle reads the simulated GPU's ground truth, which a real GPU does not \
+                 give — drop one of them"
+            ),
+            (false, Some(m)) if m.is_finite() && m >= 0.0 => Ok(Some(m)),
+            (false, Some(m)) => anyhow::bail!(
+                "--phase-oracle {m}: the margin is the ms a held request keeps beyond its solo \
+                 service time before its SLO — give a number ≥ 0 (e.g. 1)"
             ),
         }
     }
@@ -663,6 +689,17 @@ impl Instance {
                 true,
                 sh.deadline_refusal.then_some(slo_ms),
             )?)
+            .args(match (sh.phase_oracle, sh.trainer_pid.get()) {
+                (Some(margin), Some(pid)) => vec![
+                    "--phase-oracle-pid".to_string(),
+                    pid.to_string(),
+                    "--phase-oracle-slo-ms".to_string(),
+                    format!("{slo_ms:.3}"),
+                    "--phase-oracle-margin-ms".to_string(),
+                    format!("{margin:.3}"),
+                ],
+                _ => Vec::new(),
+            })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(
@@ -709,8 +746,8 @@ impl Instance {
     }
 
     /// Serves one request that already waited `waited_ms` at the platform: (admitted, service
-    /// time in the instance, ms).
-    fn serve(&mut self, id: u64, waited_ms: f64) -> Result<(bool, f64)> {
+    /// time in the instance, ms, of which the phase oracle held it, ms).
+    fn serve(&mut self, id: u64, waited_ms: f64) -> Result<(bool, f64, f64)> {
         writeln!(self.stdin, "{id} {waited_ms:.3}")?;
         self.stdin.flush()?;
         let mut line = String::new();
@@ -722,7 +759,12 @@ impl Instance {
             .find_map(|t| t.strip_prefix("service_ms="))
             .and_then(|v| v.parse().ok())
             .unwrap_or(f64::NAN);
-        Ok((line.contains("admitted=1"), service))
+        let held = line
+            .split_whitespace()
+            .find_map(|t| t.strip_prefix("held_ms="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        Ok((line.contains("admitted=1"), service, held))
     }
 
     fn stop(mut self) {
@@ -776,6 +818,11 @@ struct Shared {
     socket: PathBuf,
     shim: PathBuf,
     deadline_refusal: bool,
+    /// `--phase-oracle`'s margin, ms, and the co-located trainer's pid once it runs.
+    phase_oracle: Option<f64>,
+    trainer_pid: std::sync::OnceLock<u32>,
+    /// What the phase oracle held requests, ns in all.
+    oracle_held_ns: AtomicU64,
 }
 
 impl Shared {
@@ -922,8 +969,12 @@ fn worker(ctx: Arc<FnCtx>, slot: Arc<SlotState>, rx: mpsc::Receiver<Msg>, sh: Ar
                         refused = Some(Refusal::Deadline);
                     } else {
                         match inst.as_mut().map(|i| i.serve(id, waited)) {
-                            Some(Ok((true, s))) => service_ms = s,
-                            Some(Ok((false, _))) => refused = Some(Refusal::Deferred),
+                            Some(Ok((true, s, held))) => {
+                                service_ms = s;
+                                sh.oracle_held_ns
+                                    .fetch_add((held * 1e6) as u64, Ordering::Relaxed);
+                            }
+                            Some(Ok((false, ..))) => refused = Some(Refusal::Deferred),
                             Some(Err(_)) | None => {
                                 inst = None;
                                 slot.warm.store(false, Ordering::Release);
@@ -1206,6 +1257,11 @@ pub struct ScenarioSummary {
     /// (deferral, docs/harvest.md), ms in total over the run (the arbiter's last poll of each
     /// instance).
     pub deferred_ms: f64,
+    /// `--phase-oracle`'s margin, ms: the functions waited out the trainer's busy phase from the
+    /// simulator's ground truth (a study's upper bound, not smore). `None`: no oracle.
+    pub phase_oracle_margin_ms: Option<f64>,
+    /// What the phase oracle held requests, ms in all.
+    pub phase_oracle_held_ms: f64,
     /// Instance starts the arbiter refused (attempts).
     pub refused_instances: u64,
     /// Instance starts that failed for another reason (a defect of the run; see the logs).
@@ -1321,6 +1377,9 @@ fn run_scenario(
         socket: arb.1.clone(),
         shim: shim.to_path_buf(),
         deadline_refusal: !a.no_deadline_refusal,
+        phase_oracle: a.phase_oracle()?,
+        trainer_pid: std::sync::OnceLock::new(),
+        oracle_held_ns: AtomicU64::new(0),
     });
     // On a real GPU the instances warm before the replay (below), for up to WARMUP_TIMEOUT: the
     // trainer runs on through it and is stopped after the replay.
@@ -1338,6 +1397,7 @@ fn run_scenario(
     .stdout(Stdio::piped())
     .spawn()
     .map(Trainer)?;
+    let _ = sh.trainer_pid.set(trainer.0.id());
     let (first_tx, first_rx) = mpsc::channel();
     let follower = follow_trainer(
         trainer.0.stdout.take().context("trainer stdout")?,
@@ -1510,6 +1570,8 @@ fn run_scenario(
             (!during.is_empty()).then(|| during.iter().sum::<f64>() / during.len() as f64)
         },
         deferred_ms: deferred_total_ms(&shares),
+        phase_oracle_margin_ms: sh.phase_oracle,
+        phase_oracle_held_ms: sh.oracle_held_ns.load(Ordering::Relaxed) as f64 / 1e6,
         refused_instances: sh.starts_refused.load(Ordering::Relaxed),
         instance_start_failures: sh.start_failures.load(Ordering::Relaxed),
         requests,
@@ -1551,6 +1613,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         PolicySpec::parse(&a.prewarm).with_context(|| format!("--prewarm {:?}", a.prewarm))?;
     let interference = a.interference()?;
     let nvml_model = a.nvml_process_util()?;
+    // Checked before any baseline runs (the run would otherwise fail minutes in).
+    a.phase_oracle()?;
     let node = Arc::new(match interference {
         None => real_node(&a.out, a.profiling.as_deref())?,
         Some(i) => {
@@ -1667,6 +1731,12 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, interference: Option<Interfer
         println!(
             "  deferral                  {:5.0} ms  held in all, waiting out the trainer's busy phase (docs/harvest.md)",
             s.deferred_ms
+        );
+    }
+    if let Some(m) = s.phase_oracle_margin_ms {
+        println!(
+            "  PHASE ORACLE              {:5.0} ms  held in all by the simulator's ground truth of the trainer's queue (margin {m} ms): a study's upper bound, not smore (docs/harvest.md)",
+            s.phase_oracle_held_ms
         );
     }
     println!(

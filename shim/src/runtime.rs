@@ -1252,6 +1252,7 @@ impl Runtime {
                                     wait_ns: wait,
                                     collided_ns: judged.map(|j| j.1),
                                     handover: judged.is_some_and(|j| j.2),
+                                    submitted_ns: p.submitted,
                                 };
                                 if t.record(&sample).is_err() {
                                     s.trace = None;

@@ -28,7 +28,7 @@ const FLUSH_AT_BYTES: usize = BUFFER_BYTES - 128 * 1024;
 /// last second).
 const FLUSH_EVERY_NS: u64 = 1_000_000_000;
 /// The file's first line: the columns.
-pub const HEADER: &str = "# t_ns dev ns d0_ns wait_ns collided_ns handover (-1: not known; d0_ns and collided_ns -1: a first measurement, not judged; lines starting with # are comments, and a header repeats where another process or image appends)\n";
+pub const HEADER: &str = "# t_ns dev ns d0_ns wait_ns collided_ns handover submitted_ns (-1: not known; d0_ns and collided_ns -1: a first measurement, not judged; lines starting with # are comments, and a header repeats where another process or image appends)\n";
 
 /// One settled sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +47,11 @@ pub struct Sample {
     pub collided_ns: Option<u64>,
     /// Whether it was charged context switches.
     pub handover: bool,
+    /// When it was submitted (CLOCK_MONOTONIC ns, the launch call's entry): with `wait_ns` and
+    /// `ns`, when it waited and ran on the shared clock, so traces of several processes can be
+    /// laid side by side (whose waits overlapped whose runs; docs/harvest.md, "What perfect
+    /// phase knowledge buys").
+    pub submitted_ns: u64,
 }
 
 /// Appends `s` as one line to `out`.
@@ -54,14 +59,15 @@ pub fn format_line(out: &mut String, s: &Sample) {
     let opt = |v: Option<u64>| v.map_or(-1, i128::from);
     let _ = writeln!(
         out,
-        "{} {} {} {} {} {} {}",
+        "{} {} {} {} {} {} {} {}",
         s.t_ns,
         s.dev,
         s.ns,
         opt(s.d0_ns),
         opt(s.wait_ns),
         opt(s.collided_ns),
-        u8::from(s.handover)
+        u8::from(s.handover),
+        s.submitted_ns
     );
 }
 
@@ -139,6 +145,7 @@ mod tests {
             wait_ns: None,
             collided_ns: Some(10_000),
             handover: false,
+            submitted_ns: t_ns.saturating_sub(50_000),
         }
     }
 
@@ -146,7 +153,7 @@ mod tests {
     fn a_line_has_every_column_and_unknowns_are_minus_one() {
         let mut s = String::new();
         format_line(&mut s, &sample(7));
-        assert_eq!(s, "7 0 40000 30000 -1 10000 0\n");
+        assert_eq!(s, "7 0 40000 30000 -1 10000 0 0\n");
         s.clear();
         format_line(
             &mut s,
@@ -158,8 +165,12 @@ mod tests {
                 ..sample(8)
             },
         );
-        assert_eq!(s, "8 0 40000 -1 5 -1 1\n");
+        assert_eq!(s, "8 0 40000 -1 5 -1 1 0\n");
         assert_eq!(HEADER.split_whitespace().nth(7), Some("handover"));
+        assert_eq!(HEADER.split_whitespace().nth(8), Some("submitted_ns"));
+        s.clear();
+        format_line(&mut s, &sample(2_000_000));
+        assert!(s.ends_with(" 1950000\n"), "{s}");
     }
 
     #[test]

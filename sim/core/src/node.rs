@@ -205,7 +205,7 @@ impl Node {
 
     /// The pid of slot `p`'s process as this process sees it (its own namespace's pid), or
     /// None when it lives in a pid namespace this process cannot see into (crate::pidns).
-    fn local_pid(&self, p: &ProcSlot) -> Option<u32> {
+    pub(crate) fn local_pid(&self, p: &ProcSlot) -> Option<u32> {
         let c = crate::pidns::Claimed {
             ns: p.pidns.load(Acquire),
             pid: p.pid.load(Acquire),

@@ -847,6 +847,33 @@ impl Node {
         }
     }
 
+    /// Ground truth for a study, never for smore itself: when the kernels process `pid` has
+    /// queued on device `d` will all have run if its context kept the GPU — now plus their
+    /// remaining run time — or `None` when it has nothing queued there or holds no slot on the
+    /// node. `smore demo --phase-oracle` gives it to the simulated functions so they can wait
+    /// out the training job's busy phase exactly: an upper bound on what knowing the trainer's
+    /// phase could buy (docs/harvest.md, "What perfect phase knowledge buys"). The real driver
+    /// has nothing like it.
+    pub fn truth_busy_until(&self, d: u32, pid: u32) -> Option<u64> {
+        self.dev(d).ok()?;
+        let slot = self
+            .state
+            .procs
+            .iter()
+            .position(|p| p.pid.load(Acquire) != 0 && self.local_pid(p) == Some(pid))?;
+        let now = crate::now_ns();
+        self.with_device(d, now, |s, _| {
+            if s.pending[slot] == 0 {
+                return None;
+            }
+            let queued: u64 = (0..STREAMS_PER_PROC as u32)
+                .filter(|&l| s.streams[slot][l as usize].in_use != 0)
+                .map(|l| queued_ns(s, slot as u32, l, None))
+                .sum();
+            (queued > 0).then_some(now + queued)
+        })
+    }
+
     /// Ops this process has queued on device `d` (tests and the in-flight bound).
     pub fn queued_ops(&self, d: u32) -> u32 {
         if self.slot == NONE {
@@ -910,6 +937,32 @@ mod tests {
         n.launch(0, st, ms * 1_000_000).unwrap();
         n.event_record(0, e1, st).unwrap();
         (st, e0, e1)
+    }
+
+    #[test]
+    fn the_ground_truth_says_when_a_process_queued_work_will_have_run() {
+        let (a, b, dir) = two_contexts(&SimConfig::default());
+        // SAFETY: getppid has no preconditions.
+        let ppid = unsafe { libc::getppid() } as u32;
+        assert_eq!(a.truth_busy_until(0, ppid), None, "nothing queued yet");
+        let st = b.stream_create(0, 0).unwrap();
+        let t0 = crate::now_ns();
+        b.launch(0, st, 20_000_000).unwrap();
+        b.launch(0, st, 20_000_000).unwrap();
+        let until = a.truth_busy_until(0, ppid).expect("B has 40 ms queued");
+        let after = crate::now_ns();
+        // B's kernels started when queued, on an otherwise idle GPU: they end 40 ms after that,
+        // however late this thread asks.
+        assert!(
+            (t0 + 40_000_000..=after + 40_000_000).contains(&until),
+            "{} ms after the launch",
+            (until - t0) as f64 / 1e6
+        );
+        assert_eq!(a.truth_busy_until(1, ppid), None, "no such device");
+        assert_eq!(a.truth_busy_until(0, u32::MAX), None, "no such process");
+        b.stream_sync(0, st).unwrap();
+        assert_eq!(a.truth_busy_until(0, ppid), None, "all of it has run");
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

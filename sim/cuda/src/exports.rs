@@ -1646,3 +1646,21 @@ api! {
         crate::procaddr::get_proc_address(symbol, pfn, version, flags, status)
     }
 }
+
+/// Simulator ground truth for a study (`smore demo --phase-oracle`), not a driver entry point:
+/// when the kernels process `pid` has queued on device `ordinal` will all have run if it kept the
+/// GPU (CLOCK_MONOTONIC ns), 0 when it has nothing queued, holds no context, or the ordinal is not
+/// visible (`smore_simgpu::Node::truth_busy_until`; docs/harvest.md, "What perfect phase
+/// knowledge buys"). The real driver has no such symbol.
+#[no_mangle]
+pub extern "C" fn smore_sim_truth_busy_until(ordinal: c_int, pid: c_uint) -> u64 {
+    // Like every export: no panic crosses the C boundary.
+    std::panic::catch_unwind(|| {
+        let Ok(d) = driver() else { return 0 };
+        let Ok(dev) = dev_ok(d, ordinal) else {
+            return 0;
+        };
+        d.node.truth_busy_until(dev, pid).unwrap_or(0)
+    })
+    .unwrap_or(0)
+}

@@ -194,6 +194,61 @@ fn the_demo_runs_and_labels_the_mps_model_when_asked() {
     );
 }
 
+/// `--phase-oracle` (a study's upper bound, docs/harvest.md "What perfect phase knowledge
+/// buys"): the functions wait out the trainer's queued kernels from the simulator's ground truth,
+/// and the report says so and that it is not smore.
+#[test]
+fn the_phase_oracle_study_holds_requests_and_is_labelled_as_not_smore() {
+    let _one = one_demo();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = Command::new(bin("smore"))
+        .args(["demo", "--scenario", "harvest", "--seconds", "4"])
+        .args(["--phase-oracle", "1", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "smore demo failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("PHASE ORACLE") && stdout.contains("not smore"),
+        "the report must say the run is a study:\n{stdout}"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["phase_oracle_margin_ms"], 1.0, "{s:#}");
+    // A trainer busy ~23 % of the time, requests arriving at random and most with slack: some
+    // arrive in a busy phase and are held.
+    assert!(s["phase_oracle_held_ms"].as_f64().unwrap() > 0.0, "{s:#}");
+    assert!(s["served"].as_u64().unwrap() > 0, "{s:#}");
+}
+
+#[test]
+fn the_phase_oracle_is_refused_on_a_real_gpu_and_for_a_bad_margin() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, says) in [
+        (&["--gpu", "--phase-oracle", "1"][..], "ground truth"),
+        (&["--phase-oracle=-1"][..], "≥ 0"),
+        (&["--phase-oracle", "NaN"][..], "≥ 0"),
+    ] {
+        let o = Command::new(bin("smore"))
+            .arg("demo")
+            .args(args)
+            .arg("--out")
+            .arg(dir.path().join("run"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(
+            !dir.path().join("run").exists(),
+            "{args:?}: nothing is created for a run that cannot start"
+        );
+    }
+}
+
 #[test]
 fn an_interference_model_on_a_real_gpu_is_refused_before_anything_starts() {
     let dir = tempfile::tempdir().unwrap();

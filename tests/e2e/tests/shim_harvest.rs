@@ -233,7 +233,7 @@ fn the_sample_trace_records_each_settled_sample_with_its_wait_and_collision() {
         .filter(|l| !l.starts_with('#'))
         .map(|l| {
             let f: Vec<i128> = l.split(' ').map(|x| x.parse().unwrap()).collect();
-            assert_eq!(f.len(), 7, "{l}");
+            assert_eq!(f.len(), 8, "{l}");
             f
         })
         .collect();
@@ -244,6 +244,10 @@ fn the_sample_trace_records_each_settled_sample_with_its_wait_and_collision() {
     assert!(
         rows.iter().all(|r| (r[3] < 0) == (r[5] < 0)),
         "a first measurement is neither judged nor collided"
+    );
+    assert!(
+        rows.iter().all(|r| r[7] > 0 && r[7] <= r[0]),
+        "each sample was submitted before it settled"
     );
     let mut waits: Vec<i128> = rows.iter().map(|r| r[4]).filter(|&w| w >= 0).collect();
     waits.sort_unstable();

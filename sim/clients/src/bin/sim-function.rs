@@ -10,7 +10,8 @@
 //! `--serve` makes it a function *instance* as a serverless platform runs it: it loads its model
 //! (`--model-memory-mib` of device memory plus `--load-ms` of host work), prints `ready`, then
 //! serves one request per stdin line (`<id> [<waited_ms>]`: the time the request already waited at
-//! the platform, 0 if absent), printing `done id=<id> service_ms=<x> admitted=<0|1>`; EOF on stdin
+//! the platform, 0 if absent), printing `done id=<id> service_ms=<x> admitted=<0|1> held_ms=<y>`
+//! (`held_ms`: what the phase oracle of a study held it, `--phase-oracle-pid`); EOF on stdin
 //! unloads it. Under `smore run` (SMORE_INSTANCE set) each request first asks the arbiter for
 //! admission over an attached connection, saying how long it has waited; a deferred request is
 //! retried every `--retry-ms` until admitted or, counting what it waited at the platform,
@@ -72,6 +73,93 @@ struct Args {
     /// Device memory each request allocates while it runs, MiB (serve mode; 0 = none).
     #[arg(long, default_value_t = 0)]
     request_memory_mib: u64,
+    /// A study, simulated GPU only (`smore demo --phase-oracle`): the training job's pid. Before
+    /// a request's kernels the instance waits until the simulator's ground truth says the
+    /// trainer's queued kernels have run, as long as the request then still has its solo service
+    /// time plus `--phase-oracle-margin-ms` before its SLO (serve mode).
+    #[arg(long, requires = "phase_oracle_slo_ms")]
+    phase_oracle_pid: Option<u32>,
+    /// The SLO the phase oracle holds requests against, ms (with `--phase-oracle-pid`).
+    #[arg(long, requires = "phase_oracle_pid")]
+    phase_oracle_slo_ms: Option<f64>,
+    /// What a held request keeps beyond its solo service time before its SLO, ms.
+    #[arg(long, default_value_t = 1.0)]
+    phase_oracle_margin_ms: f64,
+}
+
+/// CLOCK_MONOTONIC now, ns: the simulator's clock.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `smore_sim_truth_busy_until` of the simulated driver (sim/cuda): when a process's queued
+/// kernels will have run, CLOCK_MONOTONIC ns (0: nothing queued).
+type TruthBusyUntil = unsafe extern "C" fn(std::ffi::c_int, std::ffi::c_uint) -> u64;
+
+/// The phase oracle of a study (`--phase-oracle-pid`): holds a request while the training job
+/// has kernels queued, when the request can afford to wait them out.
+struct PhaseOracle {
+    busy_until: TruthBusyUntil,
+    ordinal: std::ffi::c_int,
+    trainer: u32,
+    slo: Duration,
+    /// Solo service time plus the margin: what a request keeps before its SLO after a hold.
+    keep: Duration,
+}
+
+impl PhaseOracle {
+    fn new(a: &Args) -> Result<Option<PhaseOracle>> {
+        let (Some(trainer), Some(slo_ms)) = (a.phase_oracle_pid, a.phase_oracle_slo_ms) else {
+            return Ok(None);
+        };
+        let h = smore_sim_clients::driver::libcuda_handle()?;
+        // SAFETY: a live dlopen handle and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(h, c"smore_sim_truth_busy_until".as_ptr()) };
+        if p.is_null() {
+            anyhow::bail!(
+                "--phase-oracle-pid needs the simulated GPU (its libcuda.so.1 exports smore_sim_truth_busy_until)"
+            );
+        }
+        let service_ms = a.kernels as f64 * a.kernel_us / 1e3;
+        Ok(Some(PhaseOracle {
+            // SAFETY: the simulated driver exports this symbol with exactly this signature.
+            busy_until: unsafe { std::mem::transmute::<*mut libc::c_void, TruthBusyUntil>(p) },
+            ordinal: a.resolve.device,
+            trainer,
+            slo: Duration::from_secs_f64(slo_ms.max(0.0) / 1e3),
+            keep: Duration::from_secs_f64((service_ms + a.phase_oracle_margin_ms).max(0.0) / 1e3),
+        }))
+    }
+
+    /// Waits while the trainer has kernels queued and the request, which arrived at the platform
+    /// `queued_ms` before `t`, can still meet its SLO after they have run. Returns the time held.
+    fn hold(&self, t: Instant, queued_ms: f64) -> Duration {
+        let Some(deadline) = (t + self.slo).checked_sub(Duration::from_secs_f64(queued_ms / 1e3))
+        else {
+            return Duration::ZERO;
+        };
+        let start = Instant::now();
+        loop {
+            // SAFETY: the simulator's export takes plain integers and never fails.
+            let until = unsafe { (self.busy_until)(self.ordinal, self.trainer) };
+            let now_ns = monotonic_ns();
+            if until <= now_ns {
+                break;
+            }
+            let wait = Duration::from_nanos(until - now_ns);
+            if Instant::now() + wait + self.keep > deadline {
+                break;
+            }
+            std::thread::sleep(wait);
+        }
+        start.elapsed()
+    }
 }
 
 /// The arbiter preempted this instance.
@@ -176,6 +264,7 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
     std::thread::sleep(Duration::from_secs_f64(a.load_ms / 1e3));
     let stream = s.new_stream()?;
     let adm = Admission::connect();
+    let oracle = PhaseOracle::new(a)?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready")?;
     out.flush()?;
@@ -193,6 +282,7 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
             .filter(|w| w.is_finite() && *w >= 0.0)
             .unwrap_or(0.0);
         let t = Instant::now();
+        let mut held = Duration::ZERO;
         let waited = || queued_ms + t.elapsed().as_secs_f64() * 1e3;
         let preempted = |out: &mut std::io::StdoutLock, p: Preempted| -> Result<()> {
             writeln!(out, "failed id={id} error={:?}", p.message)?;
@@ -234,6 +324,9 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
                     }
                 }
             }
+            if let Some(o) = &oracle {
+                held += o.hold(t, queued_ms);
+            }
             for _ in 0..a.kernels {
                 s.launch(f, stream)?;
             }
@@ -247,8 +340,9 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
         let ms = t.elapsed().as_secs_f64() * 1e3;
         writeln!(
             out,
-            "done id={id} service_ms={ms:.3} admitted={}",
-            admitted as u8
+            "done id={id} service_ms={ms:.3} admitted={} held_ms={:.3}",
+            admitted as u8,
+            held.as_secs_f64() * 1e3
         )?;
         out.flush()?;
         if admitted {
