@@ -155,9 +155,9 @@ pub struct DemoArgs {
     /// A study, simulated GPU only: each function instance waits out the training job's busy
     /// phase exactly — until the simulator's ground truth says the trainer's queued kernels have
     /// run — whenever its request can still meet its SLO afterwards with MARGIN_MS to spare beyond
-    /// its solo service time. An upper bound on what knowing the trainer's phase could buy, not
-    /// smore: no process can see another's queue on a real GPU (docs/harvest.md, "What perfect
-    /// phase knowledge buys").
+    /// its solo service time. A reference for what holding buys when the trainer's phase is
+    /// known, not smore: no process can see another's queue on a real GPU (docs/harvest.md,
+    /// "What perfect phase knowledge buys"). Every report, table and plot is marked as a study.
     #[arg(long, value_name = "MARGIN_MS")]
     pub phase_oracle: Option<f64>,
     /// Run on this machine's real GPU 0 (real libcuda and NVML) with PyTorch workloads
@@ -690,6 +690,11 @@ impl Instance {
                 sh.deadline_refusal.then_some(slo_ms),
             )?)
             .args(match (sh.phase_oracle, sh.trainer_pid.get()) {
+                (Some(_), None) => {
+                    return Err(StartError::Failed(anyhow::anyhow!(
+                        "--phase-oracle: an instance started before the co-located trainer"
+                    )))
+                }
                 (Some(margin), Some(pid)) => vec![
                     "--phase-oracle-pid".to_string(),
                     pid.to_string(),
@@ -821,8 +826,9 @@ struct Shared {
     /// `--phase-oracle`'s margin, ms, and the co-located trainer's pid once it runs.
     phase_oracle: Option<f64>,
     trainer_pid: std::sync::OnceLock<u32>,
-    /// What the phase oracle held requests, ns in all.
+    /// What the phase oracle held requests, ns in all, and how many it held.
     oracle_held_ns: AtomicU64,
+    oracle_held_requests: AtomicU64,
 }
 
 impl Shared {
@@ -971,8 +977,11 @@ fn worker(ctx: Arc<FnCtx>, slot: Arc<SlotState>, rx: mpsc::Receiver<Msg>, sh: Ar
                         match inst.as_mut().map(|i| i.serve(id, waited)) {
                             Some(Ok((true, s, held))) => {
                                 service_ms = s;
-                                sh.oracle_held_ns
-                                    .fetch_add((held * 1e6) as u64, Ordering::Relaxed);
+                                if held > 0.0 {
+                                    sh.oracle_held_ns
+                                        .fetch_add((held * 1e6) as u64, Ordering::Relaxed);
+                                    sh.oracle_held_requests.fetch_add(1, Ordering::Relaxed);
+                                }
                             }
                             Some(Ok((false, ..))) => refused = Some(Refusal::Deferred),
                             Some(Err(_)) | None => {
@@ -1258,10 +1267,12 @@ pub struct ScenarioSummary {
     /// instance).
     pub deferred_ms: f64,
     /// `--phase-oracle`'s margin, ms: the functions waited out the trainer's busy phase from the
-    /// simulator's ground truth (a study's upper bound, not smore). `None`: no oracle.
+    /// simulator's ground truth (a study, not smore). `None`: no oracle.
     pub phase_oracle_margin_ms: Option<f64>,
     /// What the phase oracle held requests, ms in all.
     pub phase_oracle_held_ms: f64,
+    /// Requests the phase oracle held (it slept at least once before their kernels).
+    pub phase_oracle_held_requests: u64,
     /// Instance starts the arbiter refused (attempts).
     pub refused_instances: u64,
     /// Instance starts that failed for another reason (a defect of the run; see the logs).
@@ -1380,6 +1391,7 @@ fn run_scenario(
         phase_oracle: a.phase_oracle()?,
         trainer_pid: std::sync::OnceLock::new(),
         oracle_held_ns: AtomicU64::new(0),
+        oracle_held_requests: AtomicU64::new(0),
     });
     // On a real GPU the instances warm before the replay (below), for up to WARMUP_TIMEOUT: the
     // trainer runs on through it and is stopped after the replay.
@@ -1572,6 +1584,7 @@ fn run_scenario(
         deferred_ms: deferred_total_ms(&shares),
         phase_oracle_margin_ms: sh.phase_oracle,
         phase_oracle_held_ms: sh.oracle_held_ns.load(Ordering::Relaxed) as f64 / 1e6,
+        phase_oracle_held_requests: sh.oracle_held_requests.load(Ordering::Relaxed),
         refused_instances: sh.starts_refused.load(Ordering::Relaxed),
         instance_start_failures: sh.start_failures.load(Ordering::Relaxed),
         requests,
@@ -1678,12 +1691,24 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 "nvml_process_util": nvml_model,
                 "switch_us": a.switch_us()?,
                 "charge_switch_us": a.charge_switch_us()?,
+                "phase_oracle_margin_ms": a.phase_oracle()?,
                 "scenarios": summaries,
             }))?,
         )?;
         println!("  summary: {}", node.dir.join("summary.json").display());
     }
     Ok(())
+}
+
+/// The mark of a `--phase-oracle` study on every report, table and plot: its figures are not
+/// smore's (docs/harvest.md, "What perfect phase knowledge buys").
+const STUDY_MARK: &str = "PHASE-ORACLE STUDY, not smore";
+
+/// " — PHASE-ORACLE STUDY, not smore (margin … ms)" for a study, "" otherwise.
+fn study_label(margin_ms: Option<f64>) -> String {
+    margin_ms.map_or(String::new(), |m| {
+        format!(" — {STUDY_MARK} (margin {m} ms)")
+    })
 }
 
 /// What every printed figure is measured on.
@@ -1699,10 +1724,11 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, interference: Option<Interfer
     let gpu = interference.is_none();
     let r = &s.requests;
     println!(
-        "smore demo — scenario {} — {} — all figures {}",
+        "smore demo — scenario {} — {} — all figures {}{}",
         s.scenario,
         device_label(interference),
-        if gpu { "measured" } else { "simulated" }
+        if gpu { "measured" } else { "simulated" },
+        study_label(s.phase_oracle_margin_ms)
     );
     println!("  {}", s.about);
     println!();
@@ -1735,8 +1761,8 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, interference: Option<Interfer
     }
     if let Some(m) = s.phase_oracle_margin_ms {
         println!(
-            "  PHASE ORACLE              {:5.0} ms  held in all by the simulator's ground truth of the trainer's queue (margin {m} ms): a study's upper bound, not smore (docs/harvest.md)",
-            s.phase_oracle_held_ms
+            "  PHASE ORACLE              {:5.0} ms  held in all ({} requests) from the simulator's view of the trainer's queue (margin {m} ms): a study, not smore (docs/harvest.md)",
+            s.phase_oracle_held_ms, s.phase_oracle_held_requests
         );
     }
     println!(
@@ -1831,10 +1857,11 @@ fn ms(v: f64) -> String {
 fn print_table(v: &[ScenarioSummary], interference: Option<Interference>) {
     let gpu = interference.is_none();
     println!(
-        "smore demo — summary of {} scenarios — {} — all figures {}",
+        "smore demo — summary of {} scenarios — {} — all figures {}{}",
         v.len(),
         device_label(interference),
-        if gpu { "measured" } else { "simulated" }
+        if gpu { "measured" } else { "simulated" },
+        study_label(v.first().and_then(|s| s.phase_oracle_margin_ms))
     );
     println!();
     println!(
@@ -1926,7 +1953,7 @@ fn plot(
     let r = &s.requests;
     let input = PlotInput {
         title: format!(
-            "smore demo, scenario {} — {} — policy {}, θ_train {:.0} %",
+            "smore demo, scenario {} — {} — policy {}, θ_train {:.0} %{}",
             s.scenario,
             match s.interference {
                 Some(Interference::Mps) => "SIMULATED GPU (MPS)",
@@ -1934,7 +1961,8 @@ fn plot(
                 None => "real GPU",
             },
             s.policy,
-            s.theta_train * 100.0
+            s.theta_train * 100.0,
+            study_label(s.phase_oracle_margin_ms)
         ),
         subtitle: format!(
             "offered {:.0} % · GPU util {:.1} % alone → {:.1} % co-located ({:+.1} pp) · SFD {:.1} % · DSR {:.1} % of all, {:.1} % of admitted · refused {} of {} · cold {}",

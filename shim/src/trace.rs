@@ -47,7 +47,8 @@ pub struct Sample {
     pub collided_ns: Option<u64>,
     /// Whether it was charged context switches.
     pub handover: bool,
-    /// When it was submitted (CLOCK_MONOTONIC ns, the launch call's entry): with `wait_ns` and
+    /// When it was submitted (CLOCK_MONOTONIC ns, read just before its start event is recorded,
+    /// the instant its queue wait counts from): with `wait_ns` and
     /// `ns`, when it waited and ran on the shared clock, so traces of several processes can be
     /// laid side by side (whose waits overlapped whose runs; docs/harvest.md, "What perfect
     /// phase knowledge buys").

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Whose waits overlapped whose runs: reads the per-process sample traces of one node
 (`SMORE_TRACE_SAMPLES=<dir>/samples-{pid}.txt`, docs/shim.md) and says how much of the functions'
-measured collision time waited while another traced process's *sampled* kernel ran.
+measured collision time waited, or ran stretched, while another traced process's *sampled* kernel
+ran.
 
 A shim sees that its kernel waited, not for whom. On a time-sliced GPU a wait behind another
 function costs no training job, yet the shim charges it; this tells, from the traces alone, how
 much of the charged collision time the samples themselves can attribute to other functions
 (docs/harvest.md, "What perfect phase knowledge buys"). Only sampled kernels have a known run
 interval (`submitted_ns + wait_ns` to that plus `ns`), so the figure is a lower bound; with
-`--gpu-seconds` (the traced processes' total GPU time over the traces' common window) it also
+`--gpu-seconds` (the traced processes' total GPU time over the traces' span) it also
 prints the figure scaled by the samples' coverage of that time, an estimate that assumes samples
 are spread evenly over each process's runs.
 
@@ -29,47 +30,57 @@ LOOKBACK_NS = 50_000_000
 
 
 def read(path):
-    rows = []
+    """The rows of one trace; exits on a trace from before `submitted_ns` was added, skips a
+    line cut short (the last one of a process killed mid-write)."""
+    rows, skipped = [], 0
     with open(path) as f:
         for line in f:
-            if line.startswith("#") or not line.strip():
+            if line.startswith("#"):
+                if "submitted_ns" not in line:
+                    sys.exit(f"{path}: a trace from before submitted_ns was added (2026-11-27)")
                 continue
-            cols = [int(x) for x in line.split()]
+            try:
+                cols = [int(x) for x in line.split()]
+            except ValueError:
+                cols = []
             if len(cols) < 8:
-                sys.exit(f"{path}: a line without submitted_ns (a trace from before it was added)")
+                skipped += 1
+                continue
             rows.append(cols)
+    if skipped:
+        print(f"{path}: {skipped} incomplete line(s) skipped", file=sys.stderr)
     return rows
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", help="directory of samples-<pid>.txt traces of one node")
-    ap.add_argument("--gpu-seconds", type=float, help="the traced processes' GPU time, s")
+    ap.add_argument("--gpu-seconds", type=float,
+                    help="the traced processes' GPU time over the traces' span, s")
     a = ap.parse_args()
     traces = {os.path.basename(p): read(p) for p in sorted(glob.glob(os.path.join(a.dir, "*.txt")))}
     traces = {k: v for k, v in traces.items() if v}
     if len(traces) < 2:
         sys.exit(f"{a.dir}: need the traces of at least two processes")
-    # The window every process traced.
-    t0 = max(min(r[SUBMITTED] for r in v) for v in traces.values())
-    t1 = min(max(r[SUBMITTED] for r in v) for v in traces.values())
-    if t1 <= t0:
-        sys.exit("the traces do not overlap in time")
+    # Each sampled kernel's run on the shared clock (a known wait places it; an unknown one
+    # does not). A process not traced at some time (not yet started, exited) ran nothing
+    # traced then, so every sample is judged against whatever the others posted.
     runs = {}
     sampled_run_ns = 0
     for name, rows in traces.items():
         spans = []
         for r in rows:
+            sampled_run_ns += r[NS]
             if r[WAIT] < 0:
                 continue
             start = r[SUBMITTED] + r[WAIT]
             spans.append((start, start + r[NS]))
-            if t0 <= r[SUBMITTED] <= t1:
-                sampled_run_ns += r[NS]
         spans.sort()
         runs[name] = spans
 
     def overlap(me, a0, a1):
+        """ns of [a0, a1) during which another process's sampled kernel ran (summed over the
+        processes: two others at once count twice, capped by the caller)."""
         o = 0
         for name, spans in runs.items():
             if name == me:
@@ -81,26 +92,35 @@ def main():
                 i += 1
         return o
 
-    collided = behind_function = 0
-    unknown_wait = 0
+    collided = behind_function = unknown_wait = 0
     for name, rows in traces.items():
         for r in rows:
-            if not (t0 <= r[SUBMITTED] <= t1) or r[COLLIDED] <= 0:
+            if r[COLLIDED] <= 0 or r[D0] <= 0:
                 continue
             collided += r[COLLIDED]
-            if r[WAIT] <= 0:
+            if r[WAIT] < 0:
                 unknown_wait += r[COLLIDED]
                 continue
-            frac = min(1.0, overlap(name, r[SUBMITTED], r[SUBMITTED] + r[WAIT]) / r[WAIT])
-            behind_function += r[COLLIDED] * frac
-    window_s = (t1 - t0) / 1e9
-    print(f"processes {len(traces)}, common window {window_s:.1f} s")
+            # A collision is the wait plus the run's stretch beyond its solo cost, each at most
+            # the solo cost (shim/src/harvest.rs, `Collision::observe`): the wait is judged by
+            # what ran while it waited, the stretch by what ran beside (MPS) or instead of
+            # (a preemption, time-sliced) its own run.
+            waited = min(r[D0], r[WAIT])
+            stretched = max(0, r[COLLIDED] - waited)
+            start = r[SUBMITTED] + r[WAIT]
+            if waited > 0:
+                behind_function += waited * min(1.0, overlap(name, r[SUBMITTED], start) / r[WAIT])
+            if stretched > 0 and r[NS] > 0:
+                behind_function += stretched * min(1.0, overlap(name, start, start + r[NS]) / r[NS])
+    first = min(r[SUBMITTED] for v in traces.values() for r in v)
+    last = max(r[SUBMITTED] for v in traces.values() for r in v)
+    print(f"processes {len(traces)}, traced over {(last - first) / 1e9:.1f} s")
     print(f"sampled run time {sampled_run_ns / 1e9:.3f} s, collision time {collided / 1e9:.3f} s "
-          f"({unknown_wait / 1e9:.3f} s of it with no known wait)")
+          f"({unknown_wait / 1e9:.3f} s of it with no known wait, not attributed)")
     if collided == 0:
         return
     share = behind_function / collided
-    print(f"collision time that waited while another process's sampled kernel ran: {share:.1%}")
+    print(f"collision time that overlapped another process's sampled kernel: {share:.1%}")
     if a.gpu_seconds:
         coverage = sampled_run_ns / 1e9 / a.gpu_seconds
         print(f"samples cover {coverage:.1%} of the GPU time; scaled by it: "

@@ -212,7 +212,7 @@ fn the_phase_oracle_study_holds_requests_and_is_labelled_as_not_smore() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "smore demo failed:\n{stdout}\n{stderr}");
     assert!(
-        stdout.contains("PHASE ORACLE") && stdout.contains("not smore"),
+        stdout.contains("PHASE-ORACLE STUDY, not smore") && stdout.contains("PHASE ORACLE "),
         "the report must say the run is a study:\n{stdout}"
     );
     let s: serde_json::Value =
@@ -220,6 +220,10 @@ fn the_phase_oracle_study_holds_requests_and_is_labelled_as_not_smore() {
     assert_eq!(s["phase_oracle_margin_ms"], 1.0, "{s:#}");
     // A trainer busy ~23 % of the time, requests arriving at random and most with slack: some
     // arrive in a busy phase and are held.
+    assert!(
+        s["phase_oracle_held_requests"].as_u64().unwrap() >= 1,
+        "{s:#}"
+    );
     assert!(s["phase_oracle_held_ms"].as_f64().unwrap() > 0.0, "{s:#}");
     assert!(s["served"].as_u64().unwrap() > 0, "{s:#}");
 }

@@ -126,25 +126,36 @@ impl PhaseOracle {
                 "--phase-oracle-pid needs the simulated GPU (its libcuda.so.1 exports smore_sim_truth_busy_until)"
             );
         }
-        let service_ms = a.kernels as f64 * a.kernel_us / 1e3;
+        let ms = |what: &str, v: f64| {
+            Duration::try_from_secs_f64(v / 1e3)
+                .map_err(|_| anyhow::anyhow!("{what} {v}: give a number of ms ≥ 0"))
+        };
+        let slo = ms("--phase-oracle-slo-ms", slo_ms)?;
+        let keep = ms(
+            "--phase-oracle-margin-ms",
+            a.kernels as f64 * a.kernel_us / 1e3 + a.phase_oracle_margin_ms,
+        )?;
         Ok(Some(PhaseOracle {
             // SAFETY: the simulated driver exports this symbol with exactly this signature.
             busy_until: unsafe { std::mem::transmute::<*mut libc::c_void, TruthBusyUntil>(p) },
             ordinal: a.resolve.device,
             trainer,
-            slo: Duration::from_secs_f64(slo_ms.max(0.0) / 1e3),
-            keep: Duration::from_secs_f64((service_ms + a.phase_oracle_margin_ms).max(0.0) / 1e3),
+            slo,
+            keep,
         }))
     }
 
     /// Waits while the trainer has kernels queued and the request, which arrived at the platform
-    /// `queued_ms` before `t`, can still meet its SLO after they have run. Returns the time held.
+    /// `queued_ms` before `t`, can still meet its SLO after they have run. Returns the time it
+    /// slept (zero when it did not hold: the look-ups themselves are not a hold).
     fn hold(&self, t: Instant, queued_ms: f64) -> Duration {
-        let Some(deadline) = (t + self.slo).checked_sub(Duration::from_secs_f64(queued_ms / 1e3))
+        let Some(deadline) = Duration::try_from_secs_f64(queued_ms / 1e3)
+            .ok()
+            .and_then(|q| t.checked_add(self.slo)?.checked_sub(q))
         else {
             return Duration::ZERO;
         };
-        let start = Instant::now();
+        let mut slept = Duration::ZERO;
         loop {
             // SAFETY: the simulator's export takes plain integers and never fails.
             let until = unsafe { (self.busy_until)(self.ordinal, self.trainer) };
@@ -156,9 +167,11 @@ impl PhaseOracle {
             if Instant::now() + wait + self.keep > deadline {
                 break;
             }
+            let before = Instant::now();
             std::thread::sleep(wait);
+            slept += before.elapsed();
         }
-        start.elapsed()
+        slept
     }
 }
 
