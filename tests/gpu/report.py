@@ -136,6 +136,24 @@ def jitter_md(r):
     return md
 
 
+def trace_md(r):
+    d, o = r.get("demo") or {}, r.get("overlap") or {}
+    pc = lambda x: "n/a" if x is None else f"{x * 100:.1f} %"  # noqa: E731
+    num = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
+    return ["## The demo with every function's sample trace (demo_trace.py)", "",
+            f"command: `{r.get('command')}`" + (" (SIMULATED GPU)" if r.get("simulated") else ""),
+            "",
+            f"- trainer slowdown {pc(d.get('sfd'))}, the arbiter's estimate "
+            f"{pc(d.get('sfd_estimate'))}; DSR {pc(d.get('dsr'))} ({pc(d.get('dsr_admitted'))} "
+            f"of admitted); GPU {num(d.get('gui_exclusive_pct'))} → "
+            f"{num(d.get('gui_colocated_pct'))} % busy",
+            f"- traces of {o.get('processes')} processes over {o.get('traced_s')} s: sampled run "
+            f"time {o.get('sampled_run_s')} s, collision time {o.get('collision_s')} s "
+            f"({o.get('collision_unknown_wait_s')} s with no known wait)",
+            f"- collision time that overlapped another process's sampled kernel: "
+            f"{pc(o.get('overlapping_share'))}"]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--meta", required=True)
@@ -159,7 +177,7 @@ def main():
         kind = s.get("test")
         body = {"mem_cap": mem_md, "sm_share": share_md, "arbiter_e2e": arbiter_md,
                 "nvml_view": nvml_md, "switch_cost": switch_md,
-                "wait_jitter": jitter_md}.get(kind)
+                "wait_jitter": jitter_md, "demo_trace": trace_md}.get(kind)
         md += (body(s) if body else [f"## {kind}", "", f"Error: {s.get('error')}"]) + [""]
     with open(os.path.join(a.out, "results.md"), "w") as f:
         f.write("\n".join(md) + "\n")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the real-GPU checks of smore and writes results.json, results.md and run.log to $OUT.
 #
-#   tests/gpu/run_all.sh [all|mem|share|nvml|switch|jitter|arbiter ...]
+#   tests/gpu/run_all.sh [all|mem|share|nvml|switch|jitter|arbiter|trace ...]
 #
 # Needs: an NVIDIA GPU with its driver, nvidia-smi, python3 with torch (CUDA), and the release
 # binaries built elsewhere (no cargo needed here): $SMORE_BIN_DIR/smore and
@@ -9,7 +9,8 @@
 # is a Python script under tests/gpu/ that prints one RESULT line; see docs/real-gpu.md.
 # Environment: OUT (default ./gpu-results), SMORE_GPU_SECONDS (window per SM-share run, 8),
 # SMORE_GPU_SHARES (10,25,50,75), SMORE_GPU_CAP (4GiB), SMORE_GPU_SWITCH_SECONDS (window per
-# condition of switch_cost.py and wait_jitter.py, 4).
+# condition of switch_cost.py and wait_jitter.py, 4), SMORE_GPU_TRACE_SECONDS (replay of
+# demo_trace.py's `smore demo --gpu`, 30).
 set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 HERE="$ROOT/tests/gpu"
@@ -92,6 +93,7 @@ want nvml && step nvml_view 240 "$PY" "$HERE/nvml_view.py" --shim "$SHIM" --shar
 want switch && step switch_cost 150 "$PY" "$HERE/switch_cost.py" --seconds "${SMORE_GPU_SWITCH_SECONDS:-4}"
 want jitter && step wait_jitter 240 "$PY" "$HERE/wait_jitter.py" --seconds "${SMORE_GPU_SWITCH_SECONDS:-4}"
 want arbiter && step arbiter_e2e 240 "$PY" "$HERE/arbiter_e2e.py" --smore "$SMORE" --shim "$SHIM" --workdir "$WORK/arbiter" --memory "$CAP"
+want trace && step demo_trace 500 "$PY" "$HERE/demo_trace.py" --smore "$SMORE" --workdir "$WORK/demo-trace" --out "$OUT" --seconds "${SMORE_GPU_TRACE_SECONDS:-30}"
 [ -f "$WORK/arbiter/arbiter.log" ] && cp "$WORK/arbiter/arbiter.log" "$OUT/arbiter.log"
 
 "$PY" "$HERE/report.py" --meta "$WORK/meta.json" --out "$OUT" "${RESULTS[@]}"

@@ -52,16 +52,14 @@ def read(path):
     return rows
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("dir", help="directory of samples-<pid>.txt traces of one node")
-    ap.add_argument("--gpu-seconds", type=float,
-                    help="the traced processes' GPU time over the traces' span, s")
-    a = ap.parse_args()
-    traces = {os.path.basename(p): read(p) for p in sorted(glob.glob(os.path.join(a.dir, "*.txt")))}
+def analyse(directory, gpu_seconds=None):
+    """The figures of one node's traces in `directory`, as a dict (raises ValueError when there
+    are fewer than two processes' traces)."""
+    traces = {os.path.basename(p): read(p)
+              for p in sorted(glob.glob(os.path.join(directory, "*.txt")))}
     traces = {k: v for k, v in traces.items() if v}
     if len(traces) < 2:
-        sys.exit(f"{a.dir}: need the traces of at least two processes")
+        raise ValueError(f"{directory}: need the traces of at least two processes")
     # Each sampled kernel's run on the shared clock (a known wait places it; an unknown one
     # does not). A process not traced at some time (not yet started, exited) ran nothing
     # traced then, so every sample is judged against whatever the others posted.
@@ -114,17 +112,39 @@ def main():
                 behind_function += stretched * min(1.0, overlap(name, start, start + r[NS]) / r[NS])
     first = min(r[SUBMITTED] for v in traces.values() for r in v)
     last = max(r[SUBMITTED] for v in traces.values() for r in v)
-    print(f"processes {len(traces)}, traced over {(last - first) / 1e9:.1f} s")
-    print(f"sampled run time {sampled_run_ns / 1e9:.3f} s, collision time {collided / 1e9:.3f} s "
-          f"({unknown_wait / 1e9:.3f} s of it with no known wait, not attributed)")
-    if collided == 0:
+    out = {"processes": len(traces), "traced_s": round((last - first) / 1e9, 3),
+           "sampled_run_s": round(sampled_run_ns / 1e9, 3),
+           "collision_s": round(collided / 1e9, 3),
+           "collision_unknown_wait_s": round(unknown_wait / 1e9, 3),
+           "overlapping_share": round(behind_function / collided, 4) if collided else None}
+    if gpu_seconds and collided:
+        coverage = sampled_run_ns / 1e9 / gpu_seconds
+        out["coverage"] = round(coverage, 4)
+        out["overlapping_share_scaled"] = (round(min(1.0, out["overlapping_share"] / coverage), 4)
+                                           if coverage > 0 else None)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", help="directory of samples-<pid>.txt traces of one node")
+    ap.add_argument("--gpu-seconds", type=float,
+                    help="the traced processes' GPU time over the traces' span, s")
+    a = ap.parse_args()
+    try:
+        r = analyse(a.dir, a.gpu_seconds)
+    except ValueError as e:
+        sys.exit(str(e))
+    print(f"processes {r['processes']}, traced over {r['traced_s']:.1f} s")
+    print(f"sampled run time {r['sampled_run_s']:.3f} s, collision time {r['collision_s']:.3f} s "
+          f"({r['collision_unknown_wait_s']:.3f} s of it with no known wait, not attributed)")
+    if r["overlapping_share"] is None:
         return
-    share = behind_function / collided
-    print(f"collision time that overlapped another process's sampled kernel: {share:.1%}")
-    if a.gpu_seconds:
-        coverage = sampled_run_ns / 1e9 / a.gpu_seconds
-        print(f"samples cover {coverage:.1%} of the GPU time; scaled by it: "
-              f"{min(1.0, share / coverage) if coverage > 0 else float('nan'):.1%}")
+    print(f"collision time that overlapped another process's sampled kernel: "
+          f"{r['overlapping_share']:.1%}")
+    if "coverage" in r:
+        print(f"samples cover {r['coverage']:.1%} of the GPU time; scaled by it: "
+              f"{r['overlapping_share_scaled']:.1%}")
 
 
 if __name__ == "__main__":
