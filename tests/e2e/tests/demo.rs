@@ -164,28 +164,35 @@ fn a_short_demo_reports_every_figure_and_draws_the_plot() {
     assert!(png.len() > 10_000 && &png[1..4] == b"PNG", "demo.png");
 }
 
-/// `--interference mps` runs the node under the simulator's MPS model and says so everywhere a
-/// figure is read: the printed report, summary.json and the plot's title.
-#[test]
-fn the_demo_runs_and_labels_the_mps_model_when_asked() {
+/// Runs a 4 s `harvest` demo with `extra` options; (its printed report, its summary.json).
+fn short_harvest(extra: &[&str]) -> (String, serde_json::Value) {
     let _one = one_demo();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let o = Command::new(bin("smore"))
         .args(["demo", "--scenario", "harvest", "--seconds", "4"])
-        .args(["--interference", "mps", "--out"])
+        .args(extra)
+        .arg("--out")
         .arg(&out)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "smore demo failed:\n{stdout}\n{stderr}");
+    let s =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    (stdout, s)
+}
+
+/// `--interference mps` runs the node under the simulator's MPS model and says so everywhere a
+/// figure is read: the printed report, summary.json and the plot's title.
+#[test]
+fn the_demo_runs_and_labels_the_mps_model_when_asked() {
+    let (stdout, s) = short_harvest(&["--interference", "mps"]);
     assert!(
         stdout.contains("SIMULATED GPU (interference is the simulator's MPS model"),
         "the report must name the model:\n{stdout}"
     );
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(s["interference"], "mps", "{s:#}");
     assert!(s["requests"].as_u64().unwrap() > 0, "{s:#}");
     assert_eq!(
@@ -194,29 +201,16 @@ fn the_demo_runs_and_labels_the_mps_model_when_asked() {
     );
 }
 
-/// `--phase-oracle` (a study's upper bound, docs/harvest.md "What perfect phase knowledge
-/// buys"): the functions wait out the trainer's queued kernels from the simulator's ground truth,
-/// and the report says so and that it is not smore.
+/// `--phase-oracle` (a study, docs/harvest.md "What perfect phase knowledge buys"): the
+/// functions wait out the trainer's queued kernels from the simulator's ground truth, and the
+/// report says so and that it is not smore.
 #[test]
 fn the_phase_oracle_study_holds_requests_and_is_labelled_as_not_smore() {
-    let _one = one_demo();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("run");
-    let o = Command::new(bin("smore"))
-        .args(["demo", "--scenario", "harvest", "--seconds", "4"])
-        .args(["--phase-oracle", "1", "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "smore demo failed:\n{stdout}\n{stderr}");
+    let (stdout, s) = short_harvest(&["--phase-oracle", "1"]);
     assert!(
         stdout.contains("PHASE-ORACLE STUDY, not smore") && stdout.contains("PHASE ORACLE "),
         "the report must say the run is a study:\n{stdout}"
     );
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(s["phase_oracle_margin_ms"], 1.0, "{s:#}");
     // A trainer busy ~23 % of the time, requests arriving at random and most with slack: some
     // arrive in a busy phase and are held.
