@@ -153,8 +153,8 @@ pub struct DemoArgs {
     #[arg(long)]
     pub charge_switch_us: Option<u64>,
     /// A study, simulated GPU only: each function instance waits out the training job's busy
-    /// phase exactly — until the simulator's ground truth says the trainer's queued kernels have
-    /// run — whenever its request can still meet its SLO afterwards with MARGIN_MS to spare beyond
+    /// phase — until the simulator's ground truth says the trainer's queued kernels have run —
+    /// whenever its request can still meet its SLO afterwards with MARGIN_MS to spare beyond
     /// its solo service time. A reference for what holding buys when the trainer's phase is
     /// known, not smore: no process can see another's queue on a real GPU (docs/harvest.md,
     /// "What perfect phase knowledge buys"). Every report, table and plot is marked as a study.
@@ -1952,8 +1952,11 @@ fn plot(
         .collect();
     let r = &s.requests;
     let input = PlotInput {
+        // A study's mark comes first, where the title cannot cut it off.
         title: format!(
-            "smore demo, scenario {} — {} — policy {}, θ_train {:.0} %{}",
+            "{}smore demo, scenario {} — {} — policy {}, θ_train {:.0} %",
+            s.phase_oracle_margin_ms
+                .map_or(String::new(), |_| format!("{STUDY_MARK} — ")),
             s.scenario,
             match s.interference {
                 Some(Interference::Mps) => "SIMULATED GPU (MPS)",
@@ -1962,7 +1965,6 @@ fn plot(
             },
             s.policy,
             s.theta_train * 100.0,
-            study_label(s.phase_oracle_margin_ms)
         ),
         subtitle: format!(
             "offered {:.0} % · GPU util {:.1} % alone → {:.1} % co-located ({:+.1} pp) · SFD {:.1} % · DSR {:.1} % of all, {:.1} % of admitted · refused {} of {} · cold {}",

@@ -9,8 +9,10 @@ collision; docs/shim.md), keeps the traces, and lays them side by side with
 function's sampled kernel ran (docs/harvest.md, "What perfect phase knowledge buys").
 
 Prints the demo's figures and one `RESULT {json}` line (tests/gpu/run_all.sh convention). Passes
-when the demo ran and at least two functions left traces. `--sim` runs the same on the simulated
-GPU (no `--gpu`), to check the script where there is no GPU.
+when the demo ran and at least two functions left traces. The traces go to `--out` as one
+archive, `traces.tar.gz` (the device tool brings back a few files, not one per process), with
+the demo's summary.json, whether or not the demo succeeded. `--sim` runs the same on the
+simulated GPU (no `--gpu`), to check the script where there is no GPU.
 
     python3 tests/gpu/demo_trace.py --smore target-gpu/release/smore --workdir /tmp/w --out /tmp/res
 """
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -50,34 +53,44 @@ def main():
     log(" ".join(cmd))
     result = {"test": "demo_trace", "pass": False, "command": " ".join(cmd),
               "simulated": a.sim}
+    errors = []
+    # Its own process group: on a timeout the trainer, the arbiter and the instances the demo
+    # started go too.
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                           timeout=a.seconds + OVERHEAD_S)
+        stdout, stderr = p.communicate(timeout=a.seconds + OVERHEAD_S)
+        sys.stderr.write(stderr[-4000:])
+        print(stdout)
+        if p.returncode != 0:
+            errors.append(f"smore demo exited {p.returncode}: {stderr.strip()[-500:]}")
     except subprocess.TimeoutExpired:
-        result["error"] = f"smore demo ran past {a.seconds + OVERHEAD_S} s"
-        emit(result)
-        return
-    sys.stderr.write(p.stderr[-4000:])
-    print(p.stdout)
-    if p.returncode != 0:
-        result["error"] = f"smore demo exited {p.returncode}: {p.stderr.strip()[-500:]}"
-        emit(result)
-        return
-    with open(os.path.join(demo_out, "summary.json")) as f:
-        s = json.load(f)
-    result["demo"] = {k: s.get(k) for k in ("sfd", "sfd_estimate", "dsr", "dsr_admitted",
-                                            "gui_exclusive_pct", "gui_colocated_pct",
-                                            "gui_gain_pp", "offered_load_pct")}
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        errors.append(f"smore demo ran past {a.seconds + OVERHEAD_S} s")
+    # Whatever happened, keep what there is: the traces help most when the run failed.
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-        shutil.copytree(traces, os.path.join(a.out, "traces"), dirs_exist_ok=True)
-        shutil.copy(os.path.join(demo_out, "summary.json"),
-                    os.path.join(a.out, "demo_trace_summary.json"))
+        shutil.make_archive(os.path.join(a.out, "traces"), "gztar", traces)
+        if os.path.exists(os.path.join(demo_out, "summary.json")):
+            shutil.copy(os.path.join(demo_out, "summary.json"),
+                        os.path.join(a.out, "demo_trace_summary.json"))
+    try:
+        with open(os.path.join(demo_out, "summary.json")) as f:
+            s = json.load(f)
+        result["demo"] = {k: s.get(k) for k in ("sfd", "sfd_estimate", "dsr", "dsr_admitted",
+                                                "gui_exclusive_pct", "gui_colocated_pct",
+                                                "gui_gain_pp", "offered_load_pct")}
+    except (OSError, ValueError) as e:
+        errors.append(f"summary.json: {e}")
     try:
         result["overlap"] = analyse(traces)
-        result["pass"] = True
     except (ValueError, SystemExit) as e:
-        result["error"] = f"traces: {e}"
+        errors.append(f"traces: {e}")
+    if errors:
+        result["error"] = "; ".join(errors)
+    else:
+        result["pass"] = True
     emit(result)
 
 

@@ -138,18 +138,21 @@ def jitter_md(r):
 
 def trace_md(r):
     d, o = r.get("demo") or {}, r.get("overlap") or {}
-    pc = lambda x: "n/a" if x is None else f"{x * 100:.1f} %"  # noqa: E731
-    num = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
-    return ["## The demo with every function's sample trace (demo_trace.py)", "",
+    pc = lambda x: "—" if x is None else f"{x * 100:.1f} %"  # noqa: E731
+    num = lambda x: "—" if x is None else f"{x:.1f}"  # noqa: E731
+    dash = lambda x: "—" if x is None else x  # noqa: E731
+    err = [f"Error: {r['error']}", ""] if r.get("error") else []
+    return ["## The demo with every function's sample trace (demo_trace.py)", ""] + err + [
             f"command: `{r.get('command')}`" + (" (SIMULATED GPU)" if r.get("simulated") else ""),
             "",
             f"- trainer slowdown {pc(d.get('sfd'))}, the arbiter's estimate "
             f"{pc(d.get('sfd_estimate'))}; DSR {pc(d.get('dsr'))} ({pc(d.get('dsr_admitted'))} "
             f"of admitted); GPU {num(d.get('gui_exclusive_pct'))} → "
             f"{num(d.get('gui_colocated_pct'))} % busy",
-            f"- traces of {o.get('processes')} processes over {o.get('traced_s')} s: sampled run "
-            f"time {o.get('sampled_run_s')} s, collision time {o.get('collision_s')} s "
-            f"({o.get('collision_unknown_wait_s')} s with no known wait)",
+            f"- traces of {dash(o.get('processes'))} processes over {dash(o.get('traced_s'))} s: "
+            f"sampled run time {dash(o.get('sampled_run_s'))} s, collision time "
+            f"{dash(o.get('collision_s'))} s ({dash(o.get('collision_unknown_wait_s'))} s with no "
+            f"known wait)",
             f"- collision time that overlapped another process's sampled kernel: "
             f"{pc(o.get('overlapping_share'))}"]
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the real-GPU checks of smore and writes results.json, results.md and run.log to $OUT.
 #
-#   tests/gpu/run_all.sh [all|mem|share|nvml|switch|jitter|arbiter|trace ...]
+#   tests/gpu/run_all.sh [all|mem|share|nvml|switch|jitter|arbiter ...] [trace]
+# (`trace`, the demo with every function's sample trace, runs only when named.)
 #
 # Needs: an NVIDIA GPU with its driver, nvidia-smi, python3 with torch (CUDA), and the release
 # binaries built elsewhere (no cargo needed here): $SMORE_BIN_DIR/smore and
@@ -68,6 +69,7 @@ print(json.dumps(meta))
 PYEOF
 
 want() { for s in "${STEPS[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1; }
+only() { for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 # step NAME TIMEOUT CMD...: runs CMD, keeps its RESULT line as $WORK/NAME.json.
 step() {
@@ -93,7 +95,9 @@ want nvml && step nvml_view 240 "$PY" "$HERE/nvml_view.py" --shim "$SHIM" --shar
 want switch && step switch_cost 150 "$PY" "$HERE/switch_cost.py" --seconds "${SMORE_GPU_SWITCH_SECONDS:-4}"
 want jitter && step wait_jitter 240 "$PY" "$HERE/wait_jitter.py" --seconds "${SMORE_GPU_SWITCH_SECONDS:-4}"
 want arbiter && step arbiter_e2e 240 "$PY" "$HERE/arbiter_e2e.py" --smore "$SMORE" --shim "$SHIM" --workdir "$WORK/arbiter" --memory "$CAP"
-want trace && step demo_trace 500 "$PY" "$HERE/demo_trace.py" --smore "$SMORE" --workdir "$WORK/demo-trace" --out "$OUT" --seconds "${SMORE_GPU_TRACE_SECONDS:-30}"
+# Not part of `all` (a demo of its own, ~80-100 s at 30 s of replay): ask for `trace`.
+TRACE_S="${SMORE_GPU_TRACE_SECONDS:-30}"
+only trace && step demo_trace "$((TRACE_S + 450))" "$PY" "$HERE/demo_trace.py" --smore "$SMORE" --workdir "$WORK/demo-trace" --out "$OUT" --seconds "$TRACE_S"
 [ -f "$WORK/arbiter/arbiter.log" ] && cp "$WORK/arbiter/arbiter.log" "$OUT/arbiter.log"
 
 "$PY" "$HERE/report.py" --meta "$WORK/meta.json" --out "$OUT" "${RESULTS[@]}"

@@ -131,10 +131,11 @@ impl PhaseOracle {
                 .map_err(|_| anyhow::anyhow!("{what} {v}: give a number of ms ≥ 0"))
         };
         let slo = ms("--phase-oracle-slo-ms", slo_ms)?;
-        let keep = ms(
-            "--phase-oracle-margin-ms",
-            a.kernels as f64 * a.kernel_us / 1e3 + a.phase_oracle_margin_ms,
-        )?;
+        let margin = ms("--phase-oracle-margin-ms", a.phase_oracle_margin_ms)?;
+        let service = Duration::from_secs_f64(a.kernels as f64 * a.kernel_us.max(0.0) / 1e6);
+        let keep = service
+            .checked_add(margin)
+            .ok_or_else(|| anyhow::anyhow!("--phase-oracle-margin-ms: too large"))?;
         Ok(Some(PhaseOracle {
             // SAFETY: the simulated driver exports this symbol with exactly this signature.
             busy_until: unsafe { std::mem::transmute::<*mut libc::c_void, TruthBusyUntil>(p) },
@@ -164,7 +165,10 @@ impl PhaseOracle {
                 break;
             }
             let wait = Duration::from_nanos(until - now_ns);
-            if Instant::now() + wait + self.keep > deadline {
+            let after = Instant::now()
+                .checked_add(wait)
+                .and_then(|t| t.checked_add(self.keep));
+            if after.is_none_or(|t| t > deadline) {
                 break;
             }
             let before = Instant::now();
