@@ -160,6 +160,13 @@ pub struct DemoArgs {
     /// "What perfect phase knowledge buys"). Every report, table and plot is marked as a study.
     #[arg(long, value_name = "MARGIN_MS")]
     pub phase_oracle: Option<f64>,
+    /// A study, simulated GPU only: the function instances take turns on the GPU, one request's
+    /// kernels at a time, in deadline order (`edf`) or arrival order (`fifo`), through a board
+    /// they share — so no function's kernels wait on the GPU behind another function's. What
+    /// serializing would buy if smore's shim did it, not smore (docs/harvest.md, "Serializing the
+    /// functions"). Every report, table and plot is marked as a study.
+    #[arg(long, value_name = "ORDER")]
+    pub serialize: Option<String>,
     /// Run on this machine's real GPU 0 (real libcuda and NVML) with PyTorch workloads
     /// (profiling/smore_profiling/demo_workers.py) instead of the simulated GPU.
     #[arg(long)]
@@ -246,6 +253,23 @@ impl DemoArgs {
             (false, Some(m)) => anyhow::bail!(
                 "--phase-oracle {m}: the margin is the ms a held request keeps beyond its solo \
                  service time before its SLO — give a number ≥ 0 (e.g. 1)"
+            ),
+        }
+    }
+
+    /// The serialization study's order (`--serialize`): `None` unless asked; an error with
+    /// `--gpu` (the real-GPU demo's workers do not take turns) or for an unknown order.
+    pub fn serialize(&self) -> Result<Option<&'static str>> {
+        match (self.gpu, self.serialize.as_deref()) {
+            (_, None) => Ok(None),
+            (true, Some(_)) => anyhow::bail!(
+                "--serialize is a study of the simulated GPU's function instances; the real-GPU \
+                 demo's workers do not take turns — drop one of them"
+            ),
+            (false, Some("edf")) => Ok(Some("edf")),
+            (false, Some("fifo")) => Ok(Some("fifo")),
+            (false, Some(o)) => anyhow::bail!(
+                "--serialize {o:?}: the order is `edf` (earliest deadline first) or `fifo`"
             ),
         }
     }
@@ -705,6 +729,17 @@ impl Instance {
                 ],
                 _ => Vec::new(),
             })
+            .args(match sh.serialize {
+                Some(order) => vec![
+                    "--dispatch-board".to_string(),
+                    sh.out.join("dispatch-gpu0.board").display().to_string(),
+                    "--dispatch-order".to_string(),
+                    order.to_string(),
+                    "--dispatch-slo-ms".to_string(),
+                    format!("{slo_ms:.3}"),
+                ],
+                None => Vec::new(),
+            })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(
@@ -751,8 +786,9 @@ impl Instance {
     }
 
     /// Serves one request that already waited `waited_ms` at the platform: (admitted, service
-    /// time in the instance, ms, of which the phase oracle held it, ms).
-    fn serve(&mut self, id: u64, waited_ms: f64) -> Result<(bool, f64, f64)> {
+    /// time in the instance, ms, of which the phase oracle held it, ms, and it waited for its
+    /// turn on the serialization study's board, ms).
+    fn serve(&mut self, id: u64, waited_ms: f64) -> Result<(bool, f64, f64, f64)> {
         writeln!(self.stdin, "{id} {waited_ms:.3}")?;
         self.stdin.flush()?;
         let mut line = String::new();
@@ -769,7 +805,12 @@ impl Instance {
             .find_map(|t| t.strip_prefix("held_ms="))
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0);
-        Ok((line.contains("admitted=1"), service, held))
+        let turn = line
+            .split_whitespace()
+            .find_map(|t| t.strip_prefix("turn_ms="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        Ok((line.contains("admitted=1"), service, held, turn))
     }
 
     fn stop(mut self) {
@@ -825,10 +866,14 @@ struct Shared {
     deadline_refusal: bool,
     /// `--phase-oracle`'s margin, ms, and the co-located trainer's pid once it runs.
     phase_oracle: Option<f64>,
+    /// `--serialize`'s order.
+    serialize: Option<&'static str>,
     trainer_pid: std::sync::OnceLock<u32>,
     /// What the phase oracle held requests, ns in all, and how many it held.
     oracle_held_ns: AtomicU64,
     oracle_held_requests: AtomicU64,
+    /// What requests waited for their turn on the serialization study's board, ns in all.
+    turn_waited_ns: AtomicU64,
 }
 
 impl Shared {
@@ -975,8 +1020,12 @@ fn worker(ctx: Arc<FnCtx>, slot: Arc<SlotState>, rx: mpsc::Receiver<Msg>, sh: Ar
                         refused = Some(Refusal::Deadline);
                     } else {
                         match inst.as_mut().map(|i| i.serve(id, waited)) {
-                            Some(Ok((true, s, held))) => {
+                            Some(Ok((true, s, held, turn))) => {
                                 service_ms = s;
+                                if turn > 0.0 {
+                                    sh.turn_waited_ns
+                                        .fetch_add((turn * 1e6) as u64, Ordering::Relaxed);
+                                }
                                 if held > 0.0 {
                                     sh.oracle_held_ns
                                         .fetch_add((held * 1e6) as u64, Ordering::Relaxed);
@@ -1273,6 +1322,11 @@ pub struct ScenarioSummary {
     pub phase_oracle_held_ms: f64,
     /// Requests the phase oracle held (it slept at least once before their kernels).
     pub phase_oracle_held_requests: u64,
+    /// `--serialize`'s order: the functions took turns on the GPU (a study, not smore). `None`:
+    /// they did not.
+    pub serialize: Option<&'static str>,
+    /// What requests waited for their turn under `--serialize`, ms in all.
+    pub serialize_turn_waited_ms: f64,
     /// Instance starts the arbiter refused (attempts).
     pub refused_instances: u64,
     /// Instance starts that failed for another reason (a defect of the run; see the logs).
@@ -1389,9 +1443,11 @@ fn run_scenario(
         shim: shim.to_path_buf(),
         deadline_refusal: !a.no_deadline_refusal,
         phase_oracle: a.phase_oracle()?,
+        serialize: a.serialize()?,
         trainer_pid: std::sync::OnceLock::new(),
         oracle_held_ns: AtomicU64::new(0),
         oracle_held_requests: AtomicU64::new(0),
+        turn_waited_ns: AtomicU64::new(0),
     });
     // On a real GPU the instances warm before the replay (below), for up to WARMUP_TIMEOUT: the
     // trainer runs on through it and is stopped after the replay.
@@ -1585,6 +1641,8 @@ fn run_scenario(
         phase_oracle_margin_ms: sh.phase_oracle,
         phase_oracle_held_ms: sh.oracle_held_ns.load(Ordering::Relaxed) as f64 / 1e6,
         phase_oracle_held_requests: sh.oracle_held_requests.load(Ordering::Relaxed),
+        serialize: sh.serialize,
+        serialize_turn_waited_ms: sh.turn_waited_ns.load(Ordering::Relaxed) as f64 / 1e6,
         refused_instances: sh.starts_refused.load(Ordering::Relaxed),
         instance_start_failures: sh.start_failures.load(Ordering::Relaxed),
         requests,
@@ -1628,6 +1686,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let nvml_model = a.nvml_process_util()?;
     // Checked before any baseline runs (the run would otherwise fail minutes in).
     a.phase_oracle()?;
+    a.serialize()?;
     let node = Arc::new(match interference {
         None => real_node(&a.out, a.profiling.as_deref())?,
         Some(i) => {
@@ -1692,6 +1751,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 "switch_us": a.switch_us()?,
                 "charge_switch_us": a.charge_switch_us()?,
                 "phase_oracle_margin_ms": a.phase_oracle()?,
+                "serialize": a.serialize()?,
                 "scenarios": summaries,
             }))?,
         )?;
@@ -1700,15 +1760,23 @@ pub fn run(a: DemoArgs) -> Result<()> {
     Ok(())
 }
 
-/// The mark of a `--phase-oracle` study on every report, table and plot: its figures are not
-/// smore's (docs/harvest.md, "What perfect phase knowledge buys").
-const STUDY_MARK: &str = "PHASE-ORACLE STUDY, not smore";
+/// The mark of a study (`--phase-oracle`, `--serialize`) on every report, table and plot: its
+/// figures are not smore's (docs/harvest.md, "What perfect phase knowledge buys", "Serializing
+/// the functions"). `None`: not a study.
+fn study_mark(margin_ms: Option<f64>, serialize: Option<&str>) -> Option<String> {
+    match (margin_ms, serialize) {
+        (None, None) => None,
+        (Some(m), None) => Some(format!("PHASE-ORACLE STUDY, not smore (margin {m} ms)")),
+        (None, Some(o)) => Some(format!("SERIALIZATION STUDY, not smore ({o})")),
+        (Some(m), Some(o)) => Some(format!(
+            "PHASE-ORACLE + SERIALIZATION STUDY, not smore (margin {m} ms, {o})"
+        )),
+    }
+}
 
-/// " — PHASE-ORACLE STUDY, not smore (margin … ms)" for a study, "" otherwise.
-fn study_label(margin_ms: Option<f64>) -> String {
-    margin_ms.map_or(String::new(), |m| {
-        format!(" — {STUDY_MARK} (margin {m} ms)")
-    })
+/// " — <the study's mark>" for a study, "" otherwise.
+fn study_label(s: &ScenarioSummary) -> String {
+    study_mark(s.phase_oracle_margin_ms, s.serialize).map_or(String::new(), |m| format!(" — {m}"))
 }
 
 /// What every printed figure is measured on.
@@ -1728,7 +1796,7 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, interference: Option<Interfer
         s.scenario,
         device_label(interference),
         if gpu { "measured" } else { "simulated" },
-        study_label(s.phase_oracle_margin_ms)
+        study_label(s)
     );
     println!("  {}", s.about);
     println!();
@@ -1757,6 +1825,12 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, interference: Option<Interfer
         println!(
             "  deferral                  {:5.0} ms  held in all, waiting out the trainer's busy phase (docs/harvest.md)",
             s.deferred_ms
+        );
+    }
+    if let Some(o) = s.serialize {
+        println!(
+            "  SERIALIZED ({o})          {:5.0} ms  waited in all for a turn on the GPU, one function's request at a time: a study, not smore (docs/harvest.md)",
+            s.serialize_turn_waited_ms
         );
     }
     if let Some(m) = s.phase_oracle_margin_ms {
@@ -1861,7 +1935,7 @@ fn print_table(v: &[ScenarioSummary], interference: Option<Interference>) {
         v.len(),
         device_label(interference),
         if gpu { "measured" } else { "simulated" },
-        study_label(v.first().and_then(|s| s.phase_oracle_margin_ms))
+        v.first().map_or(String::new(), study_label)
     );
     println!();
     println!(
@@ -1955,8 +2029,8 @@ fn plot(
         // A study's mark comes first, where the title cannot cut it off.
         title: format!(
             "{}smore demo, scenario {} — {} — policy {}, θ_train {:.0} %",
-            s.phase_oracle_margin_ms
-                .map_or(String::new(), |_| format!("{STUDY_MARK} — ")),
+            study_mark(s.phase_oracle_margin_ms, s.serialize)
+                .map_or(String::new(), |m| format!("{m} — ")),
             s.scenario,
             match s.interference {
                 Some(Interference::Mps) => "SIMULATED GPU (MPS)",

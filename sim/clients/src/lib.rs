@@ -12,8 +12,12 @@
 //! - `sim-probe` / `sim-probe-linked`: a scriptable client whose operations (allocation paths,
 //!   frees, memory info, launches, graphs) print one parseable line each.
 //!
+//! - [`dispatch`]: the board on which a study's function instances take turns on the GPU
+//!   (`smore demo --serialize`).
+//!
 //! Must never: assume it talks to the simulator — every call goes through the driver ABI.
 
+pub mod dispatch;
 #[allow(non_snake_case)]
 pub mod driver;
 pub mod probe;

@@ -222,13 +222,34 @@ fn the_phase_oracle_study_holds_requests_and_is_labelled_as_not_smore() {
     assert!(s["served"].as_u64().unwrap() > 0, "{s:#}");
 }
 
+/// `--serialize` (a study, docs/harvest.md "Serializing the functions"): the instances take
+/// turns on the GPU through a shared board, and the report says so and that it is not smore.
 #[test]
-fn the_phase_oracle_is_refused_on_a_real_gpu_and_for_a_bad_margin() {
+fn the_serialization_study_takes_turns_and_is_labelled_as_not_smore() {
+    let (stdout, s) = short_harvest(&["--serialize", "edf"]);
+    assert!(
+        stdout.contains("SERIALIZATION STUDY, not smore (edf)")
+            && stdout.contains("SERIALIZED (edf)"),
+        "the report must say the run is a study:\n{stdout}"
+    );
+    assert_eq!(s["serialize"], "edf", "{s:#}");
+    // Six instances offering ~39 % of the GPU in bursts: some request finds another's turn.
+    assert!(
+        s["serialize_turn_waited_ms"].as_f64().unwrap() > 0.0,
+        "{s:#}"
+    );
+    assert!(s["served"].as_u64().unwrap() > 0, "{s:#}");
+}
+
+#[test]
+fn the_studies_are_refused_on_a_real_gpu_and_for_bad_values() {
     let dir = tempfile::tempdir().unwrap();
     for (args, says) in [
         (&["--gpu", "--phase-oracle", "1"][..], "ground truth"),
         (&["--phase-oracle=-1"][..], "≥ 0"),
         (&["--phase-oracle", "NaN"][..], "≥ 0"),
+        (&["--gpu", "--serialize", "edf"][..], "do not take turns"),
+        (&["--serialize", "lifo"][..], "`edf`"),
     ] {
         let o = Command::new(bin("smore"))
             .arg("demo")

@@ -11,7 +11,8 @@
 //! (`--model-memory-mib` of device memory plus `--load-ms` of host work), prints `ready`, then
 //! serves one request per stdin line (`<id> [<waited_ms>]`: the time the request already waited at
 //! the platform, 0 if absent), printing `done id=<id> service_ms=<x> admitted=<0|1> held_ms=<y>`
-//! (`held_ms`: what the phase oracle of a study held it, `--phase-oracle-pid`); EOF on stdin
+//! (`held_ms`: what the phase oracle of a study held it, `--phase-oracle-pid`; `turn_ms`: what
+//! it waited for its turn on a study's dispatch board, `--dispatch-board`); EOF on stdin
 //! unloads it. Under `smore run` (SMORE_INSTANCE set) each request first asks the arbiter for
 //! admission over an attached connection, saying how long it has waited; a deferred request is
 //! retried every `--retry-ms` until admitted or, counting what it waited at the platform,
@@ -85,6 +86,18 @@ struct Args {
     /// What a held request keeps beyond its solo service time before its SLO, ms.
     #[arg(long, default_value_t = 1.0)]
     phase_oracle_margin_ms: f64,
+    /// A study, simulated or not (`smore demo --serialize`): the dispatch board this GPU's
+    /// instances share. Each request takes its turn on it before its kernels and ends it after
+    /// its synchronize, so no two instances' requests are on the GPU at once (serve mode;
+    /// `smore_sim_clients::dispatch`).
+    #[arg(long, requires = "dispatch_slo_ms")]
+    dispatch_board: Option<std::path::PathBuf>,
+    /// The order of turns on the dispatch board: `edf` (deadline: arrival + SLO) or `fifo`.
+    #[arg(long, default_value = "edf")]
+    dispatch_order: smore_sim_clients::dispatch::Order,
+    /// The SLO a request's deadline on the dispatch board is taken from, ms.
+    #[arg(long, requires = "dispatch_board")]
+    dispatch_slo_ms: Option<f64>,
 }
 
 /// CLOCK_MONOTONIC now, ns: the simulator's clock.
@@ -282,6 +295,15 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
     let stream = s.new_stream()?;
     let adm = Admission::connect();
     let oracle = PhaseOracle::new(a)?;
+    let board = match (&a.dispatch_board, a.dispatch_slo_ms) {
+        (Some(path), Some(slo_ms)) => {
+            let slo = Duration::try_from_secs_f64(slo_ms / 1e3).map_err(|_| {
+                anyhow::anyhow!("--dispatch-slo-ms {slo_ms}: give a number of ms ≥ 0")
+            })?;
+            Some((smore_sim_clients::dispatch::Board::open(path)?, slo))
+        }
+        _ => None,
+    };
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready")?;
     out.flush()?;
@@ -300,6 +322,7 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
             .unwrap_or(0.0);
         let t = Instant::now();
         let mut held = Duration::ZERO;
+        let mut turn = Duration::ZERO;
         let waited = || queued_ms + t.elapsed().as_secs_f64() * 1e3;
         let preempted = |out: &mut std::io::StdoutLock, p: Preempted| -> Result<()> {
             writeln!(out, "failed id={id} error={:?}", p.message)?;
@@ -344,10 +367,27 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
             if let Some(o) = &oracle {
                 held += o.hold(t, queued_ms);
             }
-            for _ in 0..a.kernels {
-                s.launch(f, stream)?;
+            if let Some((b, slo)) = &board {
+                use smore_sim_clients::dispatch::Order;
+                // The request arrived at the platform `queued_ms` before `t`.
+                let arrival = monotonic_ns()
+                    .saturating_sub(t.elapsed().as_nanos() as u64)
+                    .saturating_sub((queued_ms * 1e6) as u64);
+                turn += b.acquire(match a.dispatch_order {
+                    Order::Edf => arrival.saturating_add(slo.as_nanos() as u64),
+                    Order::Fifo => arrival,
+                });
             }
-            s.sync(stream)?;
+            let ran = (|| -> Result<()> {
+                for _ in 0..a.kernels {
+                    s.launch(f, stream)?;
+                }
+                s.sync(stream)
+            })();
+            if let Some((b, _)) = &board {
+                b.release();
+            }
+            ran?;
             if work != 0 {
                 // SAFETY: `work` came from cuMemAlloc above and is freed once.
                 let rc = unsafe { (s.drv.cuMemFree)(work) };
@@ -357,9 +397,10 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
         let ms = t.elapsed().as_secs_f64() * 1e3;
         writeln!(
             out,
-            "done id={id} service_ms={ms:.3} admitted={} held_ms={:.3}",
+            "done id={id} service_ms={ms:.3} admitted={} held_ms={:.3} turn_ms={:.3}",
             admitted as u8,
-            held.as_secs_f64() * 1e3
+            held.as_secs_f64() * 1e3,
+            turn.as_secs_f64() * 1e3
         )?;
         out.flush()?;
         if admitted {
