@@ -732,7 +732,7 @@ impl Instance {
             .args(match sh.serialize {
                 Some(order) => vec![
                     "--dispatch-board".to_string(),
-                    sh.out.join("dispatch-gpu0.board").display().to_string(),
+                    sh.out.join(DISPATCH_BOARD).display().to_string(),
                     "--dispatch-order".to_string(),
                     order.to_string(),
                     "--dispatch-slo-ms".to_string(),
@@ -872,8 +872,10 @@ struct Shared {
     /// What the phase oracle held requests, ns in all, and how many it held.
     oracle_held_ns: AtomicU64,
     oracle_held_requests: AtomicU64,
-    /// What requests waited for their turn on the serialization study's board, ns in all.
+    /// What requests waited for their turn on the serialization study's board, ns in all, and
+    /// how many waited 1 ms or more.
     turn_waited_ns: AtomicU64,
+    turn_waited_requests: AtomicU64,
 }
 
 impl Shared {
@@ -1025,6 +1027,9 @@ fn worker(ctx: Arc<FnCtx>, slot: Arc<SlotState>, rx: mpsc::Receiver<Msg>, sh: Ar
                                 if turn > 0.0 {
                                     sh.turn_waited_ns
                                         .fetch_add((turn * 1e6) as u64, Ordering::Relaxed);
+                                }
+                                if turn >= 1.0 {
+                                    sh.turn_waited_requests.fetch_add(1, Ordering::Relaxed);
                                 }
                                 if held > 0.0 {
                                     sh.oracle_held_ns
@@ -1327,6 +1332,9 @@ pub struct ScenarioSummary {
     pub serialize: Option<&'static str>,
     /// What requests waited for their turn under `--serialize`, ms in all.
     pub serialize_turn_waited_ms: f64,
+    /// Requests that waited 1 ms or more for their turn under `--serialize` (another
+    /// instance's request held the GPU).
+    pub serialize_waited_requests: u64,
     /// Instance starts the arbiter refused (attempts).
     pub refused_instances: u64,
     /// Instance starts that failed for another reason (a defect of the run; see the logs).
@@ -1429,6 +1437,8 @@ fn run_scenario(
     for f in fs {
         pm.register(f.name, f.model_mib << 20);
     }
+    // A board left by an earlier run into the same directory would hold its entries.
+    let _ = std::fs::remove_file(out.join(DISPATCH_BOARD));
     let origin = Instant::now();
     let sh = Arc::new(Shared {
         records: Mutex::new(Vec::new()),
@@ -1448,6 +1458,7 @@ fn run_scenario(
         oracle_held_ns: AtomicU64::new(0),
         oracle_held_requests: AtomicU64::new(0),
         turn_waited_ns: AtomicU64::new(0),
+        turn_waited_requests: AtomicU64::new(0),
     });
     // On a real GPU the instances warm before the replay (below), for up to WARMUP_TIMEOUT: the
     // trainer runs on through it and is stopped after the replay.
@@ -1643,6 +1654,7 @@ fn run_scenario(
         phase_oracle_held_requests: sh.oracle_held_requests.load(Ordering::Relaxed),
         serialize: sh.serialize,
         serialize_turn_waited_ms: sh.turn_waited_ns.load(Ordering::Relaxed) as f64 / 1e6,
+        serialize_waited_requests: sh.turn_waited_requests.load(Ordering::Relaxed),
         refused_instances: sh.starts_refused.load(Ordering::Relaxed),
         instance_start_failures: sh.start_failures.load(Ordering::Relaxed),
         requests,
@@ -1760,6 +1772,10 @@ pub fn run(a: DemoArgs) -> Result<()> {
     Ok(())
 }
 
+/// The serialization study's board in a scenario's output directory (`--serialize`; removed
+/// before the scenario starts, so no entry of an earlier run is read).
+const DISPATCH_BOARD: &str = "dispatch-gpu0.board";
+
 /// The mark of a study (`--phase-oracle`, `--serialize`) on every report, table and plot: its
 /// figures are not smore's (docs/harvest.md, "What perfect phase knowledge buys", "Serializing
 /// the functions"). `None`: not a study.
@@ -1829,8 +1845,8 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, interference: Option<Interfer
     }
     if let Some(o) = s.serialize {
         println!(
-            "  SERIALIZED ({o})          {:5.0} ms  waited in all for a turn on the GPU, one function's request at a time: a study, not smore (docs/harvest.md)",
-            s.serialize_turn_waited_ms
+            "  SERIALIZED ({o})          {:5.0} ms  waited in all for a turn on the GPU ({} requests 1 ms or more), one function's request at a time: a study, not smore (docs/harvest.md)",
+            s.serialize_turn_waited_ms, s.serialize_waited_requests
         );
     }
     if let Some(m) = s.phase_oracle_margin_ms {

@@ -1,7 +1,7 @@
 //! A study's dispatch board (`smore demo --serialize`, docs/harvest.md, "Serializing the
 //! functions"): the function instances of one GPU take turns, one request's kernels at a time,
-//! in deadline order (`edf`) or arrival order (`fifo`), so that no function's kernels wait on
-//! the GPU behind another function's.
+//! in deadline order (`edf`) or arrival order (`fifo`), so that — within a turn's lease — no
+//! function's kernels wait on the GPU behind another function's.
 //!
 //! Why a study and not smore: it lives in the simulated function (`sim-function`), which
 //! cooperates; smore's shim would have to do it for functions that do not. What it answers is
@@ -12,13 +12,19 @@
 //! The board is a small file every instance maps shared: a holder, the turn's lease and a table
 //! of waiting requests with their keys (deadline or arrival, CLOCK_MONOTONIC ns). The table is
 //! changed under `flock` on the file; a waiter sleeps on a futex word that each release bumps.
-//! A turn ends when its holder releases it, or at the latest when its lease runs out (a holder
-//! that died or hangs does not stop the others).
+//! Holders and waiters are threads, named by (process id, thread id) and checked with
+//! `tgkill(.., 0)`; every process of a board must share one PID namespace. A turn ends when its
+//! holder releases it, or at the latest when its lease runs out or its holder dies. A waiter
+//! refreshes its entry at least every [`RECHECK`]; one not refreshed for [`WAITER_STALE`] (dead,
+//! stopped, or left by an earlier run) is dropped, so it cannot stand first for ever.
 //!
 //! Must never: let two holders run at once while both are alive and within their lease; leave a
-//! waiter asleep for longer than [`RECHECK`] without looking at the board again.
+//! waiter asleep for longer than [`RECHECK`] without looking at the board again; spin on a
+//! `flock` that fails for a reason other than a signal (the request then runs without a turn).
 
+use std::cell::Cell;
 use std::fs::File;
+use std::marker::PhantomData;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
@@ -29,11 +35,15 @@ use std::time::Duration;
 pub const SLOTS: usize = 64;
 /// The longest a turn may last before the others take the GPU anyway: 200 ms (reasoning: a
 /// request of the demo's functions runs in a few ms, so a turn this long belongs to a holder
-/// that died or hangs).
+/// that hangs).
 pub const LEASE: Duration = Duration::from_millis(200);
 /// How long a waiter sleeps before it looks at the board again even if no release woke it:
 /// 2 ms (a lease that ran out wakes no one).
 pub const RECHECK: Duration = Duration::from_millis(2);
+/// A waiting entry not refreshed for this long is dropped: 50 ms (reasoning: 25 × [`RECHECK`];
+/// a live waiter descheduled longer than that on a loaded machine only loses its place until
+/// its next look).
+pub const WAITER_STALE: Duration = Duration::from_millis(50);
 
 /// In which order waiting requests get their turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,42 +67,60 @@ impl std::str::FromStr for Order {
 
 #[repr(C)]
 struct Slot {
-    /// Who waits (a pid in the demo; 0 = free).
-    id: AtomicU32,
-    _pad: u32,
+    /// Who waits: [`owner`] word (0 = free).
+    owner: AtomicU64,
     /// Its key: smaller goes first.
     key: AtomicU64,
+    /// When the waiter last looked at the board, CLOCK_MONOTONIC ns.
+    seen_ns: AtomicU64,
 }
 
-/// The shared layout (one 4 KiB page would do; the file is sized to it).
+/// The shared layout (the file is sized to it).
 #[repr(C)]
 struct Layout {
     /// Bumped on every release: the futex word waiters sleep on.
     seq: AtomicU32,
-    /// The turn's holder (0 = none).
-    holder: AtomicU32,
+    _pad: u32,
+    /// The turn's holder: [`owner`] word (0 = none).
+    holder: AtomicU64,
     /// When the holder's turn ends at the latest, CLOCK_MONOTONIC ns.
     lease_until: AtomicU64,
     slots: [Slot; SLOTS],
 }
 
-/// One process's view of a GPU's board. Waiters and holders are threads, by their thread id
-/// (a pid for a single-threaded process), so that the board can tell a dead one.
+/// One thread's view of a GPU's board: open one per thread (the `flock` that guards the table
+/// belongs to the open file, so two threads sharing a `Board` would not exclude each other —
+/// hence not `Sync`).
 pub struct Board {
     file: File,
     map: &'static Layout,
+    _one_thread: PhantomData<Cell<()>>,
 }
 
-/// This thread's id.
-fn me() -> u32 {
-    // SAFETY: gettid takes no arguments and cannot fail.
-    (unsafe { libc::gettid() }) as u32
+/// This thread's owner word: process id in the high half, thread id in the low.
+fn owner() -> u64 {
+    // SAFETY: getpid and gettid take no arguments and cannot fail.
+    let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+    (u64::from(pid as u32) << 32) | u64::from(tid as u32)
 }
 
-/// Whether thread `id` still lives (`kill(id, 0)`: only "no such process" says it does not).
-fn alive(id: u32) -> bool {
-    // SAFETY: signal 0 sends nothing; it only checks that the thread exists.
-    let rc = unsafe { libc::kill(id as libc::pid_t, 0) };
+/// Whether the thread of owner word `w` still lives. A word whose halves are not positive pids
+/// (garbage in the file) is dead.
+fn alive(w: u64) -> bool {
+    let (pid, tid) = ((w >> 32) as u32, w as u32);
+    if pid == 0 || tid == 0 || pid > i32::MAX as u32 || tid > i32::MAX as u32 {
+        return false;
+    }
+    // SAFETY: tgkill with signal 0 sends nothing; it only checks that thread `tid` of process
+    // `pid` exists (both positive, so no process group or broadcast is addressed).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_tgkill,
+            pid as libc::c_long,
+            tid as libc::c_long,
+            0,
+        )
+    };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
@@ -110,10 +138,18 @@ fn monotonic_ns() -> u64 {
 struct Locked<'a>(&'a File);
 
 impl<'a> Locked<'a> {
-    fn take(f: &'a File) -> Locked<'a> {
-        // SAFETY: flock on an fd this File owns; an EINTR is retried.
-        while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {}
-        Locked(f)
+    /// Takes the lock, retrying only when a signal interrupted the wait; `None` when `flock`
+    /// fails otherwise (the caller goes on without a turn rather than spin).
+    fn take(f: &'a File) -> Option<Locked<'a>> {
+        loop {
+            // SAFETY: flock on an fd this File owns for its whole life.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Some(Locked(f));
+            }
+            if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return None;
+            }
+        }
     }
 }
 
@@ -136,14 +172,20 @@ impl Board {
             .map_err(|e| anyhow::anyhow!("dispatch board {}: {e}", path.display()))?;
         let bytes = std::mem::size_of::<Layout>();
         {
-            let _l = Locked::take(&file);
+            let _l = Locked::take(&file).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "dispatch board {}: flock: {}",
+                    path.display(),
+                    std::io::Error::last_os_error()
+                )
+            })?;
             if file.metadata()?.len() < bytes as u64 {
                 file.set_len(bytes as u64)?;
             }
         }
-        // SAFETY: maps `bytes` of a file at least that long, shared and read-write; the mapping
-        // is never unmapped (the `&'static` below), and a zero-filled file is a valid Layout
-        // (atomics of zero: no holder, no waiters).
+        // SAFETY: maps `bytes` of a file at least that long (only ever grown), shared and
+        // read-write; the mapping is never unmapped (the `&'static` below), and a zero-filled
+        // file is a valid Layout (atomics of zero: no holder, no waiters).
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -160,50 +202,72 @@ impl Board {
             path.display(),
             std::io::Error::last_os_error()
         );
-        // SAFETY: a live, never-unmapped, suitably aligned (page) mapping of a Layout.
+        // SAFETY: a live, never-unmapped, page-aligned mapping of a Layout, whose fields are all
+        // atomics (or padding nobody reads).
         let map = unsafe { &*(p as *const Layout) };
-        Ok(Board { file, map })
+        Ok(Board {
+            file,
+            map,
+            _one_thread: PhantomData,
+        })
     }
 
     /// Waits for this thread's turn for a request of `key` (its deadline or arrival, ns);
-    /// returns how long it waited. The turn lasts until [`Board::release`] or [`LEASE`].
+    /// returns how long it waited. The turn lasts until [`Board::release`] or [`LEASE`]. If the
+    /// board's lock fails it returns at once, without a turn.
     pub fn acquire(&self, key: u64) -> Duration {
         let start = monotonic_ns();
-        let id = me();
+        let me = owner();
+        let m = self.map;
         let mut mine: Option<usize> = None;
         loop {
             let seq;
             {
-                let _l = Locked::take(&self.file);
-                let m = self.map;
+                let Some(_l) = Locked::take(&self.file) else {
+                    return Duration::from_nanos(monotonic_ns().saturating_sub(start));
+                };
                 let now = monotonic_ns();
-                let holder = m.holder.load(SeqCst);
-                let free = holder == 0 || m.lease_until.load(SeqCst) <= now || !alive(holder);
-                // A waiter that died is forgotten (it would stand first for ever).
-                for s in &m.slots {
-                    let w = s.id.load(SeqCst);
-                    if w != 0 && w != id && !alive(w) {
-                        s.id.store(0, SeqCst);
+                // My entry may have been dropped (I was descheduled past WAITER_STALE).
+                if mine.is_some_and(|i| m.slots[i].owner.load(SeqCst) != me) {
+                    mine = None;
+                }
+                if let Some(i) = mine {
+                    m.slots[i].seen_ns.store(now, SeqCst);
+                }
+                // Forget waiters that died or stopped looking, and any entry of mine that is not
+                // the one this call listed (left by an earlier call that did not end).
+                for (i, s) in m.slots.iter().enumerate() {
+                    let w = s.owner.load(SeqCst);
+                    let stale =
+                        now.saturating_sub(s.seen_ns.load(SeqCst)) > WAITER_STALE.as_nanos() as u64;
+                    if w != 0 && Some(i) != mine && (w == me || stale || !alive(w)) {
+                        s.owner.store(0, SeqCst);
                     }
                 }
+                let holder = m.holder.load(SeqCst);
+                let until = m.lease_until.load(SeqCst);
+                // A lease further ahead than a lease is garbage (an earlier boot's clock).
+                let lapsed = until <= now || until > now + LEASE.as_nanos() as u64;
+                let free = holder == 0 || lapsed || !alive(holder);
                 let first = m.slots.iter().enumerate().all(|(i, s)| {
-                    let w = s.id.load(SeqCst);
-                    Some(i) == mine || w == 0 || (key, id) <= (s.key.load(SeqCst), w)
+                    let w = s.owner.load(SeqCst);
+                    Some(i) == mine || w == 0 || (key, me) <= (s.key.load(SeqCst), w)
                 });
                 if free && first {
                     if let Some(i) = mine {
-                        m.slots[i].id.store(0, SeqCst);
+                        m.slots[i].owner.store(0, SeqCst);
                     }
-                    m.holder.store(id, SeqCst);
+                    m.holder.store(me, SeqCst);
                     m.lease_until.store(now + LEASE.as_nanos() as u64, SeqCst);
                     return Duration::from_nanos(monotonic_ns().saturating_sub(start));
                 }
                 if mine.is_none() {
                     // A full table: wait unlisted and look again (never blocks a turn).
-                    mine = m.slots.iter().position(|s| s.id.load(SeqCst) == 0);
+                    mine = m.slots.iter().position(|s| s.owner.load(SeqCst) == 0);
                     if let Some(i) = mine {
                         m.slots[i].key.store(key, SeqCst);
-                        m.slots[i].id.store(id, SeqCst);
+                        m.slots[i].seen_ns.store(now, SeqCst);
+                        m.slots[i].owner.store(me, SeqCst);
                     }
                 }
                 seq = m.seq.load(SeqCst);
@@ -217,7 +281,7 @@ impl Board {
             unsafe {
                 libc::syscall(
                     libc::SYS_futex,
-                    self.map.seq.as_ptr(),
+                    m.seq.as_ptr(),
                     libc::FUTEX_WAIT,
                     seq,
                     &ts as *const libc::timespec,
@@ -229,8 +293,10 @@ impl Board {
     /// Ends this thread's turn (nothing if it is not the holder) and wakes the waiters.
     pub fn release(&self) {
         {
-            let _l = Locked::take(&self.file);
-            if self.map.holder.load(SeqCst) != me() {
+            let Some(_l) = Locked::take(&self.file) else {
+                return;
+            };
+            if self.map.holder.load(SeqCst) != owner() {
                 return;
             }
             self.map.holder.store(0, SeqCst);
@@ -246,21 +312,46 @@ impl Board {
             )
         };
     }
+
+    /// Waiting entries listed now (tests).
+    #[cfg(test)]
+    fn listed(&self) -> usize {
+        self.map
+            .slots
+            .iter()
+            .filter(|s| s.owner.load(SeqCst) != 0)
+            .count()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    fn board_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("smore-board-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Waits up to 5 s for `n` waiting entries.
+    fn until_listed(b: &Board, n: usize) {
+        let give_up = Instant::now() + Duration::from_secs(5);
+        while b.listed() < n {
+            assert!(Instant::now() < give_up, "{n} waiters never listed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 
     #[test]
     fn turns_never_overlap_and_a_waiting_earlier_deadline_goes_first() {
-        let dir = std::env::temp_dir().join(format!("smore-board-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = board_dir("order");
         let path = dir.join("board");
         let holder = Board::open(&path).unwrap();
         holder.acquire(100);
-        // Two waiters arrive while the turn is held: the later deadline first.
+        // Two waiters arrive while the turn is held, the later deadline first.
         let order = Arc::new(Mutex::new(Vec::new()));
         let running = Arc::new(AtomicU32::new(0));
         let spawn = |id: u32, key: u64| {
@@ -276,9 +367,9 @@ mod tests {
             })
         };
         let late = spawn(2, 500);
-        std::thread::sleep(Duration::from_millis(20));
+        until_listed(&holder, 1);
         let early = spawn(3, 200);
-        std::thread::sleep(Duration::from_millis(20));
+        until_listed(&holder, 2);
         assert!(order.lock().unwrap().is_empty(), "the turn is still held");
         holder.release();
         late.join().unwrap();
@@ -289,30 +380,29 @@ mod tests {
 
     #[test]
     fn a_turn_whose_holder_never_releases_ends_with_its_lease() {
-        let dir = std::env::temp_dir().join(format!("smore-board-lease-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = board_dir("lease");
         let path = dir.join("board");
         // Held by a thread that lives on and never releases.
         let (tx, rx) = std::sync::mpsc::channel();
         let p = path.clone();
         std::thread::spawn(move || {
             Board::open(&p).unwrap().acquire(1);
-            tx.send(()).unwrap();
+            tx.send(Instant::now()).unwrap();
             std::thread::sleep(LEASE * 4);
         });
-        rx.recv().unwrap();
-        let waited = Board::open(&path).unwrap().acquire(2);
+        let held_at = rx.recv().unwrap();
+        Board::open(&path).unwrap().acquire(2);
         assert!(
-            waited >= LEASE - RECHECK,
-            "took the turn after {waited:?}, before the lease ran out"
+            held_at.elapsed() >= LEASE,
+            "took the turn {:?} after it was taken, before the lease ran out",
+            held_at.elapsed()
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_turn_whose_holder_died_is_free_at_once() {
-        let dir = std::env::temp_dir().join(format!("smore-board-dead-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = board_dir("dead");
         let path = dir.join("board");
         let p = path.clone();
         std::thread::spawn(move || Board::open(&p).unwrap().acquire(1))
@@ -320,6 +410,30 @@ mod tests {
             .unwrap();
         let waited = Board::open(&path).unwrap().acquire(2);
         assert!(waited < LEASE / 2, "waited {waited:?} for a dead holder");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_waiter_that_stopped_looking_does_not_stand_first() {
+        let dir = board_dir("stale");
+        let path = dir.join("board");
+        let b = Board::open(&path).unwrap();
+        // An entry of a live thread with the smallest key, last seen long ago: as a stopped
+        // waiter would leave it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            tx.send(owner()).unwrap();
+            std::thread::sleep(Duration::from_secs(2));
+        });
+        let live = rx.recv().unwrap();
+        assert!(alive(live));
+        let s = &b.map.slots[0];
+        s.key.store(0, SeqCst);
+        s.seen_ns.store(1, SeqCst);
+        s.owner.store(live, SeqCst);
+        let waited = b.acquire(5);
+        assert!(waited < LEASE / 2, "waited {waited:?} behind a stale entry");
+        assert_eq!(b.listed(), 0, "the stale entry is gone");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

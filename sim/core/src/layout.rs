@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// "SMORESIM" — set last by the creator; a reader that does not see it waits for initialisation.
 pub const MAGIC: u64 = 0x534d_4f52_4553_494d;
 /// Bumped whenever this layout changes, so a stale state file is refused instead of misread.
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;
 
 /// Devices per simulated node (a DGX has 8).
 pub const MAX_DEVICES: usize = 8;
@@ -79,6 +79,12 @@ pub struct ProcSlot {
     /// kernels waited while other contexts held the GPU (time slicing), or the extra time its
     /// kernels took because others ran concurrently (MPS).
     pub interference_ns: [AtomicU64; MAX_DEVICES],
+    /// Ground truth for tests (never shown through NVML): the interference this process's
+    /// kernels imposed on the others — time slicing: for each instant it held the GPU, the
+    /// number of other contexts that waited with work then; MPS: each other running kernel's
+    /// extra time, split evenly among the kernels it ran beside. Summed over a device's
+    /// processes it equals their summed `interference_ns`, less what context switches cost.
+    pub imposed_ns: [AtomicU64; MAX_DEVICES],
 }
 
 #[repr(C)]

@@ -112,6 +112,11 @@ pub struct ProcTruth {
     /// waiting while other contexts held the GPU (time slicing) plus the extra time its kernels
     /// took because others ran concurrently (MPS). Zero for a process that always ran alone.
     pub interference_ns: u64,
+    /// The interference this process's kernels imposed on the others (time slicing: each
+    /// instant it held the GPU times the contexts that waited with work; MPS: the others' extra
+    /// time, split among the kernels they ran beside). What a function cost a trainer is this,
+    /// when the trainer was the only other context with work.
+    pub imposed_ns: u64,
 }
 
 /// A process's view of the mapped node.
@@ -425,6 +430,7 @@ impl Node {
                 p.gpu_time_ns[d as usize].store(0, Relaxed);
                 p.work_ns[d as usize].store(0, Relaxed);
                 p.interference_ns[d as usize].store(0, Relaxed);
+                p.imposed_ns[d as usize].store(0, Relaxed);
             }
             p.ctx_mask.store(0, Release);
             p.start_time.store(0, Release);
@@ -604,6 +610,7 @@ impl Node {
             gpu_active_ns: p.gpu_time_ns[d as usize].load(Acquire),
             work_ns: p.work_ns[d as usize].load(Acquire),
             interference_ns: p.interference_ns[d as usize].load(Acquire),
+            imposed_ns: p.imposed_ns[d as usize].load(Acquire),
         })
     }
 
@@ -772,6 +779,7 @@ fn claim_slot(state: &'static NodeState, pid: u32) -> Result<u32, SimError> {
                     p.gpu_time_ns[d].store(0, Release);
                     p.work_ns[d].store(0, Release);
                     p.interference_ns[d].store(0, Release);
+                    p.imposed_ns[d].store(0, Release);
                 }
                 return Ok(i as u32);
             }

@@ -228,10 +228,15 @@ fn charge_waiters(s: &Sched, procs: &[ProcSlot], d: usize, running: u32, dt: u64
     if s.procs_pending <= 1 || dt == 0 {
         return;
     }
+    let mut imposed = 0u64;
     for q in 0..MAX_PROCS as u32 {
         if q != running && s.pending[q as usize] > 0 && pick_op(s, q).is_some() {
             procs[q as usize].interference_ns[d].fetch_add(dt, AcqRel);
+            imposed += dt;
         }
+    }
+    if imposed > 0 {
+        procs[running as usize].imposed_ns[d].fetch_add(imposed, AcqRel);
     }
 }
 
@@ -470,7 +475,9 @@ fn advance_mps(
         for r in &running[..k] {
             dt = dt.min(mps_finish_ns(s.ops[r.op as usize].remaining_ns, factor));
         }
-        for r in &running[..k] {
+        // Each kernel's extra time is imposed by the k − 1 it ran beside, in equal parts.
+        let mut extra = [0u64; MAX_PROCS];
+        for (i, r) in running[..k].iter().enumerate() {
             let op = &mut s.ops[r.op as usize];
             let done = mps_progress_ns(dt, factor).min(op.remaining_ns);
             op.remaining_ns -= done;
@@ -479,8 +486,16 @@ fn advance_mps(
             slot.gpu_time_ns[d].fetch_add(dt, AcqRel);
             slot.work_ns[d].fetch_add(done, AcqRel);
             slot.interference_ns[d].fetch_add(dt - done, AcqRel);
+            extra[i] = dt - done;
             if finished {
                 pop(s, r.proc_, r.local);
+            }
+        }
+        if k > 1 {
+            let all: u64 = extra[..k].iter().sum();
+            for (i, r) in running[..k].iter().enumerate() {
+                let imposed = (all - extra[i]) / (k as u64 - 1);
+                procs[r.proc_ as usize].imposed_ns[d].fetch_add(imposed, AcqRel);
             }
         }
         s.busy_ns += dt;
@@ -1039,6 +1054,9 @@ mod tests {
             (tb.interference_ns as f64 / 1e6 - 10.0).abs() < 1.0,
             "{tb:?}"
         );
+        // Beside one other kernel, a kernel's extra time is all its neighbour's doing.
+        assert_eq!(ta.imposed_ns, tb.interference_ns, "{ta:?} {tb:?}");
+        assert_eq!(tb.imposed_ns, ta.interference_ns, "{ta:?} {tb:?}");
         let _ = std::fs::remove_dir_all(dir);
     }
 
@@ -1161,6 +1179,10 @@ mod tests {
             let waited = t.interference_ns as f64 / 1e6;
             assert!((16.0..20.5).contains(&waited), "waited {waited} ms: {t:?}");
         }
+        // What each imposed is what the other waited: the only other context with work.
+        let (ta, tb) = (a.truth_of(0, a.pid).unwrap(), b.truth_of(0, b.pid).unwrap());
+        assert_eq!(ta.imposed_ns, tb.interference_ns, "{ta:?} {tb:?}");
+        assert_eq!(tb.imposed_ns, ta.interference_ns, "{ta:?} {tb:?}");
         let _ = std::fs::remove_dir_all(dir);
     }
 
