@@ -38,9 +38,10 @@ const HOLD_FROM_PPM: u32 = PPM / 8;
 /// crosses [`HOLD_FROM_PPM`] within ~3 samples after a phase change, well inside the trainer's
 /// phases of tens of ms; a smaller weight held launches through a good part of each idle phase).
 const COLLISION_WEIGHT_DIV: u32 = 2;
-/// Age after which the collision probability is unknown: 4 ms (reasoning: an active function is
-/// sampled every ~1 ms; older evidence — after a hold, say — may describe the other phase of a
-/// trainer whose phases last tens of ms). Launches on stale evidence are charged nothing up front
+/// Age after which the collision probability is unknown: 4 ms, counted from when the sampled
+/// launch ended ([`ran_until`]), not from when its sample settled (reasoning: an active function
+/// is sampled every ~1 ms; older evidence — after a hold, or a request's, say — may describe the
+/// other phase of a trainer whose phases last tens of ms). Launches on stale evidence are charged nothing up front
 /// and their contention after the fact, from the first fresh sample.
 pub const STALE_NS: u64 = 4_000_000;
 /// Calibration bounds: estimated GPU time is never scaled by less than 1/4 (reasoning: the
@@ -79,7 +80,8 @@ pub fn collision_ns(d_ns: u64, d0_ns: u64) -> u64 {
 #[derive(Debug, Default)]
 pub struct Collision {
     p_ppm: AtomicU32,
-    /// When the last sample was folded in (CLOCK_MONOTONIC ns).
+    /// When the newest sample's launch ended ([`ran_until`]; CLOCK_MONOTONIC ns). Only moves
+    /// forward: samples settle out of order.
     at: AtomicU64,
 }
 
@@ -90,14 +92,22 @@ impl Collision {
         self.p_ppm.load(Relaxed)
     }
 
-    /// The probability at `now`: 0 (unknown; charged after the fact) once the last sample is
-    /// older than [`STALE_NS`].
+    /// The probability at `now`: 0 (unknown; charged after the fact) once the newest sample ran
+    /// more than [`STALE_NS`] before `now`.
     #[inline]
     pub fn ppm_at(&self, now: u64) -> u32 {
         self.evidence_at(now).unwrap_or(0)
     }
 
-    /// The probability at `now`, `None` once the last sample is older than [`STALE_NS`] (or
+    /// The newest sample: when its launch ended and the probability it left; `None` before any.
+    #[inline]
+    pub fn newest(&self) -> Option<(u64, u32)> {
+        let at = self.at.load(Relaxed);
+        (at != 0).then(|| (at, self.ppm()))
+    }
+
+    /// The probability at `now`, `None` once the newest sample ran more than [`STALE_NS`] before
+    /// `now` (or
     /// there was none): what the training job is doing now is not known.
     #[inline]
     pub fn evidence_at(&self, now: u64) -> Option<u32> {
@@ -109,7 +119,8 @@ impl Collision {
         }
     }
 
-    /// Folds a sample: `d_ns` measured, `d0_ns` solo, `wait_ns` how long it waited for the GPU
+    /// Folds a sample whose launch ended at about `ran_ns` ([`ran_until`]; the evidence is that
+    /// old): `d_ns` measured, `d0_ns` solo, `wait_ns` how long it waited for the GPU
     /// before starting when known (it was submitted to an idle stream; a time-sliced GPU makes a
     /// context wait for another's slice before even its start event is processed). Its collision
     /// is `min(d0, wait) + min(d0, max(0, d − d0))`: each part at most the launch's own GPU time
@@ -125,7 +136,7 @@ impl Collision {
     /// docs/harvest.md "Context switches"). Returns the sample's collision time.
     pub fn observe(
         &self,
-        now: u64,
+        ran_ns: u64,
         d_ns: u64,
         d0_ns: u64,
         wait_ns: Option<u64>,
@@ -141,9 +152,15 @@ impl Collision {
         };
         let c = waited + collision_ns(d_ns, d0_ns);
         let f = (c as u128 * PPM as u128 / d0_ns as u128).min(PPM as u128) as u32;
+        let at = self.at.load(Relaxed);
+        if at.saturating_sub(ran_ns) > STALE_NS {
+            // It ran more than the staleness age before the newest evidence (samples settle out
+            // of order): another phase of the trainer. Charged, but it says nothing about now.
+            return c;
+        }
         // Racy read-modify-write is fine: a lost update only delays convergence.
         let old = self.p_ppm.load(Relaxed);
-        let stale = now.saturating_sub(self.at.load(Relaxed)) > STALE_NS;
+        let stale = ran_ns.saturating_sub(at) > STALE_NS;
         let new = if stale {
             // Old evidence is no evidence: the sample alone says what is happening now.
             f
@@ -153,9 +170,42 @@ impl Collision {
             old - (old - f) / COLLISION_WEIGHT_DIV
         };
         self.p_ppm.store(new, Relaxed);
-        self.at.store(now, Relaxed);
+        // Samples settle out of order (streams, probes): the evidence is as new as the newest.
+        self.at.fetch_max(ran_ns, Relaxed);
         c
     }
+}
+
+/// What is known of when a sampled launch ran, for [`ran_until`] (CLOCK_MONOTONIC ns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ran {
+    /// Just before its start event was recorded.
+    pub submitted: u64,
+    /// Just after the launch call returned.
+    pub launched: u64,
+    /// How long its start event waited for the GPU, when known (an idle stream).
+    pub wait: Option<u64>,
+    /// The event pair's span, the launch call's CPU time not removed.
+    pub span_ns: u64,
+    /// The last time its end event was seen not yet complete (`launched` before any look).
+    pub not_done_at: u64,
+}
+
+/// When a sampled launch ended, about — the age of its evidence: a sample settles when the
+/// process next looks at its events, often at its next request, tens of ms later, and stamped
+/// then it passed one request's collision on to the next request's launches as fresh evidence
+/// (docs/harvest.md, "Serializing the functions"). A lower bound, never after `now`: with a
+/// known wait the end event completed at `submitted + wait + span`; without one (the stream held
+/// this process's own work, which the launch waited behind) at least its span after the launch
+/// call, and in any case after the last time the end event was seen pending — which a probe,
+/// polled every few tens of µs until it settles (the runtime's wait for unmeasured launches),
+/// brings to within that period of its end, however deep its stream was.
+pub fn ran_until(r: Ran, now: u64) -> u64 {
+    let lower = match r.wait {
+        Some(w) => r.submitted.saturating_add(w).saturating_add(r.span_ns),
+        None => r.launched.max(r.submitted.saturating_add(r.span_ns)),
+    };
+    lower.max(r.not_done_at).min(now)
 }
 
 /// The contention bucket of one device: collision time at `budget_ppm` of wall time over
@@ -437,8 +487,9 @@ const DEFER_SUCCESS_WEIGHT_DIV: u32 = 8;
 pub struct Deferral {
     last_probe: AtomicU64,
     last_hold: AtomicU64,
-    /// A hold's probe went; the next decision judges it by its evidence.
-    judging: AtomicBool,
+    /// When the hold whose probe went ended (CLOCK_MONOTONIC ns; 0 = none): the first sample
+    /// that ran after it judges it.
+    judging: AtomicU64,
     success_ppm: AtomicU32,
 }
 
@@ -447,7 +498,7 @@ impl Default for Deferral {
         Deferral {
             last_probe: AtomicU64::new(0),
             last_hold: AtomicU64::new(0),
-            judging: AtomicBool::new(false),
+            judging: AtomicU64::new(0),
             // Unknown: as likely as not.
             success_ppm: AtomicU32::new(PPM / 2),
         }
@@ -460,15 +511,26 @@ impl Deferral {
         self.success_ppm.load(Relaxed)
     }
 
-    /// The decision for a launch at `now` ([`defer`]), after judging the previous hold by
-    /// `evidence` (what its probe measured), and with holding allowed while it succeeds often
-    /// enough ([`DEFER_WORTH_PPM`]) or once per [`DEFER_EXPLORE_NS`].
-    pub fn decide(&self, now: u64, evidence: Option<u32>, until: u64) -> Defer {
-        // A hold is judged by the first fresh evidence after it: its probe's measurement may
-        // settle after the request's next launches (a probe nothing waits for, [`probe_blocks`]),
-        // and stale evidence then says nothing about how the hold ended.
-        if evidence.is_some() && self.judging.swap(false, Relaxed) {
-            if let Some(p) = evidence {
+    /// The decision for a launch at `now` ([`defer`]) on `evidence` (the collision probability
+    /// now, `None` when stale: [`Collision::evidence_at`]), after judging the previous hold by
+    /// `newest` ([`Collision::newest`]: the newest sample, when it ran after the hold), and with
+    /// holding allowed while it succeeds often enough ([`DEFER_WORTH_PPM`]) or once per
+    /// [`DEFER_EXPLORE_NS`].
+    pub fn decide(
+        &self,
+        now: u64,
+        evidence: Option<u32>,
+        newest: Option<(u64, u32)>,
+        until: u64,
+    ) -> Defer {
+        // A hold is judged by the first sample that ran after it — its probe, typically, whose
+        // measurement may settle after the request's next launches (a probe nothing waits for,
+        // [`probe_blocks`]) and is then stale but still says how the hold ended; a sample that
+        // ran before the hold ended says nothing about that.
+        let end = self.judging.load(Relaxed);
+        if end != 0 && newest.is_some_and(|(at, _)| at >= end) {
+            self.judging.store(0, Relaxed);
+            if let Some((_, p)) = newest {
                 let target = if p < HOLD_FROM_PPM { PPM } else { 0 };
                 let old = self.success_ppm();
                 let new = if target >= old {
@@ -489,7 +551,7 @@ impl Deferral {
                 // Its probe goes when the hold ends.
                 self.last_probe.store(t, Relaxed);
                 self.last_hold.store(now, Relaxed);
-                self.judging.store(true, Relaxed);
+                self.judging.store(t.max(1), Relaxed);
             }
         }
         d
@@ -703,6 +765,56 @@ mod tests {
         let later = T + STALE_NS + 1;
         p.observe(later, 100 * US, 100 * US, Some(0), 0);
         assert_eq!(p.ppm_at(later), 0);
+    }
+
+    #[test]
+    fn evidence_is_as_new_as_the_newest_sample_whatever_order_they_settle_in() {
+        let p = Collision::default();
+        p.observe(T, 2 * MS, 100 * US, None, 0);
+        assert_eq!(p.ppm(), PPM);
+        // A sample that ran before the last one settles after it: the evidence stays as new as
+        // the newer sample (the runtime stamps each with when it ran, not when it settled), and
+        // within the staleness age the older one blends in rather than replacing it.
+        p.observe(T - STALE_NS, 100 * US, 100 * US, Some(0), 0);
+        assert_eq!(p.ppm(), PPM / 2);
+        assert!(p.evidence_at(T + STALE_NS).is_some());
+        assert_eq!(p.evidence_at(T + STALE_NS + 1), None);
+        // One that ran more than the staleness age before the newest says nothing about now:
+        // charged (its collision is returned), not folded in.
+        let c = p.observe(T - STALE_NS - 1, 100 * US, 100 * US, Some(100 * US), 0);
+        assert_eq!(c, 100 * US);
+        assert_eq!(p.ppm(), PPM / 2);
+    }
+
+    #[test]
+    fn a_sample_is_as_old_as_when_its_launch_ended_never_after_now() {
+        let r = Ran {
+            submitted: 10 * MS,
+            launched: 10 * MS + 20 * US,
+            wait: Some(2 * MS),
+            span_ns: 300 * US,
+            not_done_at: 10 * MS + 20 * US,
+        };
+        // Known wait: submitted + wait + span, however late it settles.
+        assert_eq!(ran_until(r, 50 * MS), 12 * MS + 300 * US);
+        // Never after now.
+        assert_eq!(ran_until(r, 11 * MS), 11 * MS);
+        // Unknown wait (its stream held our own work): at least the span after the launch call,
+        // and after the last time its end was seen pending — a probe polled until it settles.
+        let queued = Ran {
+            wait: None,
+            not_done_at: 30 * MS,
+            ..r
+        };
+        assert_eq!(ran_until(queued, 50 * MS), 30 * MS);
+        let unseen = Ran { wait: None, ..r };
+        assert_eq!(ran_until(unseen, 50 * MS), 10 * MS + 300 * US);
+        // Saturating, not wrapping.
+        let huge = Ran {
+            submitted: u64::MAX - 1,
+            ..r
+        };
+        assert_eq!(ran_until(huge, u64::MAX), u64::MAX);
     }
 
     #[test]
@@ -923,7 +1035,7 @@ mod tests {
         // (judged at the next decision).
         let mut holds = 0;
         for _ in 0..40 {
-            match d.decide(now, Some(PPM), until(now)) {
+            match d.decide(now, Some(PPM), Some((now, PPM)), until(now)) {
                 Defer::Hold(t) => {
                     holds += 1;
                     now = t;
@@ -934,19 +1046,24 @@ mod tests {
         assert!(d.success_ppm() < DEFER_WORTH_PPM, "{}", d.success_ppm());
         assert!((2..=8).contains(&holds), "{holds} holds");
         // No longer worth it: busy evidence, slack, and still it runs.
-        assert_eq!(d.decide(now, Some(PPM), until(now)), Defer::Run);
+        assert_eq!(
+            d.decide(now, Some(PPM), Some((now, PPM)), until(now)),
+            Defer::Run
+        );
         // A second after the last hold, one more is tried.
         now += DEFER_EXPLORE_NS;
-        assert!(matches!(
-            d.decide(now, Some(PPM), until(now)),
-            Defer::Hold(_)
-        ));
-        // Beside a trainer whose phases do end within a hold, holding comes back.
+        let Defer::Hold(t) = d.decide(now, Some(PPM), Some((now, PPM)), until(now)) else {
+            panic!("no hold a second after the last");
+        };
+        now = t;
+        // Beside a trainer whose phases do end within a hold, holding comes back: each hold's
+        // probe, which runs when the hold ends, finds the trainer idle.
         for _ in 0..40 {
-            let _ = d.decide(now, Some(0), until(now));
-            now += DEFER_QUANTUM_NS;
-            let _ = d.decide(now, Some(PPM), until(now));
-            now += MS;
+            let _ = d.decide(now, Some(0), Some((now, 0)), until(now));
+            now += 5 * MS;
+            if let Defer::Hold(t) = d.decide(now, Some(PPM), Some((now, PPM)), until(now)) {
+                now = t;
+            }
         }
         assert!(d.success_ppm() >= DEFER_WORTH_PPM, "{}", d.success_ppm());
     }
@@ -964,15 +1081,28 @@ mod tests {
         // evidence: the hold is judged by it then, not forgotten.
         let d = Deferral::default();
         let before = d.success_ppm();
-        assert!(matches!(d.decide(T, Some(PPM), until), Defer::Hold(_)));
+        assert!(matches!(
+            d.decide(T, Some(PPM), Some((T, PPM)), until),
+            Defer::Hold(_)
+        ));
         let after_hold = T + DEFER_QUANTUM_NS + 1;
-        assert_eq!(d.decide(after_hold, None, until), Defer::Run);
-        assert_eq!(d.success_ppm(), before, "stale evidence judges nothing");
-        let _ = d.decide(after_hold + MS, Some(0), T + 100 * MS);
+        assert_eq!(
+            d.decide(after_hold, None, Some((T, PPM)), until),
+            Defer::Run
+        );
+        assert_eq!(
+            d.success_ppm(),
+            before,
+            "a sample that ran before the hold ended judges nothing"
+        );
+        // The probe, which ran when the hold ended, settles late: stale by now, it still judges.
+        let probe_ran = T + DEFER_QUANTUM_NS + 50 * US;
+        let late = probe_ran + 3 * STALE_NS;
+        let _ = d.decide(late, None, Some((probe_ran, 0)), T + 100 * MS);
         assert!(d.success_ppm() > before, "{}", d.success_ppm());
         // Judged once.
         let judged = d.success_ppm();
-        let _ = d.decide(after_hold + 2 * MS, Some(0), 0);
+        let _ = d.decide(late + MS, Some(0), Some((late + MS, 0)), 0);
         assert_eq!(d.success_ppm(), judged);
     }
 

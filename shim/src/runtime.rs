@@ -235,6 +235,9 @@ struct Pending {
     idle: bool,
     /// CLOCK_MONOTONIC ns just after the launch call returned.
     launched: u64,
+    /// The last time its end event was seen not yet complete (CLOCK_MONOTONIC ns; `launched`
+    /// until then): a lower bound on when the launch ended, whatever its stream held before it.
+    not_done_at: u64,
 }
 
 /// A context's reference for queueing delays: a kept start event, its submission time, and the
@@ -1059,8 +1062,8 @@ impl Runtime {
             let until = page.defer_until(slot);
             if until > 0 {
                 let now = os::now_ns();
-                let evidence = self.collision[dev].evidence_at(now);
-                match self.deferral[dev].decide(now, evidence, until) {
+                let c = &self.collision[dev];
+                match self.deferral[dev].decide(now, c.evidence_at(now), c.newest(), until) {
                     Defer::Run => {}
                     Defer::Probe => probe = true,
                     Defer::Hold(t) => {
@@ -1209,6 +1212,7 @@ impl Runtime {
                 submitted,
                 idle,
                 launched,
+                not_done_at: launched,
             });
         } else {
             s.give_back(ctx, (a, b));
@@ -1220,9 +1224,13 @@ impl Runtime {
     /// the launch cost beyond its estimate to the device's gate. Drops pairs that errored.
     fn harvest(&self, s: &mut Sampler) {
         let mut i = 0;
+        let looked = os::now_ns();
         while i < s.pending.len() {
             match driver::event_query(s.pending[i].b) {
-                CUDA_ERROR_NOT_READY => i += 1,
+                CUDA_ERROR_NOT_READY => {
+                    s.pending[i].not_done_at = looked;
+                    i += 1;
+                }
                 rc => {
                     let p = s.pending.swap_remove(i);
                     if rc == 0 {
@@ -1240,9 +1248,20 @@ impl Runtime {
                                 Some(w) => (p.launched - p.submitted).saturating_sub(w),
                                 None => 0,
                             };
-                            let ns = ((ms as f64 * 1e6) as u64).saturating_sub(cpu);
+                            let raw = (ms as f64 * 1e6) as u64;
+                            let ns = raw.saturating_sub(cpu);
+                            let ran_until = harvest::ran_until(
+                                harvest::Ran {
+                                    submitted: p.submitted,
+                                    launched: p.launched,
+                                    wait,
+                                    span_ns: raw,
+                                    not_done_at: p.not_done_at,
+                                },
+                                os::now_ns(),
+                            );
                             let settled = &mut s.settled[p.meta.dev];
-                            let judged = self.settle(&p.meta, ns, wait, settled);
+                            let judged = self.settle(&p.meta, ns, wait, ran_until, settled);
                             if let Some(t) = s.trace.as_mut() {
                                 let sample = trace::Sample {
                                     t_ns: os::now_ns(),
@@ -1282,7 +1301,7 @@ impl Runtime {
 
 impl Runtime {
     /// Settles a sampled launch measured at `ns` (which waited `wait` ns for the GPU before
-    /// starting, when known): folds it into the cost table; a first measurement charges what the
+    /// starting, when known, and ended at about `ran_until`): folds it into the cost table; a first measurement charges what the
     /// launch cost beyond its (zero) charge; a measured one updates the collision probability
     /// against its solo cost and charges contention beyond what was charged at admission.
     /// Returns, for a measured launch, (its solo cost, its collision time, whether it was
@@ -1292,6 +1311,7 @@ impl Runtime {
         m: &PendingMeta,
         ns: u64,
         wait: Option<u64>,
+        ran_until: u64,
         settled: &mut Usage,
     ) -> Option<(u64, u64, bool)> {
         let dev = m.dev;
@@ -1313,7 +1333,8 @@ impl Runtime {
         }
         let d0 = solo?;
         let switch_ns = self.switch_ns(dev);
-        let collided = self.collision[dev].observe(os::now_ns(), ns, d0, wait, switch_ns);
+        // The evidence is as old as what it measured ([`harvest::ran_until`]).
+        let collided = self.collision[dev].observe(ran_until, ns, d0, wait, switch_ns);
         let mut handover = false;
         if collided > 0 {
             // The sample stands for the launches admitted since the last settled one (a
