@@ -106,9 +106,8 @@ impl Collision {
         (at != 0).then(|| (at, self.ppm()))
     }
 
-    /// The probability at `now`, `None` once the newest sample ran more than [`STALE_NS`] before
-    /// `now` (or
-    /// there was none): what the training job is doing now is not known.
+    /// The probability at `now`; `None` before any sample, or once the newest sample ran more
+    /// than [`STALE_NS`] before `now`: what the training job is doing now is not known.
     #[inline]
     pub fn evidence_at(&self, now: u64) -> Option<u32> {
         let at = self.at.load(Relaxed);
@@ -196,10 +195,11 @@ pub struct Ran {
 /// then it passed one request's collision on to the next request's launches as fresh evidence
 /// (docs/harvest.md, "Serializing the functions"). A lower bound, never after `now`: with a
 /// known wait the end event completed at `submitted + wait + span`; without one (the stream held
-/// this process's own work, which the launch waited behind) at least its span after the launch
-/// call, and in any case after the last time the end event was seen pending — which a probe,
-/// polled every few tens of µs until it settles (the runtime's wait for unmeasured launches),
-/// brings to within that period of its end, however deep its stream was.
+/// this process's own work, which the launch waited behind) at least its span after its start
+/// event was recorded, and in any case after the last time the end event was seen pending —
+/// which a blocking probe, polled every few tens of µs while later launches wait for it (the
+/// runtime's wait for unmeasured launches), brings to within that period of its end, however
+/// deep its stream was.
 pub fn ran_until(r: Ran, now: u64) -> u64 {
     let lower = match r.wait {
         Some(w) => r.submitted.saturating_add(w).saturating_add(r.span_ns),
@@ -528,8 +528,14 @@ impl Deferral {
         // [`probe_blocks`]) and is then stale but still says how the hold ended; a sample that
         // ran before the hold ended says nothing about that.
         let end = self.judging.load(Relaxed);
-        if end != 0 && newest.is_some_and(|(at, _)| at >= end) {
-            self.judging.store(0, Relaxed);
+        // Judged once, by one thread: a hold another thread stores meanwhile is not cleared.
+        if end != 0
+            && newest.is_some_and(|(at, _)| at >= end)
+            && self
+                .judging
+                .compare_exchange(end, 0, Relaxed, Relaxed)
+                .is_ok()
+        {
             if let Some((_, p)) = newest {
                 let target = if p < HOLD_FROM_PPM { PPM } else { 0 };
                 let old = self.success_ppm();
@@ -799,6 +805,12 @@ mod tests {
         assert_eq!(ran_until(r, 50 * MS), 12 * MS + 300 * US);
         // Never after now.
         assert_eq!(ran_until(r, 11 * MS), 11 * MS);
+        // Seen pending later than that: it ended after.
+        let seen = Ran {
+            not_done_at: 20 * MS,
+            ..r
+        };
+        assert_eq!(ran_until(seen, 50 * MS), 20 * MS);
         // Unknown wait (its stream held our own work): at least the span after the launch call,
         // and after the last time its end was seen pending — a probe polled until it settles.
         let queued = Ran {
