@@ -30,6 +30,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
+use crate::monotonic_ns;
+
 /// Waiting requests the board holds: 64 (reasoning: one per function instance of a GPU, and a
 /// demo runs a handful).
 pub const SLOTS: usize = 64;
@@ -122,16 +124,6 @@ fn alive(w: u64) -> bool {
         )
     };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-}
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec to a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Holds the board's `flock` for as long as it lives.

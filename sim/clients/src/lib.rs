@@ -21,3 +21,15 @@ pub mod dispatch;
 #[allow(non_snake_case)]
 pub mod driver;
 pub mod probe;
+
+/// CLOCK_MONOTONIC now, ns: the simulator's clock, and the clock the study tools (the phase
+/// oracle, the dispatch board) compare with it.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

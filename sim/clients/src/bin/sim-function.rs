@@ -100,16 +100,7 @@ struct Args {
     dispatch_slo_ms: Option<f64>,
 }
 
-/// CLOCK_MONOTONIC now, ns: the simulator's clock.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec to a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+use smore_sim_clients::monotonic_ns;
 
 /// `smore_sim_truth_busy_until` of the simulated driver (sim/cuda): when a process's queued
 /// kernels will have run, CLOCK_MONOTONIC ns (0: nothing queued).
