@@ -187,6 +187,60 @@ fn bursts_spaced_past_the_staleness_age_are_held_while_in_debt() {
     assert!(slowdown < BURSTS_HELD_BELOW * unheld_slowdown, "{report}");
 }
 
+/// Trainer mean ms/iter beside a function that keeps its stream deep: requests of 40 × 500 µs
+/// kernels and one sync each (20 ms of GPU work queued at once) every 25 ms — far more than the
+/// shim's staleness age (4 ms) ahead of the GPU. Its sampled launches wait behind its own queued
+/// work, so their queue wait is unknown; a sample's evidence is as old as the launch ended, and
+/// without a lower bound from the last time its end was seen pending (`harvest::ran_until`) such
+/// samples read old on arrival and the function was never held. Contention budget `budget_ppm`
+/// (0: unheld).
+fn colocated_deep_stream(budget_ppm: u32) -> f64 {
+    let sim = sim();
+    let mut function: Child = sim
+        .command(bin("sim-function"))
+        .env("LD_PRELOAD", shim_lib())
+        .env("SMORE_SM_SHARE", "100")
+        .env("SMORE_CONTENTION_PPM", budget_ppm.to_string())
+        .args([
+            "--kernels",
+            "40",
+            "--kernel-us",
+            "500",
+            "--interval-ms",
+            "25",
+        ])
+        .args(["--seconds", &format!("{}", TRAINER_SECS + 1.0), "--quiet"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let out = trainer(&sim).wait_with_output().unwrap();
+    assert!(out.status.success(), "trainer: {}", out.status);
+    let status = function.wait().unwrap();
+    assert!(status.success(), "function exited with {status}");
+    mean_ms(&String::from_utf8_lossy(&out.stdout))
+}
+
+#[test]
+#[ignore = "an escape, open (2026-11-27): beside this trainer a function that queues 20 ms of work per request slows it 50-54 % under a 5 % budget, 58 % unheld, with the shim before and after the evidence stamp (docs/harvest.md, \"Not met yet\")"]
+fn a_function_that_keeps_its_stream_deep_is_still_held() {
+    let (alone, with_harvest, with_unheld) = alone_harvesting_unheld(colocated_deep_stream);
+    let c = BUDGET_PPM as f64 / 1e6;
+    let slowdown = with_harvest / alone - 1.0;
+    let unheld_slowdown = with_unheld / alone - 1.0;
+    let report = format!(
+        "trainer alone {alone:.2} ms/iter; beside a deep stream under a {:.0} % budget {with_harvest:.2} ms/iter (slowdown {:.1} %); unheld {with_unheld:.2} ms/iter (slowdown {:.1} %)",
+        c * 100.0,
+        slowdown * 100.0,
+        unheld_slowdown * 100.0
+    );
+    eprintln!("{report}");
+    let bound = c / (1.0 - c);
+    // The scenario escapes without enforcement.
+    assert!(unheld_slowdown > bound + SLOWDOWN_SLACK, "{report}");
+    assert!(slowdown <= bound + SLOWDOWN_SLACK, "{report}");
+}
+
 /// `SMORE_TRACE_SAMPLES` writes one line per settled sample — measured time, solo cost, queue
 /// wait, collision — for diagnosing the estimate on a real GPU (docs/real-gpu.md, section 9):
 /// beside a busy trainer some samples waited and collided, and every line parses.
