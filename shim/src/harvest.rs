@@ -233,21 +233,52 @@ impl Contention {
         self.gate.ahead(now)
     }
 
+    /// How much of its own work the process may have queued on the device at `now` under
+    /// `budget_ppm` ([`Backlog`]): [`BACKLOG_HORIZON_NS`], or less when the bucket has less
+    /// collision time than that left before it is in debt — down to nothing beyond the launch
+    /// itself when in debt. Reasoning: work queued while the trainer is idle runs into its next
+    /// busy phase when that starts before the queue is through, and costs it up to the whole
+    /// backlog before any sample says the phase changed; such collisions are charged after the
+    /// fact but never held, since the launches were admitted in the idle phase. A function
+    /// whose backlog keeps colliding so runs into debt, and its backlog then shrinks to what its
+    /// budget still pays for (docs/harvest.md, "Keeping the backlog short": with a fixed 4 ms
+    /// horizon such a function still slowed the trainer 31 % under a 5 % budget).
+    #[inline]
+    pub fn backlog_horizon(&self, now: u64, budget_ppm: u32) -> u64 {
+        let left = CONTENTION_HORIZON_NS.saturating_sub(self.ahead_ns(now));
+        expected_collision(left, budget_ppm).min(BACKLOG_HORIZON_NS)
+    }
+
     /// Whether a launch at `now` must probe before the process launches more: the bucket is in
-    /// debt and `evidence` is stale, at most once per [`STALE_NS`] (racing threads settle it by
-    /// compare-and-swap). Without it a function whose launches come in bursts more than
+    /// debt and nothing says the trainer is busy now — `evidence` is stale, at most once per
+    /// [`STALE_NS`], or says the trainer is idle, at most once per [`DEBT_PROBE_NS`] (racing
+    /// threads settle it by compare-and-swap). With evidence that the trainer is busy the bucket
+    /// itself holds the launch.
+    ///
+    /// On stale evidence: without it a function whose launches come in bursts more than
     /// [`STALE_NS`] apart (a request every few tens of ms) launches every burst on stale
     /// evidence, which is charged but never held (docs/harvest.md, "Enforcement on stale
     /// evidence"). The probe is the burst's first launch; the rest wait for its measurement and
     /// are then held while the trainer is busy. A probe goes before anything says whether the
     /// trainer is busy, so it may collide for its whole cost: at one per [`STALE_NS`] a function
     /// of long kernels in debt still collides more than its budget (same section).
-    pub fn probe_on_stale(&self, now: u64, evidence: Option<u32>) -> bool {
-        if evidence.is_some() || !self.in_debt(now) {
+    ///
+    /// On evidence of an idle trainer: that evidence is up to a sample period old, and the
+    /// launches admitted on it run into the trainer's next busy phase until a sample that met it
+    /// settles. A function in debt overspent that way; its launches then wait for a probe's
+    /// measurement every [`DEBT_PROBE_NS`], so at most that much of its work goes unseen into a
+    /// busy phase (docs/harvest.md, "Keeping the backlog short").
+    pub fn probe_in_debt(&self, now: u64, evidence: Option<u32>) -> bool {
+        let period = match evidence {
+            None => STALE_NS,
+            Some(p) if p < HOLD_FROM_PPM => DEBT_PROBE_NS,
+            Some(_) => return false,
+        };
+        if !self.in_debt(now) {
             return false;
         }
         let last = self.last_probe.load(Relaxed);
-        now.saturating_sub(last) > STALE_NS
+        now.saturating_sub(last) > period
             && self
                 .last_probe
                 .compare_exchange(last, now, Relaxed, Relaxed)
@@ -290,6 +321,205 @@ impl Contention {
             self.gate.charge_ppm(admitted, excess, budget_ppm);
         }
         excess
+    }
+}
+
+/// How much of its own GPU work (estimated solo cost, calibrated) a harvesting function may have
+/// queued on a device ahead of the GPU: the staleness age, 4 ms. Reasoning: every decision this
+/// module makes about a launch — its charge `cost × p`, a hold while the trainer is busy, a
+/// deferral — is taken on the evidence of when it is admitted, and holds the work only if the
+/// work runs soon after. A function that queued 20 ms of kernels at once (a request's forward
+/// pass and one synchronize) had them run 20 ms after their admission, in whatever phase the
+/// trainer was then, unheld: it slowed a trainer 50–54 % under a 5 % budget, 58 % unheld
+/// (docs/harvest.md, "Keeping the backlog short"). With at most [`STALE_NS`] queued, work runs
+/// while the evidence it was admitted on is still fresh. Costs the function nothing while the
+/// GPU is free: the launching thread sleeps while the GPU works through what is queued, and the
+/// queue never runs dry while the thread wakes within the horizon less one kernel.
+pub const BACKLOG_HORIZON_NS: u64 = STALE_NS;
+
+/// How often a function in debt probes while its evidence says the trainer is idle
+/// ([`Contention::probe_in_debt`]): 1 ms, the sample period (`gate::SAMPLE_PERIOD_NS`).
+/// Reasoning: of a function in debt at most this much work goes into a trainer's busy phase
+/// before a measurement says it started; a function of 500 µs kernels that kept its stream deep
+/// and was held on 1 ms-old evidence alone still slowed a trainer 21 % under a 5 % budget
+/// (docs/harvest.md, "Keeping the backlog short"). A probe costs the function the wait for its
+/// measurement, a few tens of µs, once per period: a few percent of its throughput while it is
+/// in debt, nothing otherwise.
+pub const DEBT_PROBE_NS: u64 = crate::gate::SAMPLE_PERIOD_NS;
+
+/// One device's backlog: when the GPU work this process has queued there would be done, at the
+/// admitted launches' estimated costs ([`BACKLOG_HORIZON_NS`]). A lower bound on the real
+/// backlog: beside a busy trainer the work runs slower than its solo cost. Counts every stream
+/// of the process on the device as one queue (streams that run side by side drain faster; the
+/// bound errs towards holding, the direction that protects the trainer). Lock-free.
+#[derive(Debug, Default)]
+pub struct Backlog {
+    /// When the queued work would be done (CLOCK_MONOTONIC ns; at or before now: nothing queued).
+    end: AtomicU64,
+}
+
+impl Backlog {
+    /// When a launch of (calibrated) cost `cost_ns` may be queued with at most `horizon_ns` of
+    /// work queued, itself included ([`Contention::backlog_horizon`]): `None` now, or the time
+    /// from which that holds — once the queue is empty, for a launch longer than the horizon.
+    /// One atomic load.
+    #[inline]
+    pub fn room_at(&self, now: u64, cost_ns: u64, horizon_ns: u64) -> Option<u64> {
+        let ready = self
+            .end
+            .load(Relaxed)
+            .saturating_sub(horizon_ns.saturating_sub(cost_ns));
+        (ready > now).then_some(ready)
+    }
+
+    /// Queues a launch of cost `cost_ns` at `now` if the backlog, itself included, stays within
+    /// `horizon_ns` (as [`Backlog::room_at`], in one compare-and-swap, so threads launching at
+    /// once cannot each find the same room): `Ok` with when the backlog would be done, or `Err`
+    /// with when to try again.
+    #[inline]
+    pub fn push(&self, now: u64, cost_ns: u64, horizon_ns: u64) -> Result<u64, u64> {
+        let mut old = self.end.load(Relaxed);
+        loop {
+            let ready = old.saturating_sub(horizon_ns.saturating_sub(cost_ns));
+            if ready > now {
+                return Err(ready);
+            }
+            let new = old.max(now).saturating_add(cost_ns);
+            match self.end.compare_exchange_weak(old, new, Relaxed, Relaxed) {
+                Ok(_) => return Ok(new),
+                Err(cur) => old = cur,
+            }
+        }
+    }
+}
+
+/// Streams whose last sample is kept for chained waits: 16 (reasoning: an inference function
+/// uses one to a few streams per device; beyond, the one kept longest is forgotten and its
+/// stream's next sample has no chained wait).
+pub const MAX_CHAINS: usize = 16;
+
+/// One settled sample of a stream, as its chain sees it ([`Chains::follow`]). Times are
+/// CLOCK_MONOTONIC ns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Link {
+    /// Its context.
+    pub ctx: usize,
+    /// Its stream: the handle, and whether launched through a `_ptsz` variant.
+    pub stream: (usize, bool),
+    /// When its start event was recorded.
+    pub submitted: u64,
+    /// When its start event completed on the GPU, when known.
+    pub started: Option<u64>,
+    /// Its event pair's span.
+    pub span_ns: u64,
+    /// The process's estimated GPU time admitted on the device before the sample
+    /// ([`Usage::gpu_ns`]).
+    pub pushed_before: u64,
+    /// The same, the sample included.
+    pub pushed_after: u64,
+    /// The contention charged at admission on the device, the sample included
+    /// ([`UsageCounters::admitted_contention_ns`]).
+    pub paid_after: u64,
+}
+
+/// How long a stream's queued work waited for the GPU between two of its samples, with the
+/// stream never empty in between ([`Chains::follow`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chained {
+    /// The time the GPU spent on other work (other contexts', or under MPS the slowdown beside
+    /// them) while the process's own work between the samples was queued, ns.
+    pub others_ns: u64,
+    /// The process's own work launched between the two samples (estimated solo cost), ns.
+    pub own_ns: u64,
+    /// The contention charged at admission for that work and the later sample, ns.
+    pub paid_ns: u64,
+}
+
+impl Chained {
+    /// The part of the wait that falls to a sample of solo cost `d0_ns`: the wait spread over
+    /// the work between the samples and the sample itself in proportion to their cost.
+    pub fn share_of(self, d0_ns: u64) -> u64 {
+        let total = self.own_ns.saturating_add(d0_ns).max(1);
+        (self.others_ns as u128 * d0_ns as u128 / total as u128) as u64
+    }
+
+    /// The collision time of the work between the samples and of the later sample (measured
+    /// `d_ns`, solo `d0_ns`): the other work the queued work waited for, up to its own cost (on
+    /// a time-sliced GPU the other contexts waited for its slices about as long), and the
+    /// sample's own stretch ([`collision_ns`]).
+    pub fn collided_with(self, d_ns: u64, d0_ns: u64) -> u64 {
+        self.others_ns
+            .min(self.own_ns.saturating_add(d0_ns))
+            .saturating_add(collision_ns(d_ns, d0_ns))
+    }
+}
+
+/// Per stream, the last settled sample: what a sample launched behind its own queued work can
+/// be judged by. Such a sample has no wait of its own to measure — its start event completes
+/// when that work is done — and on a time-sliced GPU a kernel that fits in a slice is not
+/// stretched: a function that kept 20 ms queued showed the trainer's slices in almost none of
+/// its samples, and its shim counted a third of what its kernels cost the trainer
+/// (docs/harvest.md, "Keeping the backlog short"). What such a sample does show is its stream's
+/// progress. Fixed-size, no allocation.
+#[derive(Debug, Default)]
+pub struct Chains {
+    last: [Option<Link>; MAX_CHAINS],
+    /// Where the next new stream goes when every entry is taken (the oldest entry).
+    next: usize,
+}
+
+impl Chains {
+    /// Follows `link`'s stream from its previous sample to `link`, and keeps `link` as the
+    /// stream's last. When `link` was submitted before the previous sample ended, its stream
+    /// held queued work from that end to `link`'s start, and the GPU spent that interval on the
+    /// process's own work launched in between (at its solo cost) and on other work: that other
+    /// work is the chained wait. `None` when `link`'s own wait is known (`wait_known`: it went
+    /// on an idle stream), its stream has no previous sample, or the stream may have run dry
+    /// in between. A sample older than its stream's last (it settled late: it was seen pending
+    /// just before it ended, and a later one then seen done) is neither chained nor kept.
+    pub fn follow(&mut self, link: Link, wait_known: bool) -> Option<Chained> {
+        let i = self
+            .last
+            .iter()
+            .position(|l| l.is_some_and(|l| l.ctx == link.ctx && l.stream == link.stream));
+        if i.is_some_and(|i| self.last[i].is_some_and(|l| l.submitted >= link.submitted)) {
+            return None;
+        }
+        let chained = match (i.and_then(|i| self.last[i]), link.started) {
+            (Some(prev), Some(started)) if !wait_known => {
+                let ended = prev.started.map(|t| t.saturating_add(prev.span_ns));
+                match ended {
+                    Some(ended)
+                        if prev.submitted < link.submitted
+                            && link.submitted < ended
+                            && started >= ended =>
+                    {
+                        let own_ns = link.pushed_before.saturating_sub(prev.pushed_after);
+                        Some(Chained {
+                            others_ns: (started - ended).saturating_sub(own_ns),
+                            own_ns,
+                            paid_ns: link.paid_after.saturating_sub(prev.paid_after),
+                        })
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let slot = match i {
+            Some(i) => i,
+            None => match self.last.iter().position(Option::is_none) {
+                Some(free) => free,
+                None => {
+                    let oldest = self.next;
+                    self.next = (self.next + 1) % MAX_CHAINS;
+                    oldest
+                }
+            },
+        };
+        // A sample whose start is not known ends its stream's chain.
+        self.last[slot] = link.started.is_some().then_some(link);
+        chained
     }
 }
 
@@ -597,6 +827,8 @@ pub struct UsageCounters {
     gpu_ns: AtomicU64,
     contention_ns: AtomicU64,
     deferred_ns: AtomicU64,
+    /// The part of `contention_ns` charged at admission (`cost × p`), without corrections.
+    admitted_contention_ns: AtomicU64,
 }
 
 impl UsageCounters {
@@ -609,6 +841,22 @@ impl UsageCounters {
         if contention_ns > 0 {
             self.contention_ns.fetch_add(contention_ns, Relaxed);
         }
+    }
+
+    /// Adds an admitted launch: its GPU time and the contention charged for it up front.
+    #[inline]
+    pub fn add_admitted(&self, gpu_ns: u64, contention_ns: u64) {
+        self.add(gpu_ns, contention_ns);
+        if contention_ns > 0 {
+            self.admitted_contention_ns
+                .fetch_add(contention_ns, Relaxed);
+        }
+    }
+
+    /// Contention charged at admission so far ([`UsageCounters::add_admitted`]), ns.
+    #[inline]
+    pub fn admitted_contention_ns(&self) -> u64 {
+        self.admitted_contention_ns.load(Relaxed)
     }
 
     /// Adds a deferral hold.
@@ -881,23 +1129,145 @@ mod tests {
         let now = 5_000 * MS;
         // No debt: nothing to enforce, no probe, whatever the evidence.
         assert!(!c.in_debt(now));
-        assert!(!c.probe_on_stale(now, None));
+        assert!(!c.probe_in_debt(now, None));
+        assert!(!c.probe_in_debt(now, Some(0)));
         // 100 ms of collision at 5 %: 2 s of debt, past the 1 s horizon.
         c.correct(now, 0, 100 * MS, 50_000);
         assert!(c.in_debt(now));
-        // Fresh evidence: the bucket itself holds the launch if the trainer is busy.
-        assert!(!c.probe_on_stale(now, Some(PPM)));
-        assert!(!c.probe_on_stale(now, Some(0)));
+        // Evidence of a busy trainer: the bucket itself holds the launch.
+        assert!(!c.probe_in_debt(now, Some(PPM)));
         // Stale: this launch probes, and the next ones within the staleness age do not (they
         // wait for its measurement instead).
-        assert!(c.probe_on_stale(now, None));
-        assert!(!c.probe_on_stale(now + MS, None));
-        assert!(!c.probe_on_stale(now + STALE_NS, None));
-        assert!(c.probe_on_stale(now + STALE_NS + 1, None));
+        assert!(c.probe_in_debt(now, None));
+        assert!(!c.probe_in_debt(now + MS, None));
+        assert!(!c.probe_in_debt(now + STALE_NS, None));
+        assert!(c.probe_in_debt(now + STALE_NS + 1, None));
         // Once the debt is paid (past the horizon), stale launches go as before.
         let paid = now + 2_000 * MS;
         assert!(!c.in_debt(paid));
-        assert!(!c.probe_on_stale(paid, None));
+        assert!(!c.probe_in_debt(paid, None));
+    }
+
+    fn link(submitted: u64, started: u64, pushed_before: u64) -> Link {
+        Link {
+            ctx: 1,
+            stream: (7, false),
+            submitted,
+            started: Some(started),
+            span_ns: MS / 2,
+            pushed_before,
+            pushed_after: pushed_before + MS / 2,
+            paid_after: pushed_before / 100,
+        }
+    }
+
+    #[test]
+    fn a_chained_wait_is_the_streams_progress_less_its_own_work() {
+        let mut c = Chains::default();
+        // First sample of the stream: nothing to chain to.
+        assert_eq!(c.follow(link(0, 10 * MS, 0), false), None);
+        // The next one was submitted at 5 ms, before the first ended (10.5 ms): the stream held
+        // work throughout. 2 ms of own work between; it started at 15.5 ms, so the GPU spent
+        // 5 ms between the two, 3 of them on others.
+        let chained = c.follow(link(5 * MS, 15 * MS + MS / 2, 2 * MS + MS / 2), false);
+        assert_eq!(
+            chained,
+            Some(Chained {
+                others_ns: 3 * MS,
+                own_ns: 2 * MS,
+                paid_ns: 25_000,
+            })
+        );
+        let c3 = chained.unwrap();
+        // The wait spread over 2 ms of work and the 0.5 ms sample: a fifth falls to the sample.
+        assert_eq!(c3.share_of(MS / 2), 3 * MS / 5);
+        // Collided: the others' 3 ms, capped at the 2.5 ms of own work it waited for.
+        assert_eq!(c3.collided_with(MS / 2, MS / 2), 2 * MS + MS / 2);
+        // A stretched sample adds its stretch.
+        assert_eq!(c3.collided_with(MS, MS / 2), 3 * MS);
+    }
+
+    #[test]
+    fn no_chained_wait_when_the_stream_may_have_run_dry_or_the_wait_is_known() {
+        let mut c = Chains::default();
+        c.follow(link(0, 10 * MS, 0), false);
+        // Submitted after the previous sample ended (10.5 ms): the stream may have been empty.
+        assert_eq!(c.follow(link(11 * MS, 20 * MS, 5 * MS), false), None);
+        // A known wait (an idle stream) is the sample's own; the chain moves on regardless.
+        assert_eq!(c.follow(link(12 * MS, 30 * MS, 6 * MS), true), None);
+        assert!(c.follow(link(25 * MS, 40 * MS, 9 * MS), false).is_some());
+        // A sample older than the stream's last is ignored, and the chain stays.
+        assert_eq!(c.follow(link(20 * MS, 35 * MS, 8 * MS), false), None);
+        assert!(c.follow(link(39 * MS, 45 * MS, 10 * MS), false).is_some());
+        // Another stream has a chain of its own.
+        let mut other = link(26 * MS, 50 * MS, 10 * MS);
+        other.stream = (8, false);
+        assert_eq!(c.follow(other, false), None);
+        // A sample whose start is unknown ends the chain.
+        let mut unknown = link(41 * MS, 0, 11 * MS);
+        unknown.started = None;
+        assert_eq!(c.follow(unknown, false), None);
+        assert_eq!(c.follow(link(42 * MS, 60 * MS, 12 * MS), false), None);
+    }
+
+    #[test]
+    fn chains_are_kept_for_a_bounded_number_of_streams() {
+        let mut c = Chains::default();
+        for s in 0..MAX_CHAINS + 1 {
+            let mut l = link(0, 10 * MS, 0);
+            l.stream = (s, false);
+            c.follow(l, false);
+        }
+        // The first stream's entry gave way to the last one; the second's is still there.
+        let next = |s: usize| {
+            let mut l = link(5 * MS, 15 * MS, MS);
+            l.stream = (s, false);
+            l
+        };
+        assert!(c.follow(next(1), false).is_some());
+        assert!(c.follow(next(MAX_CHAINS), false).is_some());
+        assert!(c.follow(next(0), false).is_none());
+    }
+
+    #[test]
+    fn a_function_in_debt_probes_every_period_while_the_trainer_looks_idle() {
+        let c = Contention::default();
+        let now = 5_000 * MS;
+        c.correct(now, 0, 100 * MS, 50_000);
+        let idle = Some(PPM / 50);
+        assert!(c.probe_in_debt(now, idle));
+        assert!(!c.probe_in_debt(now + DEBT_PROBE_NS, idle));
+        assert!(c.probe_in_debt(now + DEBT_PROBE_NS + 1, idle));
+        // Out of debt an idle trainer's time is free: no probes.
+        assert!(!c.probe_in_debt(now + 2_000 * MS, idle));
+    }
+
+    #[test]
+    fn the_backlog_horizon_shrinks_with_the_budget_left_and_holds_launches_past_it() {
+        let c = Contention::default();
+        let now = 5_000 * MS;
+        assert_eq!(c.backlog_horizon(now, 50_000), BACKLOG_HORIZON_NS);
+        // 49 ms of the bucket's 50 ms spent: 1 ms left.
+        c.correct(now, 0, 49 * MS, 50_000);
+        assert_eq!(c.backlog_horizon(now, 50_000), MS);
+        // In debt: nothing beyond the launch itself.
+        c.correct(now, 0, 10 * MS, 50_000);
+        assert_eq!(c.backlog_horizon(now, 50_000), 0);
+        let b = Backlog::default();
+        assert_eq!(b.room_at(now, MS, 4 * MS), None);
+        assert_eq!(b.push(now, 3 * MS, 4 * MS), Ok(now + 3 * MS));
+        // 3 ms queued: a 1 ms launch fits a 4 ms horizon, a 2 ms one waits 1 ms.
+        assert_eq!(b.room_at(now, MS, 4 * MS), None);
+        assert_eq!(b.room_at(now, 2 * MS, 4 * MS), Some(now + MS));
+        // With no horizon a launch waits for the queue to drain; so does one longer than it.
+        assert_eq!(b.room_at(now, MS, 0), Some(now + 3 * MS));
+        assert_eq!(b.room_at(now, 9 * MS, 4 * MS), Some(now + 3 * MS));
+        // A push finds the same room, or none.
+        assert_eq!(b.push(now, 2 * MS, 4 * MS), Err(now + MS));
+        assert_eq!(b.push(now, MS, 4 * MS), Ok(now + 4 * MS));
+        assert_eq!(b.push(now, MS, 4 * MS), Err(now + MS));
+        // Work queued after the backlog drained starts from then, not from the old end.
+        assert_eq!(b.push(now + 10 * MS, MS, 0), Ok(now + 11 * MS));
     }
 
     #[test]

@@ -20,7 +20,8 @@ use crate::client::{self, Source};
 use crate::config::{self, Config, FailurePolicy, Level};
 use crate::gate::{CostTable, Gate, SampleClock, PPM, SAMPLE_PERIOD_NS};
 use crate::harvest::{
-    self, Calibration, Collision, Contention, Defer, Deferral, Usage, UsageCounters,
+    self, Backlog, Calibration, Chained, Chains, Collision, Contention, Defer, Deferral, Link,
+    Usage, UsageCounters,
 };
 use crate::ledger::{graph_exec_key, Kind, Ledger, OverCap, PoolFree, Reservation};
 use crate::limits::{self, GrantPage, MAX_DEVICES};
@@ -179,6 +180,8 @@ pub struct Runtime {
     probing: AtomicU64,
     /// Per device: deferral's state (last probe and hold, how often holds succeed).
     deferral: [Deferral; MAX_DEVICES],
+    /// Per device: this process's queued GPU work, harvest mode ([`harvest::BACKLOG_HORIZON_NS`]).
+    backlog: [Backlog; MAX_DEVICES],
     /// Per CUDA ordinal: its GPU's UUID (two words) once asked of the driver, and whether it is
     /// known ([`Runtime::device_slot`]).
     dev_uuid: [[AtomicU64; 2]; MAX_DEVICES],
@@ -201,6 +204,8 @@ struct Sampler {
     settled: [Usage; MAX_DEVICES],
     /// The opt-in trace of settled samples (`SMORE_TRACE_SAMPLES`, [`crate::trace`]).
     trace: Option<SampleTrace>,
+    /// Per stream, the last settled sample ([`Chains`]).
+    chains: Chains,
 }
 
 /// The end of a device's last calibration window: (wall ns, estimated ns counter, NVML sample
@@ -238,6 +243,29 @@ struct Pending {
     /// The last time its end event was seen not yet complete (CLOCK_MONOTONIC ns; `launched`
     /// until then): a lower bound on when the launch ended, whatever its stream held before it.
     not_done_at: u64,
+    /// Its stream, when the stream is one queue whatever thread launches on it (not a
+    /// per-thread default stream): the key of its chain ([`Chains`]).
+    stream: Option<(usize, bool)>,
+    /// The device's estimated GPU time admitted before this launch and with it
+    /// ([`Usage::gpu_ns`]): the process's own work between two samples of a stream.
+    pushed_before: u64,
+    pushed_after: u64,
+    /// The device's contention charged at admission, this launch included
+    /// ([`UsageCounters::admitted_contention_ns`]).
+    paid_after: u64,
+}
+
+/// How a measured sample was judged ([`Runtime::settle`]).
+#[derive(Clone, Copy, Debug)]
+struct Judged {
+    /// Its solo cost, ns.
+    d0_ns: u64,
+    /// Its collision time, ns.
+    collided_ns: u64,
+    /// Whether it was charged context switches.
+    handover: bool,
+    /// The wait it was judged with (known, or its share of a chained wait).
+    wait_ns: Option<u64>,
 }
 
 /// A context's reference for queueing delays: a kept start event, its submission time, and the
@@ -551,6 +579,7 @@ impl Runtime {
             unmeasured: AtomicU64::new(0),
             probing: AtomicU64::new(0),
             deferral: Default::default(),
+            backlog: Default::default(),
             dev_uuid: std::array::from_fn(|_| [AtomicU64::new(0), AtomicU64::new(0)]),
             dev_uuid_known: std::array::from_fn(|_| AtomicBool::new(false)),
         }
@@ -1052,6 +1081,19 @@ impl Runtime {
         if self.unmeasured.load(Acquire) > 0 || self.probing.load(Acquire) > 0 {
             self.wait_unmeasured();
         }
+        let known = self.costs.lookup(key);
+        // An unmeasured launch is charged nothing now and its measured cost once known (no
+        // estimate from other kernels: a graph's 200 ms must not be charged to a 5 µs kernel).
+        let cost = known.map_or(0, |c| self.calibration[dev].apply(c));
+        // Harvesting keeps its backlog short, so that what is decided below on the evidence of
+        // now holds the work while that evidence is fresh ([`harvest::BACKLOG_HORIZON_NS`]).
+        if budget > 0 {
+            let now = os::now_ns();
+            let horizon = self.contention[dev].backlog_horizon(now, budget);
+            if let Some(t) = self.backlog[dev].room_at(now, cost, horizon) {
+                os::sleep_until(t);
+            }
+        }
         // Deadline-aware deferral (docs/harvest.md, "Deferral"): a launch whose request may
         // still start later waits out the trainer's busy phase instead of colliding with it.
         let mut probe = false;
@@ -1075,16 +1117,12 @@ impl Runtime {
                 }
             }
         }
-        let known = self.costs.lookup(key);
-        // An unmeasured launch is charged nothing now and its measured cost once known (no
-        // estimate from other kernels: a graph's 200 ms must not be charged to a 5 µs kernel).
-        let cost = known.map_or(0, |c| self.calibration[dev].apply(c));
         // A function in debt whose evidence is stale probes first, at most once per staleness
         // age (docs/harvest.md, "Enforcement on stale evidence"): otherwise bursts spaced past
         // the staleness age are never held.
         if budget > 0 && !probe {
             let now = os::now_ns();
-            if self.contention[dev].probe_on_stale(now, self.collision[dev].evidence_at(now)) {
+            if self.contention[dev].probe_in_debt(now, self.collision[dev].evidence_at(now)) {
                 probe = true;
                 blocking = true;
             }
@@ -1110,7 +1148,15 @@ impl Runtime {
             now = deadline;
         }
         self.estimated[dev].fetch_add(known.unwrap_or(0), Relaxed);
-        self.usage[dev].add(cost, expected);
+        self.usage[dev].add_admitted(cost, expected);
+        if budget > 0 {
+            // Taken in one step: threads that found room above at once do not all get it.
+            let horizon = self.contention[dev].backlog_horizon(now, budget);
+            while let Err(t) = self.backlog[dev].push(now, cost, horizon) {
+                os::sleep_until(t);
+                now = t;
+            }
+        }
         let pending = PendingMeta {
             key,
             dev,
@@ -1197,6 +1243,8 @@ impl Runtime {
         }
         let rc = call();
         let launched = os::now_ns();
+        let pushed_after = self.usage[meta.dev].get().gpu_ns;
+        let paid_after = self.usage[meta.dev].admitted_contention_ns();
         if rc == 0 && driver::event_record(b, stream, ptsz) {
             if meta.unmeasured {
                 self.unmeasured.fetch_add(1, AcqRel);
@@ -1213,6 +1261,10 @@ impl Runtime {
                 idle,
                 launched,
                 not_done_at: launched,
+                stream: (!driver::per_thread_stream(stream, ptsz)).then_some((stream, ptsz)),
+                pushed_before: pushed_after.saturating_sub(meta.charged),
+                pushed_after,
+                paid_after,
             });
         } else {
             s.give_back(ctx, (a, b));
@@ -1232,7 +1284,10 @@ impl Runtime {
                     i += 1;
                 }
                 rc => {
-                    let p = s.pending.swap_remove(i);
+                    // Kept in submission order (the sampler's lock is held from a sample's
+                    // submission to its push): a stream's earlier sample settles before its
+                    // later one in the same pass, and the later one's chained wait needs it.
+                    let p = s.pending.remove(i);
                     if rc == 0 {
                         let (wait, kept) = if p.idle {
                             s.queue_wait(p.ctx, p.a, p.submitted)
@@ -1250,6 +1305,7 @@ impl Runtime {
                             };
                             let raw = (ms as f64 * 1e6) as u64;
                             let ns = raw.saturating_sub(cpu);
+                            let chained = s.chained_wait(&p, wait, raw);
                             let ran_until = harvest::ran_until(
                                 harvest::Ran {
                                     submitted: p.submitted,
@@ -1261,16 +1317,17 @@ impl Runtime {
                                 os::now_ns(),
                             );
                             let settled = &mut s.settled[p.meta.dev];
-                            let judged = self.settle(&p.meta, ns, wait, ran_until, settled);
+                            let judged =
+                                self.settle(&p.meta, ns, wait, chained, ran_until, settled);
                             if let Some(t) = s.trace.as_mut() {
                                 let sample = trace::Sample {
                                     t_ns: os::now_ns(),
                                     dev: p.meta.dev,
                                     ns,
-                                    d0_ns: judged.map(|j| j.0),
-                                    wait_ns: wait,
-                                    collided_ns: judged.map(|j| j.1),
-                                    handover: judged.is_some_and(|j| j.2),
+                                    d0_ns: judged.map(|j| j.d0_ns),
+                                    wait_ns: judged.map_or(wait, |j| j.wait_ns),
+                                    collided_ns: judged.map(|j| j.collided_ns),
+                                    handover: judged.is_some_and(|j| j.handover),
                                     submitted_ns: p.submitted,
                                 };
                                 if t.record(&sample).is_err() {
@@ -1301,19 +1358,21 @@ impl Runtime {
 
 impl Runtime {
     /// Settles a sampled launch measured at `ns` (which waited `wait` ns for the GPU before
-    /// starting, when known, and ended at about `ran_until`): folds it into the cost table; a first measurement charges what the
-    /// launch cost beyond its (zero) charge; a measured one updates the collision probability
-    /// against its solo cost and charges contention beyond what was charged at admission.
-    /// Returns, for a measured launch, (its solo cost, its collision time, whether it was
-    /// charged switches); `None` for a first measurement.
+    /// starting, when known, or else behind its stream's queued work the [`Chained`] wait,
+    /// when known; and ended at about `ran_until`): folds it into the cost table; a first
+    /// measurement charges what the launch cost beyond its (zero) charge; a measured one updates
+    /// the collision probability against its solo cost and charges contention beyond what was
+    /// charged at admission. Returns how a measured launch was judged; `None` for a first
+    /// measurement.
     fn settle(
         &self,
         m: &PendingMeta,
         ns: u64,
         wait: Option<u64>,
+        chained: Option<Chained>,
         ran_until: u64,
         settled: &mut Usage,
-    ) -> Option<(u64, u64, bool)> {
+    ) -> Option<Judged> {
         let dev = m.dev;
         // The solo cost before this sample is folded in (the floor the sample is judged against).
         let solo = self
@@ -1332,14 +1391,12 @@ impl Runtime {
             return None;
         }
         let d0 = solo?;
+        let wait = wait.or_else(|| chained.map(|c| c.share_of(d0)));
         let switch_ns = self.switch_ns(dev);
         // The evidence is as old as what it measured ([`harvest::ran_until`]).
         let collided = self.collision[dev].observe(ran_until, ns, d0, wait, switch_ns);
         let mut handover = false;
         if collided > 0 {
-            // The sample stands for the launches admitted since the last settled one (a
-            // batch submitted together waited together): they collided at its rate, and
-            // whatever they were charged below that is charged now.
             let now = self.usage[dev].get();
             let rate = (collided as u128 * PPM as u128 / d0.max(1) as u128) as u32;
             // Plus, on a time-sliced GPU, the context switches the collision cost the
@@ -1350,14 +1407,30 @@ impl Runtime {
             } else {
                 0
             };
-            let due = harvest::expected_collision(now.gpu_ns.saturating_sub(settled.gpu_ns), rate)
-                + switches;
-            let paid = now.contention_ns.saturating_sub(settled.contention_ns);
+            let (due, paid) = match chained {
+                // The sample stands for its stream's work since the previous sample, in the
+                // order it ran: what of it collided is measured, and what it was charged at
+                // admission is known.
+                Some(c) => (c.collided_with(ns, d0) + switches, c.paid_ns),
+                // The sample stands for the launches admitted since the last settled one (a
+                // batch submitted together waited together): they collided at its rate, and
+                // whatever they were charged below that is charged now.
+                None => (
+                    harvest::expected_collision(now.gpu_ns.saturating_sub(settled.gpu_ns), rate)
+                        + switches,
+                    now.contention_ns.saturating_sub(settled.contention_ns),
+                ),
+            };
             let excess = self.contention[dev].correct(m.admitted, paid, due, self.contention(dev));
             self.usage[dev].add(0, excess);
         }
         *settled = self.usage[dev].get();
-        Some((d0, collided, handover))
+        Some(Judged {
+            d0_ns: d0,
+            collided_ns: collided,
+            handover,
+            wait_ns: wait,
+        })
     }
 
     /// Compares the estimated GPU time of `dev` with the driver's per-process accounting at most
@@ -1449,6 +1522,43 @@ pub fn usage(dev: usize) -> Usage {
 const CLOCK_REF_PERIOD_NS: u64 = 1_000_000_000;
 
 impl Sampler {
+    /// When event `a` of context `ctx`, recorded at CPU time `submitted`, completed on the GPU,
+    /// in CLOCK_MONOTONIC ns: the context's reference's submission plus the GPU time between
+    /// them, less the smallest offset seen (a launch that did not wait completed as submitted).
+    /// `None` without a reference, or for an event older than it.
+    fn completed_at(&self, ctx: usize, a: usize, submitted: u64) -> Option<u64> {
+        let r = self.clock_refs.iter().find(|r| r.ctx == ctx)?;
+        if submitted < r.submitted {
+            return None;
+        }
+        let gpu = (driver::event_elapsed_ms(r.event, a)? as f64 * 1e6) as i64;
+        let at = r.submitted as i64 + gpu - r.min_offset_ns;
+        u64::try_from(at).ok()
+    }
+
+    /// The chained wait of sample `p` ([`Chains::follow`]; its start event's wait `wait` when
+    /// known, its pair's span `span_ns`), and its stream's chain moved on to it.
+    fn chained_wait(&mut self, p: &Pending, wait: Option<u64>, span_ns: u64) -> Option<Chained> {
+        let stream = p.stream?;
+        let started = match wait {
+            Some(w) => Some(p.submitted.saturating_add(w)),
+            None => self.completed_at(p.ctx, p.a, p.submitted),
+        };
+        self.chains.follow(
+            Link {
+                ctx: p.ctx,
+                stream,
+                submitted: p.submitted,
+                started,
+                span_ns,
+                pushed_before: p.pushed_before,
+                pushed_after: p.pushed_after,
+                paid_after: p.paid_after,
+            },
+            wait.is_some(),
+        )
+    }
+
     /// How long the launch whose start event `a` was recorded at CPU time `submitted` on an idle
     /// stream waited for the GPU: its offset `(a − reference on the GPU) − (submitted − reference
     /// on the CPU)` above the smallest offset seen (a launch that did not wait). Also says whether

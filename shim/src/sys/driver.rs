@@ -211,6 +211,16 @@ pub fn ctx_current() -> Option<usize> {
     (rc == 0 && !c.is_null()).then_some(c as usize)
 }
 
+/// `CU_STREAM_PER_THREAD`: the calling thread's default stream, whatever the API variant
+/// (cuda.h).
+const CU_STREAM_PER_THREAD: usize = 0x2;
+
+/// Whether `stream` (as passed to a launch, `ptsz` for the `_ptsz` variants) names the calling
+/// thread's default stream — a different queue on each thread under one handle.
+pub fn per_thread_stream(stream: usize, ptsz: bool) -> bool {
+    stream == CU_STREAM_PER_THREAD || (ptsz && stream == 0)
+}
+
 /// Whether `stream` is capturing (`Some(false)` = definitely not).
 pub fn stream_capturing(stream: usize, ptsz: bool) -> Option<bool> {
     let f = if ptsz {

@@ -189,11 +189,7 @@ fn bursts_spaced_past_the_staleness_age_are_held_while_in_debt() {
 
 /// Trainer mean ms/iter beside a function that keeps its stream deep: requests of 40 × 500 µs
 /// kernels and one sync each (20 ms of GPU work queued at once) every 25 ms — far more than the
-/// shim's staleness age (4 ms) ahead of the GPU. Its sampled launches wait behind its own queued
-/// work, so their queue wait is unknown; a sample's evidence is as old as the launch ended, and
-/// without a lower bound from the last time its end was seen pending (`harvest::ran_until`) such
-/// samples read old on arrival and the function was never held. Contention budget `budget_ppm`
-/// (0: unheld).
+/// shim's staleness age (4 ms) ahead of the GPU. Contention budget `budget_ppm` (0: unheld).
 fn colocated_deep_stream(budget_ppm: u32) -> f64 {
     let sim = sim();
     let mut function: Child = sim
@@ -221,8 +217,15 @@ fn colocated_deep_stream(budget_ppm: u32) -> f64 {
     mean_ms(&String::from_utf8_lossy(&out.stdout))
 }
 
+/// An escape found on 2026-11-27 (docs/harvest.md, "Keeping the backlog short"): such a function
+/// slowed the trainer 50–54 % under a 5 % budget against 58 % unheld. What it queued ran 20 ms
+/// after it was admitted, in whatever phase the trainer was then, and its samples, launched
+/// behind its own work, showed almost none of the trainer's slices. Now a harvesting function
+/// keeps at most 4 ms queued (none beyond the launch while in debt), a sample behind its own work
+/// is judged by its stream's progress (the chained wait), and a function in debt probes once per
+/// millisecond while the trainer looks idle: 7.2–8.5 % (four runs), within the tests' slack of
+/// the bound.
 #[test]
-#[ignore = "an escape, open (2026-11-27): beside this trainer a function that queues 20 ms of work per request slows it 50-54 % under a 5 % budget, 58 % unheld, with the shim before and after the evidence stamp (docs/harvest.md, \"Not met yet\")"]
 fn a_function_that_keeps_its_stream_deep_is_still_held() {
     let (alone, with_harvest, with_unheld) = alone_harvesting_unheld(colocated_deep_stream);
     let c = BUDGET_PPM as f64 / 1e6;
