@@ -234,19 +234,25 @@ impl Contention {
     }
 
     /// How much of its own work the process may have queued on the device at `now` under
-    /// `budget_ppm` ([`Backlog`]): [`BACKLOG_HORIZON_NS`], or less when the bucket has less
-    /// collision time than that left before it is in debt — down to nothing beyond the launch
-    /// itself when in debt. Reasoning: work queued while the trainer is idle runs into its next
-    /// busy phase when that starts before the queue is through, and costs it up to the whole
+    /// `budget_ppm` ([`Backlog`]) on `evidence` ([`Collision::evidence_at`]):
+    /// [`BACKLOG_HORIZON_NS`], or less when the bucket has less collision time than that left
+    /// before it is in debt — down to nothing beyond the launch itself when in debt, unless the
+    /// evidence says the trainer is idle: then [`DEBT_BACKLOG_NS`] (with nothing queued the GPU
+    /// idles for the launching thread's wake-up between kernels). Reasoning: work queued while
+    /// the trainer is idle runs into its next busy phase when that starts before the queue is through, and costs it up to the whole
     /// backlog before any sample says the phase changed; such collisions are charged after the
     /// fact but never held, since the launches were admitted in the idle phase. A function
     /// whose backlog keeps colliding so runs into debt, and its backlog then shrinks to what its
     /// budget still pays for (docs/harvest.md, "Keeping the backlog short": with a fixed 4 ms
     /// horizon such a function still slowed the trainer 31 % under a 5 % budget).
     #[inline]
-    pub fn backlog_horizon(&self, now: u64, budget_ppm: u32) -> u64 {
+    pub fn backlog_horizon(&self, now: u64, budget_ppm: u32, evidence: Option<u32>) -> u64 {
         let left = CONTENTION_HORIZON_NS.saturating_sub(self.ahead_ns(now));
-        expected_collision(left, budget_ppm).min(BACKLOG_HORIZON_NS)
+        let credit = expected_collision(left, budget_ppm).min(BACKLOG_HORIZON_NS);
+        match evidence {
+            Some(p) if p < HOLD_FROM_PPM => credit.max(DEBT_BACKLOG_NS),
+            _ => credit,
+        }
     }
 
     /// Whether a launch at `now` must probe before the process launches more: the bucket is in
@@ -337,14 +343,26 @@ impl Contention {
 /// queue never runs dry while the thread wakes within the horizon less one kernel.
 pub const BACKLOG_HORIZON_NS: u64 = STALE_NS;
 
+/// The backlog a function in debt keeps while its evidence says the trainer is idle
+/// ([`Contention::backlog_horizon`]): 250 µs. Reasoning: with nothing queued beyond the launch
+/// itself the GPU idles between kernels for the launching thread's wake-up (tens of µs to a few
+/// hundred on a loaded host): a function of 50 µs kernels in debt got 23 % of the GPU beside the
+/// tests' trainer against 27 % with a floor of 1 ms. But a 1 ms floor also let a function of
+/// 500 µs kernels send two of them into each busy phase unseen: 11.3–12.3 % against 7.7–7.8 %
+/// with none (docs/harvest.md, "Keeping the backlog short"). 250 µs covers a wake-up and keeps
+/// kernels of 250 µs and more to one at a time.
+pub const DEBT_BACKLOG_NS: u64 = 250_000;
+
 /// How often a function in debt probes while its evidence says the trainer is idle
 /// ([`Contention::probe_in_debt`]): 1 ms, the sample period (`gate::SAMPLE_PERIOD_NS`).
-/// Reasoning: of a function in debt at most this much work goes into a trainer's busy phase
-/// before a measurement says it started; a function of 500 µs kernels that kept its stream deep
-/// and was held on 1 ms-old evidence alone still slowed a trainer 21 % under a 5 % budget
+/// Reasoning: of such a function at most this much work goes into a trainer's busy phase before
+/// a measurement says it started; a function of 500 µs kernels that kept its stream deep and was
+/// held on 1 ms-old evidence alone still slowed a trainer 21 % under a 5 % budget
 /// (docs/harvest.md, "Keeping the backlog short"). A probe costs the function the wait for its
-/// measurement, a few tens of µs, once per period: a few percent of its throughput while it is
-/// in debt, nothing otherwise.
+/// measurement once per period, and a request its latency: in the demo's time-sliced `harvest`
+/// the probes took deadline satisfaction from 69.9 to 61.5 % and SFD from 5.5 to 4.5 % (seed 7,
+/// simulated; probing so only past twice the bucket's horizon: 66.4 % at 5.2 %). A function in
+/// debt has overspent; the bound comes first.
 pub const DEBT_PROBE_NS: u64 = crate::gate::SAMPLE_PERIOD_NS;
 
 /// One device's backlog: when the GPU work this process has queued there would be done, at the
@@ -359,37 +377,33 @@ pub struct Backlog {
 }
 
 impl Backlog {
-    /// When a launch of (calibrated) cost `cost_ns` may be queued with at most `horizon_ns` of
-    /// work queued, itself included ([`Contention::backlog_horizon`]): `None` now, or the time
-    /// from which that holds — once the queue is empty, for a launch longer than the horizon.
-    /// One atomic load.
+    /// Reserves the backlog's next slot for a launch of (calibrated) cost `cost_ns` at `now`,
+    /// with at most `horizon_ns` of work queued, itself included ([`Contention::backlog_horizon`]):
+    /// returns `None` to go now, or when to go — once the queue ahead of it is empty, for a
+    /// launch longer than the horizon. One compare-and-swap, first come first served: threads
+    /// launching at once each get their own slot, one behind the other, and none waits for
+    /// launches reserved after it.
     #[inline]
-    pub fn room_at(&self, now: u64, cost_ns: u64, horizon_ns: u64) -> Option<u64> {
-        let ready = self
-            .end
-            .load(Relaxed)
-            .saturating_sub(horizon_ns.saturating_sub(cost_ns));
-        (ready > now).then_some(ready)
-    }
-
-    /// Queues a launch of cost `cost_ns` at `now` if the backlog, itself included, stays within
-    /// `horizon_ns` (as [`Backlog::room_at`], in one compare-and-swap, so threads launching at
-    /// once cannot each find the same room): `Ok` with when the backlog would be done, or `Err`
-    /// with when to try again.
-    #[inline]
-    pub fn push(&self, now: u64, cost_ns: u64, horizon_ns: u64) -> Result<u64, u64> {
+    pub fn reserve(&self, now: u64, cost_ns: u64, horizon_ns: u64) -> Option<u64> {
         let mut old = self.end.load(Relaxed);
         loop {
-            let ready = old.saturating_sub(horizon_ns.saturating_sub(cost_ns));
-            if ready > now {
-                return Err(ready);
-            }
-            let new = old.max(now).saturating_add(cost_ns);
-            match self.end.compare_exchange_weak(old, new, Relaxed, Relaxed) {
-                Ok(_) => return Ok(new),
+            let start = old.max(now);
+            let end = start.saturating_add(cost_ns);
+            match self.end.compare_exchange_weak(old, end, Relaxed, Relaxed) {
+                Ok(_) => {
+                    let ready = end.saturating_sub(horizon_ns.max(cost_ns));
+                    return (ready > now).then_some(ready);
+                }
                 Err(cur) => old = cur,
             }
         }
+    }
+
+    /// A reserved launch of cost `cost_ns` went only at `at` (it was held after its
+    /// reservation): the queue is done no earlier than `at + cost_ns`.
+    #[inline]
+    pub fn went_at(&self, at: u64, cost_ns: u64) {
+        self.end.fetch_max(at.saturating_add(cost_ns), Relaxed);
     }
 }
 
@@ -420,6 +434,10 @@ pub struct Link {
     /// The contention charged at admission on the device, the sample included
     /// ([`UsageCounters::admitted_contention_ns`]).
     pub paid_after: u64,
+    /// How often the process's launches on the device had moved to another stream when the
+    /// sample was launched: the work between two samples is the stream's own only when this did
+    /// not change (other streams' work runs beside it, and would be counted as this stream's).
+    pub stream_changes: u64,
 }
 
 /// How long a stream's queued work waited for the GPU between two of its samples, with the
@@ -475,7 +493,9 @@ impl Chains {
     /// process's own work launched in between (at its solo cost) and on other work: that other
     /// work is the chained wait. `None` when `link`'s own wait is known (`wait_known`: it went
     /// on an idle stream), its stream has no previous sample, or the stream may have run dry
-    /// in between. A sample older than its stream's last (it settled late: it was seen pending
+    /// in between, or the process launched on another stream of the device in between (its
+    /// work, run beside this stream's, would count as this stream's and hide the others').
+    /// A sample older than its stream's last (it settled late: it was seen pending
     /// just before it ended, and a later one then seen done) is neither chained nor kept.
     pub fn follow(&mut self, link: Link, wait_known: bool) -> Option<Chained> {
         let i = self
@@ -492,7 +512,8 @@ impl Chains {
                     Some(ended)
                         if prev.submitted < link.submitted
                             && link.submitted < ended
-                            && started >= ended =>
+                            && started >= ended
+                            && prev.stream_changes == link.stream_changes =>
                     {
                         let own_ns = link.pushed_before.saturating_sub(prev.pushed_after);
                         Some(Chained {
@@ -1158,6 +1179,7 @@ mod tests {
             pushed_before,
             pushed_after: pushed_before + MS / 2,
             paid_after: pushed_before / 100,
+            stream_changes: 3,
         }
     }
 
@@ -1199,6 +1221,10 @@ mod tests {
         // A sample older than the stream's last is ignored, and the chain stays.
         assert_eq!(c.follow(link(20 * MS, 35 * MS, 8 * MS), false), None);
         assert!(c.follow(link(39 * MS, 45 * MS, 10 * MS), false).is_some());
+        // Launches on another stream in between: no chain.
+        let mut mixed = link(44 * MS, 50 * MS, 11 * MS);
+        mixed.stream_changes = 5;
+        assert_eq!(c.follow(mixed, false), None);
         // Another stream has a chain of its own.
         let mut other = link(26 * MS, 50 * MS, 10 * MS);
         other.stream = (8, false);
@@ -1246,28 +1272,57 @@ mod tests {
     fn the_backlog_horizon_shrinks_with_the_budget_left_and_holds_launches_past_it() {
         let c = Contention::default();
         let now = 5_000 * MS;
-        assert_eq!(c.backlog_horizon(now, 50_000), BACKLOG_HORIZON_NS);
+        let (busy, idle) = (Some(PPM), Some(PPM / 50));
+        assert_eq!(c.backlog_horizon(now, 50_000, busy), BACKLOG_HORIZON_NS);
         // 49 ms of the bucket's 50 ms spent: 1 ms left.
         c.correct(now, 0, 49 * MS, 50_000);
-        assert_eq!(c.backlog_horizon(now, 50_000), MS);
-        // In debt: nothing beyond the launch itself.
+        assert_eq!(c.backlog_horizon(now, 50_000, busy), MS);
+        // In debt: nothing beyond the launch itself, unless the trainer looks idle (then what
+        // the probes in debt let go unseen).
         c.correct(now, 0, 10 * MS, 50_000);
-        assert_eq!(c.backlog_horizon(now, 50_000), 0);
+        assert_eq!(c.backlog_horizon(now, 50_000, busy), 0);
+        assert_eq!(c.backlog_horizon(now, 50_000, None), 0);
+        assert_eq!(c.backlog_horizon(now, 50_000, idle), DEBT_BACKLOG_NS);
         let b = Backlog::default();
-        assert_eq!(b.room_at(now, MS, 4 * MS), None);
-        assert_eq!(b.push(now, 3 * MS, 4 * MS), Ok(now + 3 * MS));
-        // 3 ms queued: a 1 ms launch fits a 4 ms horizon, a 2 ms one waits 1 ms.
-        assert_eq!(b.room_at(now, MS, 4 * MS), None);
-        assert_eq!(b.room_at(now, 2 * MS, 4 * MS), Some(now + MS));
-        // With no horizon a launch waits for the queue to drain; so does one longer than it.
-        assert_eq!(b.room_at(now, MS, 0), Some(now + 3 * MS));
-        assert_eq!(b.room_at(now, 9 * MS, 4 * MS), Some(now + 3 * MS));
-        // A push finds the same room, or none.
-        assert_eq!(b.push(now, 2 * MS, 4 * MS), Err(now + MS));
-        assert_eq!(b.push(now, MS, 4 * MS), Ok(now + 4 * MS));
-        assert_eq!(b.push(now, MS, 4 * MS), Err(now + MS));
-        // Work queued after the backlog drained starts from then, not from the old end.
-        assert_eq!(b.push(now + 10 * MS, MS, 0), Ok(now + 11 * MS));
+        // 3 ms queued: a 1 ms launch fits a 4 ms horizon, the next 1 ms one waits 1 ms for
+        // its turn (its slot ends 5 ms out).
+        assert_eq!(b.reserve(now, 3 * MS, 4 * MS), None);
+        assert_eq!(b.reserve(now, MS, 4 * MS), None);
+        assert_eq!(b.reserve(now, MS, 4 * MS), Some(now + MS));
+        // Slots are first come first served: a long launch waits for the queue ahead of it
+        // (5 ms), and the next one for the long one too.
+        assert_eq!(b.reserve(now, 9 * MS, 4 * MS), Some(now + 5 * MS));
+        assert_eq!(b.reserve(now, MS, 0), Some(now + 14 * MS));
+        // A launch held after its reservation moves the end out to its own.
+        b.went_at(now + 20 * MS, MS);
+        assert_eq!(b.reserve(now, MS, 4 * MS), Some(now + 18 * MS));
+        // Work reserved after the queue drained starts from then, not from the old end.
+        assert_eq!(b.reserve(now + 100 * MS, MS, 0), None);
+        assert_eq!(b.reserve(now + 100 * MS, MS, 0), Some(now + 101 * MS));
+    }
+
+    #[test]
+    fn threads_reserving_at_once_each_get_a_slot_of_their_own() {
+        let b = std::sync::Arc::new(Backlog::default());
+        let now = 5_000 * MS;
+        let readies: Vec<Option<u64>> = (0..8)
+            .map(|_| {
+                let b = b.clone();
+                std::thread::spawn(move || b.reserve(now, MS, 2 * MS))
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        let mut at: Vec<u64> = readies.iter().map(|r| r.unwrap_or(now)).collect();
+        at.sort_unstable();
+        // Two go at once (2 ms of room), then one per millisecond: never more than the
+        // horizon queued.
+        let want: Vec<u64> = [0, 0, 1, 2, 3, 4, 5, 6]
+            .iter()
+            .map(|k| now + k * MS)
+            .collect();
+        assert_eq!(at, want);
     }
 
     #[test]

@@ -182,6 +182,10 @@ pub struct Runtime {
     deferral: [Deferral; MAX_DEVICES],
     /// Per device: this process's queued GPU work, harvest mode ([`harvest::BACKLOG_HORIZON_NS`]).
     backlog: [Backlog; MAX_DEVICES],
+    /// Per device, harvest mode: the stream last launched on (handle, `_ptsz` in the top bit)
+    /// and how often that changed ([`Link::stream_changes`]).
+    last_stream: [AtomicU64; MAX_DEVICES],
+    stream_changes: [AtomicU64; MAX_DEVICES],
     /// Per CUDA ordinal: its GPU's UUID (two words) once asked of the driver, and whether it is
     /// known ([`Runtime::device_slot`]).
     dev_uuid: [[AtomicU64; 2]; MAX_DEVICES],
@@ -253,6 +257,25 @@ struct Pending {
     /// The device's contention charged at admission, this launch included
     /// ([`UsageCounters::admitted_contention_ns`]).
     paid_after: u64,
+    /// The device's contention charged in all when it was launched ([`Usage::contention_ns`]).
+    contention_after: u64,
+    /// [`Link::stream_changes`] when it was launched.
+    stream_changes: u64,
+}
+
+/// What is known of a settled sample ([`Runtime::settle`]).
+#[derive(Clone, Copy, Debug)]
+struct Measured {
+    /// Its measured GPU time, ns.
+    ns: u64,
+    /// How long it waited for the GPU before starting, when known (an idle stream).
+    wait: Option<u64>,
+    /// Its chained wait, when its stream had work throughout since its previous sample.
+    chained: Option<Chained>,
+    /// The device's usage counters when it was launched (GPU time and contention only).
+    launched: Usage,
+    /// When it ended, about ([`harvest::ran_until`]).
+    ran_until: u64,
 }
 
 /// How a measured sample was judged ([`Runtime::settle`]).
@@ -264,8 +287,6 @@ struct Judged {
     collided_ns: u64,
     /// Whether it was charged context switches.
     handover: bool,
-    /// The wait it was judged with (known, or its share of a chained wait).
-    wait_ns: Option<u64>,
 }
 
 /// A context's reference for queueing delays: a kept start event, its submission time, and the
@@ -580,6 +601,8 @@ impl Runtime {
             probing: AtomicU64::new(0),
             deferral: Default::default(),
             backlog: Default::default(),
+            last_stream: std::array::from_fn(|_| AtomicU64::new(0)),
+            stream_changes: std::array::from_fn(|_| AtomicU64::new(0)),
             dev_uuid: std::array::from_fn(|_| [AtomicU64::new(0), AtomicU64::new(0)]),
             dev_uuid_known: std::array::from_fn(|_| AtomicBool::new(false)),
         }
@@ -1087,12 +1110,18 @@ impl Runtime {
         let cost = known.map_or(0, |c| self.calibration[dev].apply(c));
         // Harvesting keeps its backlog short, so that what is decided below on the evidence of
         // now holds the work while that evidence is fresh ([`harvest::BACKLOG_HORIZON_NS`]).
+        // Reserved first, first come first served, so that threads launching at once are
+        // each judged below when their turn comes.
+        let mut reserved = false;
         if budget > 0 {
             let now = os::now_ns();
-            let horizon = self.contention[dev].backlog_horizon(now, budget);
-            if let Some(t) = self.backlog[dev].room_at(now, cost, horizon) {
+            let evidence = self.collision[dev].evidence_at(now);
+            let horizon = self.contention[dev].backlog_horizon(now, budget, evidence);
+            if let Some(t) = self.backlog[dev].reserve(now, cost, horizon) {
                 os::sleep_until(t);
             }
+            reserved = true;
+            self.note_stream(dev, stream, ptsz);
         }
         // Deadline-aware deferral (docs/harvest.md, "Deferral"): a launch whose request may
         // still start later waits out the trainer's busy phase instead of colliding with it.
@@ -1111,6 +1140,7 @@ impl Runtime {
                     Defer::Hold(t) => {
                         os::sleep_until(t);
                         self.usage[dev].add_deferred(t.saturating_sub(now));
+                        self.backlog[dev].went_at(t, cost);
                         probe = true;
                         blocking = harvest::probe_blocks(t, until);
                     }
@@ -1149,13 +1179,9 @@ impl Runtime {
         }
         self.estimated[dev].fetch_add(known.unwrap_or(0), Relaxed);
         self.usage[dev].add_admitted(cost, expected);
-        if budget > 0 {
-            // Taken in one step: threads that found room above at once do not all get it.
-            let horizon = self.contention[dev].backlog_horizon(now, budget);
-            while let Err(t) = self.backlog[dev].push(now, cost, horizon) {
-                os::sleep_until(t);
-                now = t;
-            }
+        if reserved && deadline.is_some() {
+            // Held after its reservation: the queue is done no earlier than its own work.
+            self.backlog[dev].went_at(now, cost);
         }
         let pending = PendingMeta {
             key,
@@ -1185,6 +1211,17 @@ impl Runtime {
             return call();
         }
         self.sampled_launch(pending, stream, ptsz, call)
+    }
+
+    /// Notes a launch on `stream` of `dev`: counts a change of stream (one load, and a store and
+    /// an add only on a change).
+    #[inline]
+    fn note_stream(&self, dev: usize, stream: usize, ptsz: bool) {
+        let key = stream as u64 ^ ((ptsz as u64) << 63);
+        if self.last_stream[dev].load(Relaxed) != key {
+            self.last_stream[dev].store(key, Relaxed);
+            self.stream_changes[dev].fetch_add(1, Relaxed);
+        }
     }
 
     /// Waits (polling the pending samples every [`UNMEASURED_POLL_NS`]) until no unmeasured launch
@@ -1243,8 +1280,10 @@ impl Runtime {
         }
         let rc = call();
         let launched = os::now_ns();
-        let pushed_after = self.usage[meta.dev].get().gpu_ns;
+        let at_launch = self.usage[meta.dev].get();
+        let pushed_after = at_launch.gpu_ns;
         let paid_after = self.usage[meta.dev].admitted_contention_ns();
+        let stream_changes = self.stream_changes[meta.dev].load(Relaxed);
         if rc == 0 && driver::event_record(b, stream, ptsz) {
             if meta.unmeasured {
                 self.unmeasured.fetch_add(1, AcqRel);
@@ -1265,6 +1304,8 @@ impl Runtime {
                 pushed_before: pushed_after.saturating_sub(meta.charged),
                 pushed_after,
                 paid_after,
+                contention_after: at_launch.contention_ns,
+                stream_changes,
             });
         } else {
             s.give_back(ctx, (a, b));
@@ -1305,7 +1346,12 @@ impl Runtime {
                             };
                             let raw = (ms as f64 * 1e6) as u64;
                             let ns = raw.saturating_sub(cpu);
-                            let chained = s.chained_wait(&p, wait, raw);
+                            // Harvest mode only: nothing else judges collisions.
+                            let chained = if self.contention(p.meta.dev) > 0 {
+                                s.chained_wait(&p, wait, raw)
+                            } else {
+                                None
+                            };
                             let ran_until = harvest::ran_until(
                                 harvest::Ran {
                                     submitted: p.submitted,
@@ -1317,15 +1363,26 @@ impl Runtime {
                                 os::now_ns(),
                             );
                             let settled = &mut s.settled[p.meta.dev];
-                            let judged =
-                                self.settle(&p.meta, ns, wait, chained, ran_until, settled);
+                            let launched = Usage {
+                                gpu_ns: p.pushed_after,
+                                contention_ns: p.contention_after,
+                                ..Usage::default()
+                            };
+                            let measured = Measured {
+                                ns,
+                                wait,
+                                chained,
+                                launched,
+                                ran_until,
+                            };
+                            let judged = self.settle(&p.meta, measured, settled);
                             if let Some(t) = s.trace.as_mut() {
                                 let sample = trace::Sample {
                                     t_ns: os::now_ns(),
                                     dev: p.meta.dev,
                                     ns,
                                     d0_ns: judged.map(|j| j.d0_ns),
-                                    wait_ns: judged.map_or(wait, |j| j.wait_ns),
+                                    wait_ns: wait,
                                     collided_ns: judged.map(|j| j.collided_ns),
                                     handover: judged.is_some_and(|j| j.handover),
                                     submitted_ns: p.submitted,
@@ -1357,22 +1414,21 @@ impl Runtime {
 }
 
 impl Runtime {
-    /// Settles a sampled launch measured at `ns` (which waited `wait` ns for the GPU before
-    /// starting, when known, or else behind its stream's queued work the [`Chained`] wait,
-    /// when known; and ended at about `ran_until`): folds it into the cost table; a first
+    /// Settles a sampled launch ([`Measured`]: measured at `ns`, which waited `wait` ns for the
+    /// GPU before starting, when known, or else behind its stream's queued work the [`Chained`]
+    /// wait, when known; and ended at about `ran_until`): folds it into the cost table; a first
     /// measurement charges what the launch cost beyond its (zero) charge; a measured one updates
     /// the collision probability against its solo cost and charges contention beyond what was
     /// charged at admission. Returns how a measured launch was judged; `None` for a first
     /// measurement.
-    fn settle(
-        &self,
-        m: &PendingMeta,
-        ns: u64,
-        wait: Option<u64>,
-        chained: Option<Chained>,
-        ran_until: u64,
-        settled: &mut Usage,
-    ) -> Option<Judged> {
+    fn settle(&self, m: &PendingMeta, x: Measured, settled: &mut Usage) -> Option<Judged> {
+        let Measured {
+            ns,
+            wait,
+            chained,
+            launched,
+            ran_until,
+        } = x;
         let dev = m.dev;
         // The solo cost before this sample is folded in (the floor the sample is judged against).
         let solo = self
@@ -1396,7 +1452,10 @@ impl Runtime {
         // The evidence is as old as what it measured ([`harvest::ran_until`]).
         let collided = self.collision[dev].observe(ran_until, ns, d0, wait, switch_ns);
         let mut handover = false;
-        if collided > 0 {
+        // A chained sample is corrected whatever its own share of the wait: the work between
+        // it and its stream's previous sample may have collided when the sample itself did not.
+        let mut excess = 0;
+        if collided > 0 || chained.is_some() {
             let now = self.usage[dev].get();
             let rate = (collided as u128 * PPM as u128 / d0.max(1) as u128) as u32;
             // Plus, on a time-sliced GPU, the context switches the collision cost the
@@ -1421,15 +1480,22 @@ impl Runtime {
                     now.contention_ns.saturating_sub(settled.contention_ns),
                 ),
             };
-            let excess = self.contention[dev].correct(m.admitted, paid, due, self.contention(dev));
+            excess = self.contention[dev].correct(m.admitted, paid, due, self.contention(dev));
             self.usage[dev].add(0, excess);
         }
-        *settled = self.usage[dev].get();
+        *settled = match chained {
+            // What the chain covered ends at this sample's launch: launches admitted since are
+            // the next sample's, chained or not.
+            Some(_) => Usage {
+                contention_ns: launched.contention_ns + excess,
+                ..launched
+            },
+            None => self.usage[dev].get(),
+        };
         Some(Judged {
             d0_ns: d0,
             collided_ns: collided,
             handover,
-            wait_ns: wait,
         })
     }
 
@@ -1554,6 +1620,7 @@ impl Sampler {
                 pushed_before: p.pushed_before,
                 pushed_after: p.pushed_after,
                 paid_after: p.paid_after,
+                stream_changes: p.stream_changes,
             },
             wait.is_some(),
         )
