@@ -418,7 +418,8 @@ pub const MAX_CHAINS: usize = 16;
 pub struct Link {
     /// Its context.
     pub ctx: usize,
-    /// Its stream: the handle, and whether launched through a `_ptsz` variant.
+    /// Its stream's queue: the handle and whether launched through a `_ptsz` variant, or for
+    /// a per-thread default stream its thread and `true`.
     pub stream: (usize, bool),
     /// When its start event was recorded.
     pub submitted: u64,

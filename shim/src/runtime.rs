@@ -247,9 +247,8 @@ struct Pending {
     /// The last time its end event was seen not yet complete (CLOCK_MONOTONIC ns; `launched`
     /// until then): a lower bound on when the launch ended, whatever its stream held before it.
     not_done_at: u64,
-    /// Its stream, when the stream is one queue whatever thread launches on it (not a
-    /// per-thread default stream): the key of its chain ([`Chains`]).
-    stream: Option<(usize, bool)>,
+    /// Its stream's queue ([`queue_key`]): the key of its chain ([`Chains`]).
+    stream: (usize, bool),
     /// The device's estimated GPU time admitted before this launch and with it
     /// ([`Usage::gpu_ns`]): the process's own work between two samples of a stream.
     pushed_before: u64,
@@ -297,6 +296,19 @@ struct ClockRef {
     event: usize,
     submitted: u64,
     min_offset_ns: i64,
+}
+
+/// The queue a launch on `stream` (`ptsz`: through a `_ptsz` variant) goes to: the stream, or for
+/// the calling thread's default stream — one handle, a different queue on each thread — that
+/// thread (`(thread, true)`: a thread's identity is the address of its descriptor, never a live
+/// stream's handle).
+#[inline]
+fn queue_key(stream: usize, ptsz: bool) -> (usize, bool) {
+    if driver::per_thread_stream(stream, ptsz) {
+        (os::thread_id(), true)
+    } else {
+        (stream, ptsz)
+    }
 }
 
 static RUNTIME: os::LeakedSlot<Runtime> = os::LeakedSlot::new();
@@ -1217,7 +1229,8 @@ impl Runtime {
     /// an add only on a change).
     #[inline]
     fn note_stream(&self, dev: usize, stream: usize, ptsz: bool) {
-        let key = stream as u64 ^ ((ptsz as u64) << 63);
+        let (q, ptsz) = queue_key(stream, ptsz);
+        let key = q as u64 ^ ((ptsz as u64) << 63);
         if self.last_stream[dev].load(Relaxed) != key {
             self.last_stream[dev].store(key, Relaxed);
             self.stream_changes[dev].fetch_add(1, Relaxed);
@@ -1300,7 +1313,7 @@ impl Runtime {
                 idle,
                 launched,
                 not_done_at: launched,
-                stream: (!driver::per_thread_stream(stream, ptsz)).then_some((stream, ptsz)),
+                stream: queue_key(stream, ptsz),
                 pushed_before: pushed_after.saturating_sub(meta.charged),
                 pushed_after,
                 paid_after,
@@ -1587,14 +1600,21 @@ pub fn usage(dev: usize) -> Usage {
 /// clock drift between GPU and CPU negligible).
 const CLOCK_REF_PERIOD_NS: u64 = 1_000_000_000;
 
+/// Oldest reference an event's completion is read against: 100 s. Reasoning: the reference moves
+/// only with samples on an idle stream ([`CLOCK_REF_PERIOD_NS`]), and a process whose streams
+/// never go idle keeps its first; `cuEventElapsedTime` is an f32 of ms, whose resolution at 100 s
+/// is ~12 µs, small against the waits of hundreds of µs chained waits are made of.
+const CLOCK_REF_MAX_AGE_NS: u64 = 100_000_000_000;
+
 impl Sampler {
     /// When event `a` of context `ctx`, recorded at CPU time `submitted`, completed on the GPU,
     /// in CLOCK_MONOTONIC ns: the context's reference's submission plus the GPU time between
     /// them, less the smallest offset seen (a launch that did not wait completed as submitted).
-    /// `None` without a reference, or for an event older than it.
+    /// `None` without a reference, for an event older than it, or one more than
+    /// [`CLOCK_REF_MAX_AGE_NS`] younger.
     fn completed_at(&self, ctx: usize, a: usize, submitted: u64) -> Option<u64> {
         let r = self.clock_refs.iter().find(|r| r.ctx == ctx)?;
-        if submitted < r.submitted {
+        if submitted < r.submitted || submitted - r.submitted > CLOCK_REF_MAX_AGE_NS {
             return None;
         }
         let gpu = (driver::event_elapsed_ms(r.event, a)? as f64 * 1e6) as i64;
@@ -1605,7 +1625,7 @@ impl Sampler {
     /// The chained wait of sample `p` ([`Chains::follow`]; its start event's wait `wait` when
     /// known, its pair's span `span_ns`), and its stream's chain moved on to it.
     fn chained_wait(&mut self, p: &Pending, wait: Option<u64>, span_ns: u64) -> Option<Chained> {
-        let stream = p.stream?;
+        let stream = p.stream;
         let started = match wait {
             Some(w) => Some(p.submitted.saturating_add(w)),
             None => self.completed_at(p.ctx, p.a, p.submitted),

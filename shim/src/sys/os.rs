@@ -22,6 +22,14 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The calling thread, as a number unique among the process's live threads (`pthread_self`:
+/// a read of the thread pointer, no syscall, no allocation).
+#[inline]
+pub fn thread_id() -> usize {
+    // SAFETY: pthread_self has no preconditions and cannot fail.
+    unsafe { libc::pthread_self() as usize }
+}
+
 /// Sleeps until the CLOCK_MONOTONIC instant `deadline_ns` (absolute: no drift from 10 ms ticks or
 /// from the time spent computing the deadline). Retries on EINTR.
 pub fn sleep_until(deadline_ns: u64) {

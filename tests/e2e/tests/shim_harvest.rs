@@ -191,6 +191,15 @@ fn bursts_spaced_past_the_staleness_age_are_held_while_in_debt() {
 /// kernels and one sync each (20 ms of GPU work queued at once) every 25 ms — far more than the
 /// shim's staleness age (4 ms) ahead of the GPU. Contention budget `budget_ppm` (0: unheld).
 fn colocated_deep_stream(budget_ppm: u32) -> f64 {
+    colocated_deep(budget_ppm, 1)
+}
+
+/// As [`colocated_deep_stream`], the kernels spread over two streams in turn.
+fn colocated_deep_streams(budget_ppm: u32) -> f64 {
+    colocated_deep(budget_ppm, 2)
+}
+
+fn colocated_deep(budget_ppm: u32, streams: u32) -> f64 {
     let sim = sim();
     let mut function: Child = sim
         .command(bin("sim-function"))
@@ -205,6 +214,7 @@ fn colocated_deep_stream(budget_ppm: u32) -> f64 {
             "--interval-ms",
             "25",
         ])
+        .args(["--streams", &streams.to_string()])
         .args(["--seconds", &format!("{}", TRAINER_SECS + 1.0), "--quiet"])
         .stdout(Stdio::null())
         .spawn()
@@ -328,4 +338,25 @@ fn the_sample_trace_records_each_settled_sample_with_its_wait_and_collision() {
         waited > 0 && collided > 0,
         "beside a trainer busy half the time"
     );
+}
+
+/// The same deep work spread over two streams: a sample's chained wait needs its stream alone
+/// to have run between two samples (the other stream's work, run beside it, would count as its
+/// own), so the chains break at every change of stream and only the backlog limit holds it.
+#[test]
+fn a_function_that_keeps_two_streams_deep_is_still_held() {
+    let (alone, with_harvest, with_unheld) = alone_harvesting_unheld(colocated_deep_streams);
+    let c = BUDGET_PPM as f64 / 1e6;
+    let slowdown = with_harvest / alone - 1.0;
+    let unheld_slowdown = with_unheld / alone - 1.0;
+    let report = format!(
+        "trainer alone {alone:.2} ms/iter; beside two deep streams under a {:.0} % budget {with_harvest:.2} ms/iter (slowdown {:.1} %); unheld {with_unheld:.2} ms/iter (slowdown {:.1} %)",
+        c * 100.0,
+        slowdown * 100.0,
+        unheld_slowdown * 100.0
+    );
+    eprintln!("{report}");
+    let bound = c / (1.0 - c);
+    assert!(unheld_slowdown > bound + SLOWDOWN_SLACK, "{report}");
+    assert!(slowdown < DEEP_HELD_BELOW * unheld_slowdown, "{report}");
 }

@@ -41,6 +41,10 @@ struct Args {
     /// Kernels per request.
     #[arg(long, default_value_t = 4)]
     kernels: u32,
+    /// Streams a request's kernels are spread over, in turn (all are synchronized at its end;
+    /// not in serve mode, which uses one).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    streams: u32,
     /// Time between request arrivals (between bursts with `--burst`), ms (0 = back to back).
     #[arg(long, default_value_t = 0.0)]
     interval_ms: f64,
@@ -422,7 +426,9 @@ fn main() -> Result<()> {
     if a.serve {
         return serve(&a, &s, f);
     }
-    let stream = s.new_stream()?;
+    let streams = (0..a.streams)
+        .map(|_| s.new_stream())
+        .collect::<Result<Vec<_>>>()?;
     let start = Instant::now();
     let mut lat = Vec::new();
     let mut e2e = Vec::new();
@@ -446,10 +452,12 @@ fn main() -> Result<()> {
             std::thread::sleep(wait);
         }
         let t = Instant::now();
-        for _ in 0..a.kernels {
-            s.launch(f, stream)?;
+        for k in 0..a.kernels as usize {
+            s.launch(f, streams[k % streams.len()])?;
         }
-        s.sync(stream)?;
+        for &stream in &streams {
+            s.sync(stream)?;
+        }
         let done = Instant::now();
         let ms = (done - t).as_secs_f64() * 1e3;
         let e2e_ms = (done - due).as_secs_f64() * 1e3;
