@@ -347,10 +347,11 @@ pub const BACKLOG_HORIZON_NS: u64 = STALE_NS;
 /// ([`Contention::backlog_horizon`]): 250 µs. Reasoning: with nothing queued beyond the launch
 /// itself the GPU idles between kernels for the launching thread's wake-up (tens of µs to a few
 /// hundred on a loaded host): a function of 50 µs kernels in debt got 23 % of the GPU beside the
-/// tests' trainer against 27 % with a floor of 1 ms. But a 1 ms floor also let a function of
-/// 500 µs kernels send two of them into each busy phase unseen: 11.3–12.3 % against 7.7–7.8 %
-/// with none (docs/harvest.md, "Keeping the backlog short"). 250 µs covers a wake-up and keeps
-/// kernels of 250 µs and more to one at a time.
+/// tests' trainer with none, 27 % with a floor of 1 ms and 28–29 % with 250 µs. But a floor also
+/// lets a function of 500 µs kernels send more into each busy phase unseen: it slowed the trainer
+/// 7.7–7.8 % with none, 8.3–9.3 % with 250 µs, 10.1–12.3 % with 1 ms (docs/harvest.md, "Keeping
+/// the backlog short"). 250 µs covers a wake-up and keeps kernels of 250 µs and more to one at a
+/// time.
 pub const DEBT_BACKLOG_NS: u64 = 250_000;
 
 /// How often a function in debt probes while its evidence says the trainer is idle
@@ -1230,11 +1231,19 @@ mod tests {
         let mut other = link(26 * MS, 50 * MS, 10 * MS);
         other.stream = (8, false);
         assert_eq!(c.follow(other, false), None);
-        // A sample whose start is unknown ends the chain.
-        let mut unknown = link(41 * MS, 0, 11 * MS);
+        // The chain goes on from the mixed sample.
+        let on = |submitted, started, pushed| {
+            let mut l = link(submitted, started, pushed);
+            l.stream_changes = 5;
+            l
+        };
+        assert!(c.follow(on(45 * MS, 55 * MS, 12 * MS), false).is_some());
+        // A sample whose start is unknown ends the chain: the next one, submitted before the
+        // last known one ended (55.5 ms) and started after, has nothing to chain to.
+        let mut unknown = on(52 * MS, 0, 13 * MS);
         unknown.started = None;
         assert_eq!(c.follow(unknown, false), None);
-        assert_eq!(c.follow(link(42 * MS, 60 * MS, 12 * MS), false), None);
+        assert_eq!(c.follow(on(53 * MS, 60 * MS, 14 * MS), false), None);
     }
 
     #[test]

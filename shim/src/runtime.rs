@@ -203,9 +203,8 @@ struct Sampler {
     calibrate_next: [u64; MAX_DEVICES],
     /// Per context: the reference for queueing delays.
     clock_refs: Vec<ClockRef>,
-    /// Per device: the usage counters when the last sample was settled (the launches a sample
-    /// stands for are those admitted since).
-    settled: [Usage; MAX_DEVICES],
+    /// Per device: where the launches an unchained sample stands for begin ([`Settled`]).
+    settled: [Settled; MAX_DEVICES],
     /// The opt-in trace of settled samples (`SMORE_TRACE_SAMPLES`, [`crate::trace`]).
     trace: Option<SampleTrace>,
     /// Per stream, the last settled sample ([`Chains`]).
@@ -256,10 +255,19 @@ struct Pending {
     /// The device's contention charged at admission, this launch included
     /// ([`UsageCounters::admitted_contention_ns`]).
     paid_after: u64,
-    /// The device's contention charged in all when it was launched ([`Usage::contention_ns`]).
-    contention_after: u64,
     /// [`Link::stream_changes`] when it was launched.
     stream_changes: u64,
+}
+
+/// A point in a device's admitted launches: its estimated GPU time ([`Usage::gpu_ns`]) and the
+/// contention charged at admission ([`UsageCounters::admitted_contention_ns`]) up to there. An
+/// unchained sample stands for the launches admitted since the last such point — the last
+/// settled sample, or a chained one's launch, whichever came later — and what they were charged
+/// at admission is what they paid.
+#[derive(Clone, Copy, Debug, Default)]
+struct Settled {
+    gpu_ns: u64,
+    paid_ns: u64,
 }
 
 /// What is known of a settled sample ([`Runtime::settle`]).
@@ -271,8 +279,8 @@ struct Measured {
     wait: Option<u64>,
     /// Its chained wait, when its stream had work throughout since its previous sample.
     chained: Option<Chained>,
-    /// The device's usage counters when it was launched (GPU time and contention only).
-    launched: Usage,
+    /// Where it was launched in the device's admitted launches.
+    launched: Settled,
     /// When it ended, about ([`harvest::ran_until`]).
     ran_until: u64,
 }
@@ -1131,9 +1139,12 @@ impl Runtime {
             let horizon = self.contention[dev].backlog_horizon(now, budget, evidence);
             if let Some(t) = self.backlog[dev].reserve(now, cost, horizon) {
                 os::sleep_until(t);
+                // Another thread's unmeasured launch or blocking probe may have gone meanwhile.
+                if self.unmeasured.load(Acquire) > 0 || self.probing.load(Acquire) > 0 {
+                    self.wait_unmeasured();
+                }
             }
             reserved = true;
-            self.note_stream(dev, stream, ptsz);
         }
         // Deadline-aware deferral (docs/harvest.md, "Deferral"): a launch whose request may
         // still start later waits out the trainer's busy phase instead of colliding with it.
@@ -1191,9 +1202,14 @@ impl Runtime {
         }
         self.estimated[dev].fetch_add(known.unwrap_or(0), Relaxed);
         self.usage[dev].add_admitted(cost, expected);
-        if reserved && deadline.is_some() {
-            // Held after its reservation: the queue is done no earlier than its own work.
-            self.backlog[dev].went_at(now, cost);
+        if reserved {
+            if deadline.is_some() {
+                // Held after its reservation: the queue is done no earlier than its own work.
+                self.backlog[dev].went_at(now, cost);
+            }
+            // After every wait, just before it goes: a chain must see every launch on another
+            // stream that goes between two of its samples.
+            self.note_stream(dev, stream, ptsz);
         }
         let pending = PendingMeta {
             key,
@@ -1317,7 +1333,6 @@ impl Runtime {
                 pushed_before: pushed_after.saturating_sub(meta.charged),
                 pushed_after,
                 paid_after,
-                contention_after: at_launch.contention_ns,
                 stream_changes,
             });
         } else {
@@ -1376,10 +1391,9 @@ impl Runtime {
                                 os::now_ns(),
                             );
                             let settled = &mut s.settled[p.meta.dev];
-                            let launched = Usage {
+                            let launched = Settled {
                                 gpu_ns: p.pushed_after,
-                                contention_ns: p.contention_after,
-                                ..Usage::default()
+                                paid_ns: p.paid_after,
                             };
                             let measured = Measured {
                                 ns,
@@ -1434,7 +1448,7 @@ impl Runtime {
     /// the collision probability against its solo cost and charges contention beyond what was
     /// charged at admission. Returns how a measured launch was judged; `None` for a first
     /// measurement.
-    fn settle(&self, m: &PendingMeta, x: Measured, settled: &mut Usage) -> Option<Judged> {
+    fn settle(&self, m: &PendingMeta, x: Measured, settled: &mut Settled) -> Option<Judged> {
         let Measured {
             ns,
             wait,
@@ -1467,7 +1481,6 @@ impl Runtime {
         let mut handover = false;
         // A chained sample is corrected whatever its own share of the wait: the work between
         // it and its stream's previous sample may have collided when the sample itself did not.
-        let mut excess = 0;
         if collided > 0 || chained.is_some() {
             let now = self.usage[dev].get();
             let rate = (collided as u128 * PPM as u128 / d0.max(1) as u128) as u32;
@@ -1490,21 +1503,30 @@ impl Runtime {
                 None => (
                     harvest::expected_collision(now.gpu_ns.saturating_sub(settled.gpu_ns), rate)
                         + switches,
-                    now.contention_ns.saturating_sub(settled.contention_ns),
+                    self.usage[dev]
+                        .admitted_contention_ns()
+                        .saturating_sub(settled.paid_ns),
                 ),
             };
-            excess = self.contention[dev].correct(m.admitted, paid, due, self.contention(dev));
+            let excess = self.contention[dev].correct(m.admitted, paid, due, self.contention(dev));
             self.usage[dev].add(0, excess);
         }
-        *settled = match chained {
+        match chained {
             // What the chain covered ends at this sample's launch: launches admitted since are
-            // the next sample's, chained or not.
-            Some(_) => Usage {
-                contention_ns: launched.contention_ns + excess,
-                ..launched
-            },
-            None => self.usage[dev].get(),
-        };
+            // the next sample's, chained or not. Never back: a window that already ran past it
+            // covered them.
+            Some(_) => {
+                if launched.gpu_ns > settled.gpu_ns {
+                    *settled = launched;
+                }
+            }
+            None => {
+                *settled = Settled {
+                    gpu_ns: self.usage[dev].get().gpu_ns,
+                    paid_ns: self.usage[dev].admitted_contention_ns(),
+                }
+            }
+        }
         Some(Judged {
             d0_ns: d0,
             collided_ns: collided,
@@ -1600,11 +1622,12 @@ pub fn usage(dev: usize) -> Usage {
 /// clock drift between GPU and CPU negligible).
 const CLOCK_REF_PERIOD_NS: u64 = 1_000_000_000;
 
-/// Oldest reference an event's completion is read against: 100 s. Reasoning: the reference moves
+/// Oldest reference an event's completion is read against: 10 s. Reasoning: the reference moves
 /// only with samples on an idle stream ([`CLOCK_REF_PERIOD_NS`]), and a process whose streams
-/// never go idle keeps its first; `cuEventElapsedTime` is an f32 of ms, whose resolution at 100 s
-/// is ~12 µs, small against the waits of hundreds of µs chained waits are made of.
-const CLOCK_REF_MAX_AGE_NS: u64 = 100_000_000_000;
+/// never go idle keeps its first. At 10 s `cuEventElapsedTime`'s f32 of ms resolves ~1 µs, and
+/// a GPU clock that drifts from the host's by 50 ppm (an assumption: crystal tolerance) is off
+/// by 0.5 ms — the size of the waits chained waits are made of, so no older.
+const CLOCK_REF_MAX_AGE_NS: u64 = 10_000_000_000;
 
 impl Sampler {
     /// When event `a` of context `ctx`, recorded at CPU time `submitted`, completed on the GPU,

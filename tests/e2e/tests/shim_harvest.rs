@@ -245,12 +245,18 @@ const DEEP_HELD_BELOW: f64 = 0.25;
 /// hold, as with bursts — so this asserts the hold against the unheld function in the same run.
 #[test]
 fn a_function_that_keeps_its_stream_deep_is_still_held() {
-    let (alone, with_harvest, with_unheld) = alone_harvesting_unheld(colocated_deep_stream);
+    assert_deep_work_held(colocated_deep_stream, "a deep stream");
+}
+
+/// Runs `run` beside the trainer harvesting and unheld, and checks that the scenario escapes
+/// unheld and is held below [`DEEP_HELD_BELOW`] of that with the budget.
+fn assert_deep_work_held(run: fn(u32) -> f64, what: &str) {
+    let (alone, with_harvest, with_unheld) = alone_harvesting_unheld(run);
     let c = BUDGET_PPM as f64 / 1e6;
     let slowdown = with_harvest / alone - 1.0;
     let unheld_slowdown = with_unheld / alone - 1.0;
     let report = format!(
-        "trainer alone {alone:.2} ms/iter; beside a deep stream under a {:.0} % budget {with_harvest:.2} ms/iter (slowdown {:.1} %); unheld {with_unheld:.2} ms/iter (slowdown {:.1} %)",
+        "trainer alone {alone:.2} ms/iter; beside {what} under a {:.0} % budget {with_harvest:.2} ms/iter (slowdown {:.1} %); unheld {with_unheld:.2} ms/iter (slowdown {:.1} %)",
         c * 100.0,
         slowdown * 100.0,
         unheld_slowdown * 100.0
@@ -342,21 +348,10 @@ fn the_sample_trace_records_each_settled_sample_with_its_wait_and_collision() {
 
 /// The same deep work spread over two streams: a sample's chained wait needs its stream alone
 /// to have run between two samples (the other stream's work, run beside it, would count as its
-/// own), so the chains break at every change of stream and only the backlog limit holds it.
+/// own), so the chains break at every change of stream; what holds it is what its samples show
+/// otherwise (each request's first, on an idle stream; kernels the trainer's slices stretched),
+/// its debt and its backlog: 9.3–10.3 % against 58.9 % unheld (three runs).
 #[test]
 fn a_function_that_keeps_two_streams_deep_is_still_held() {
-    let (alone, with_harvest, with_unheld) = alone_harvesting_unheld(colocated_deep_streams);
-    let c = BUDGET_PPM as f64 / 1e6;
-    let slowdown = with_harvest / alone - 1.0;
-    let unheld_slowdown = with_unheld / alone - 1.0;
-    let report = format!(
-        "trainer alone {alone:.2} ms/iter; beside two deep streams under a {:.0} % budget {with_harvest:.2} ms/iter (slowdown {:.1} %); unheld {with_unheld:.2} ms/iter (slowdown {:.1} %)",
-        c * 100.0,
-        slowdown * 100.0,
-        unheld_slowdown * 100.0
-    );
-    eprintln!("{report}");
-    let bound = c / (1.0 - c);
-    assert!(unheld_slowdown > bound + SLOWDOWN_SLACK, "{report}");
-    assert!(slowdown < DEEP_HELD_BELOW * unheld_slowdown, "{report}");
+    assert_deep_work_held(colocated_deep_streams, "two deep streams");
 }

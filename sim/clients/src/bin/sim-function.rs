@@ -43,7 +43,7 @@ struct Args {
     kernels: u32,
     /// Streams a request's kernels are spread over, in turn (all are synchronized at its end;
     /// not in serve mode, which uses one).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64), conflicts_with = "serve")]
     streams: u32,
     /// Time between request arrivals (between bursts with `--burst`), ms (0 = back to back).
     #[arg(long, default_value_t = 0.0)]
