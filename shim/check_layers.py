@@ -14,7 +14,7 @@ import sys
 SRC = pathlib.Path(__file__).resolve().parent / "src"
 # Layer of each top-level module (lib.rs's `Layers` list); submodules share their parent's.
 LAYERS = {
-    "variants": 1, "limits": 1, "config": 1, "ledger": 1, "shared_ledger": 1, "gate": 1, "harvest": 1,
+    "variants": 1, "limits": 1, "config": 1, "ledger": 1, "shared_ledger": 1, "gate": 1, "harvest": 1, "turns": 1,
     "sys": 2,
     "log": 3, "trace": 3,
     "client": 4, "watch": 4,

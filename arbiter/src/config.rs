@@ -44,6 +44,23 @@ pub enum DeferMode {
     Off,
 }
 
+/// Harvest's turns (docs/harvest.md, "Serializing the functions"): where the harvesting
+/// functions of a GPU take turns through the GPU's turn board, one function's queued work on the
+/// GPU at a time, so that none waits on the GPU behind another (a wait its shim would count as
+/// a collision with training) and their requests run one after the other instead of in the
+/// GPU's round robin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TurnsMode {
+    /// On the GPUs NVML does not show running MPS (the default): under MPS kernels of different
+    /// processes run at once, and that concurrency is what the GPU offers.
+    Auto,
+    /// On every GPU, MPS included.
+    On,
+    /// Nowhere: functions' kernels meet on the GPU as the driver schedules them.
+    Off,
+}
+
 /// Which placement policy sits behind the policy seam.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -107,6 +124,7 @@ struct RawPolicy {
     theta_train: Option<Spanned<Fraction>>,
     harvest: Option<bool>,
     defer: Option<DeferMode>,
+    turns: Option<TurnsMode>,
     min_share: Option<Spanned<u32>>,
     power_of_d: Option<Spanned<u32>>,
     lambda: Option<Spanned<f64>>,
@@ -291,6 +309,9 @@ pub struct Config {
     /// admitted request's latest start goes to its function's shim, which holds launches with
     /// slack until the training job's busy phase is over instead of colliding with it.
     pub defer: DeferMode,
+    /// Harvest: where the functions of a GPU take turns (docs/harvest.md, "Serializing the
+    /// functions").
+    pub turns: TurnsMode,
     /// Smallest SM share granted, percent.
     pub min_share: u32,
     /// Power-of-d choices of the SMORE policy (GPUs sampled per placement).
@@ -371,6 +392,7 @@ impl Default for Config {
             harvest: true,
             // Auto: deferral where it measured a win on every scenario (MPS; docs/harvest.md).
             defer: DeferMode::Auto,
+            turns: TurnsMode::Auto,
             // 2 %: 2 ms of GPU time per 100 ms window still runs a few small kernels per window;
             // a higher floor admits fewer functions beside a busy trainer (the floors of all
             // functions must fit the θ_train time budget). Reasoning, not measured.
@@ -662,6 +684,9 @@ impl Config {
         if let Some(v) = p.defer {
             c.defer = v;
         }
+        if let Some(v) = p.turns {
+            c.turns = v;
+        }
         if let Some(v) = p.lambda {
             let x = *v.get_ref();
             if !(0.0..=1.0).contains(&x) {
@@ -875,18 +900,26 @@ mod tests {
         assert_eq!(c.memory_safety, 0.95);
         assert_eq!(c.failure_policy, FailurePolicy::FailOpen);
         assert_eq!(c.defer, DeferMode::Auto);
+        assert_eq!(c.turns, TurnsMode::Auto);
     }
 
     #[test]
     fn deferral_is_auto_on_or_off_and_anything_else_is_refused_with_the_choices() {
-        for (v, m) in [
-            ("auto", DeferMode::Auto),
-            ("on", DeferMode::On),
-            ("off", DeferMode::Off),
+        for (v, m, t) in [
+            ("auto", DeferMode::Auto, TurnsMode::Auto),
+            ("on", DeferMode::On, TurnsMode::On),
+            ("off", DeferMode::Off, TurnsMode::Off),
         ] {
             let c = Config::parse(&format!("[policy]\ndefer = \"{v}\"\n"), "node.toml").unwrap();
             assert_eq!(c.defer, m);
+            let c = Config::parse(&format!("[policy]\nturns = \"{v}\"\n"), "node.toml").unwrap();
+            assert_eq!(c.turns, t);
         }
+        let e = error_of("[policy]\nturns = \"sometimes\"\n");
+        assert!(
+            e.contains("turns") && e.contains("auto") && e.contains("off"),
+            "{e}"
+        );
         let e = error_of("[policy]\ndefer = \"sometimes\"\n");
         assert!(
             e.contains("defer") && e.contains("auto") && e.contains("off"),

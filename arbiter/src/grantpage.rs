@@ -5,11 +5,83 @@
 //! `/proc/<pid>/fd/N` — can only be read-only; `F_SEAL_SHRINK|GROW` keep the size fixed and
 //! `F_SEAL_SEAL` freezes the seals. A function process therefore cannot raise its own cap or
 //! share. This is the only module of the arbiter with `unsafe` (one mmap, one munmap, one
-//! reference to the mapping).
+//! reference to the mapping — for the grant page and for the GPU's turn board).
+//!
+//! The turn board ([`BoardHandle`], `smore_protocol::board`) is the other memfd the arbiter hands
+//! to functions: one per GPU, writable by every function on it (they take turns through it), so
+//! it is sealed only against resizing; the arbiter writes just its `enabled` word.
 
+use smore_protocol::board::{TurnBoard, BOARD_BYTES};
 use smore_protocol::grant::{GrantPage, PAGE_BYTES};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
+
+/// A GPU's turn board, mapped read-write (docs/harvest.md, "Serializing the functions").
+pub struct BoardHandle {
+    fd: OwnedFd,
+    ptr: NonNull<TurnBoard>,
+}
+
+// SAFETY: the mapping is shared memory whose every mutable field is an atomic; the pointer is
+// valid for the life of the handle and accessed only through `&TurnBoard`.
+unsafe impl Send for BoardHandle {}
+// SAFETY: as above — concurrent access goes through atomics only.
+unsafe impl Sync for BoardHandle {}
+
+impl BoardHandle {
+    /// Creates an empty board, turns on.
+    pub fn new() -> std::io::Result<BoardHandle> {
+        let fd = smore_protocol::board::create()?;
+        // SAFETY: a fresh shared mapping of a file `create` sized to BOARD_BYTES and sealed
+        // against resizing; the kernel picks the address.
+        let p = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                BOARD_BYTES,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                &fd,
+                0,
+            )?
+        };
+        let ptr = NonNull::new(p.cast::<TurnBoard>()).ok_or(std::io::ErrorKind::Other)?;
+        Ok(BoardHandle { fd, ptr })
+    }
+
+    /// The live board (writes go through its atomics).
+    pub fn board(&self) -> &TurnBoard {
+        // SAFETY: `ptr` points at a TurnBoard (header written by `create`, the rest zero: every
+        // field is an integer or atomic, for which zero is valid) in a mapping of BOARD_BYTES ≥
+        // its size that lives as long as `self`; all mutation is through atomics.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// Turns the GPU's turns on (time-sliced) or off (MPS).
+    pub fn set_enabled(&self, on: bool) {
+        self.board()
+            .enabled
+            .store(u32::from(on), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The fd to pass to the function process.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Drop for BoardHandle {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/BOARD_BYTES is exactly the mapping made in `new`, unmapped once; no
+        // reference from `board()` outlives `self`.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), BOARD_BYTES) };
+    }
+}
+
+impl std::fmt::Debug for BoardHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoardHandle").field("fd", &self.fd).finish()
+    }
+}
 
 /// An owned, sealed, writable-by-us grant page.
 pub struct PageHandle {

@@ -122,6 +122,8 @@ pub struct ShimUsage {
     pub contention_ns: u64,
     /// Time launches were held by deferral, ns.
     pub deferred_ns: u64,
+    /// Time launches waited for their turn on the GPU, ns.
+    pub turn_waited_ns: u64,
 }
 
 /// How far back a function's use and deadline misses are averaged for the split: 3 s.
@@ -175,6 +177,7 @@ impl UsageLedger {
             gpu_ns: delta(now.gpu_ns, prev.gpu_ns),
             contention_ns: delta(now.contention_ns, prev.contention_ns),
             deferred_ns: delta(now.deferred_ns, prev.deferred_ns),
+            turn_waited_ns: delta(now.turn_waited_ns, prev.turn_waited_ns),
         };
         self.first.get_or_insert(t);
         self.added.push_back((t, d));

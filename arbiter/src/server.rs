@@ -19,7 +19,7 @@ use crate::policy::{FitPolicy, Policy};
 use crate::state::persist::{self, PersistFile};
 use crate::state::{Peer, ShimUsage, State};
 use anyhow::{bail, Context, Result};
-use smore_protocol::conn::{peer_cred, recv_with_fd, send_with_fd};
+use smore_protocol::conn::{peer_cred, recv_with_fd, send_with_fd, send_with_fds};
 use smore_protocol::wire::{
     Envelope, ErrorCode, Reply, Request, WireError, MAX_REQUEST_FRAME, PROTOCOL_VERSION,
 };
@@ -511,14 +511,24 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
             );
             break;
         }
-        let (reply, fd_page) = {
+        let (reply, fd_page, board) = {
             let mut st = lock(&state);
-            let r = handle(&mut st, peer, &mut registered, &mut attached, env.req);
+            let (reply, page) = handle(&mut st, peer, &mut registered, &mut attached, env.req);
+            // A grant that says a turn board follows carries it after the page.
+            let board = match &reply {
+                Reply::Granted(g) if g.board => st.board_of(g.gpu_index).cloned(),
+                _ => None,
+            };
             // Persisted before the reply announces the change (written outside the lock).
             persist_unlocked(&state, st);
-            r
+            (reply, page, board)
         };
-        let sent = send_with_fd(&stream, &reply, fd_page.as_ref().map(|p| p.fd()));
+        let fds: Vec<_> = fd_page
+            .iter()
+            .map(|p| p.fd())
+            .chain(board.iter().map(|b| b.fd()))
+            .collect();
+        let sent = send_with_fds(&stream, &reply, &fds);
         if sent.is_err() {
             break;
         }
@@ -625,6 +635,7 @@ fn handle(
             gpu_ns,
             contention_ns,
             deferred_ns,
+            turn_waited_ns,
             contention_ahead_ns,
         } => match need(registered) {
             Ok(id) => {
@@ -640,6 +651,7 @@ fn handle(
                             gpu_ns,
                             contention_ns,
                             deferred_ns: deferred_ns.unwrap_or(0),
+                            turn_waited_ns: turn_waited_ns.unwrap_or(0),
                         },
                     );
                 }

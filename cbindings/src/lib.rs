@@ -491,6 +491,7 @@ fn report(inner: &mut Inner) -> SmoreStatus {
         gpu_ns: None,
         contention_ns: None,
         deferred_ns: None,
+        turn_waited_ns: None,
         contention_ahead_ns: None,
     }) {
         Ok(Reply::Ok) => SmoreStatus::Ok,

@@ -499,6 +499,7 @@ fn malformed_messages_get_errors_and_do_not_disturb_others() {
             gpu_ns: None,
             contention_ns: None,
             deferred_ns: None,
+            turn_waited_ns: None,
             contention_ahead_ns: None,
         })
         .unwrap(),

@@ -202,6 +202,7 @@ fn metrics_parse_under_hostile_function_names_and_follow_the_conventions() {
                 gpu_ns: None,
                 contention_ns: None,
                 deferred_ns: None,
+                turn_waited_ns: None,
                 contention_ahead_ns: None,
             })
             .unwrap();

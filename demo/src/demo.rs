@@ -124,7 +124,12 @@ pub struct DemoArgs {
     /// The arbiter's deadline-aware deferral (`[policy] defer`, docs/harvest.md "Deferral"):
     /// auto (on where the GPU runs MPS, as on a node by default), on, or off — to compare.
     #[arg(long, value_enum, default_value = "auto")]
-    pub defer: DeferArg,
+    pub defer: PolicyMode,
+    /// The arbiter's turns (`[policy] turns`, docs/harvest.md "Serializing the functions"): auto
+    /// (the harvesting functions of a GPU without MPS take turns, as on a node by default), on,
+    /// or off — to compare.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub turns: PolicyMode,
     /// The arbiter's `[watchdog] action` for the demo's node (default: the arbiter's, sigterm).
     /// `log` keeps a function the watchdog would stop running and says why in arbiter.log — to
     /// diagnose a node where the watchdog stops functions (docs/real-gpu.md).
@@ -460,24 +465,24 @@ fn function_argv(
     Ok(v)
 }
 
-/// `--defer`: the arbiter's `[policy] defer` for the demo's node.
+/// `--defer` and `--turns`: the arbiter's `[policy] defer` and `turns` for the demo's node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DeferArg {
-    /// On the GPUs that run MPS (the arbiter's default).
+pub enum PolicyMode {
+    /// The arbiter's default: by the GPU's sharing mode (deferral under MPS, turns without).
     Auto,
-    /// On every GPU with a training job.
+    /// On every GPU.
     On,
     /// Nowhere.
     Off,
 }
 
-impl DeferArg {
+impl PolicyMode {
     /// The config file's value (a TOML string).
     fn as_config(self) -> &'static str {
         match self {
-            DeferArg::Auto => "\"auto\"",
-            DeferArg::On => "\"on\"",
-            DeferArg::Off => "\"off\"",
+            PolicyMode::Auto => "\"auto\"",
+            PolicyMode::On => "\"on\"",
+            PolicyMode::Off => "\"off\"",
         }
     }
 }
@@ -489,13 +494,14 @@ fn start_arbiter(node: &Node, out: &Path, a: &DemoArgs) -> Result<ArbiterProc> {
     std::fs::write(
         &cfg,
         format!(
-            "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 100\n\n[gpus]\ncontext_switch_us = {}\n\n[policy]\nname = {:?}\ntheta_train = {}\ndefer = {}\n",
+            "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 100\n\n[gpus]\ncontext_switch_us = {}\n\n[policy]\nname = {:?}\ntheta_train = {}\ndefer = {}\nturns = {}\n",
             socket,
             out.join("state"),
             a.charge_switch_us()?,
             a.policy,
             a.theta_train,
-            a.defer.as_config()
+            a.defer.as_config(),
+            a.turns.as_config()
         ) + &a
             .watchdog_action
             .as_ref()

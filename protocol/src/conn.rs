@@ -44,14 +44,33 @@ pub fn send_with_fd<T: serde::Serialize>(
     msg: &T,
     fd: Option<BorrowedFd<'_>>,
 ) -> io::Result<()> {
+    let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
+    send_with_fds(s, msg, &fds)
+}
+
+/// Most fds one message carries: the grant page and the GPU's turn board.
+pub const MAX_FDS: usize = 2;
+
+/// Sends one framed message with up to [`MAX_FDS`] fds as `SCM_RIGHTS` (attached to the first
+/// byte, in order; more is an `InvalidInput` error).
+pub fn send_with_fds<T: serde::Serialize>(
+    s: &UnixStream,
+    msg: &T,
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<()> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} fds in one message (at most {MAX_FDS})", fds.len()),
+        ));
+    }
     let bytes = wire::encode(msg);
     let mut sent = 0;
-    let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     while sent < bytes.len() {
         let mut ctl = SendAncillaryBuffer::new(&mut space);
         if sent == 0 && !fds.is_empty() {
-            ctl.push(SendAncillaryMessage::ScmRights(&fds));
+            ctl.push(SendAncillaryMessage::ScmRights(fds));
         }
         match rustix::net::sendmsg(
             s,
@@ -67,15 +86,24 @@ pub fn send_with_fd<T: serde::Serialize>(
     Ok(())
 }
 
-/// Receives one framed message and the fd (if any) that came with it.
+/// Receives one framed message and the first fd (if any) that came with it.
 pub fn recv_with_fd<T: serde::de::DeserializeOwned>(
     s: &UnixStream,
     max: usize,
 ) -> Result<(T, Option<OwnedFd>), WireError> {
+    recv_with_fds(s, max).map(|(m, fds)| (m, fds.into_iter().next()))
+}
+
+/// Receives one framed message and the fds (at most [`MAX_FDS`], in the order sent) that came
+/// with it.
+pub fn recv_with_fds<T: serde::de::DeserializeOwned>(
+    s: &UnixStream,
+    max: usize,
+) -> Result<(T, Vec<OwnedFd>), WireError> {
     let mut head = [0u8; 4];
     let mut got = 0;
-    let mut fd = None;
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut got_fds: Vec<OwnedFd> = Vec::new();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS + 1))];
     // The fd is attached to the first byte of the frame: take it with the length prefix.
     while got < 4 {
         let mut ctl = RecvAncillaryBuffer::new(&mut space);
@@ -93,9 +121,9 @@ pub fn recv_with_fd<T: serde::de::DeserializeOwned>(
         for msg in ctl.drain() {
             if let RecvAncillaryMessage::ScmRights(fds) = msg {
                 for f in fds {
-                    // Keep the first; extra fds (never sent by smore) are closed on drop.
-                    if fd.is_none() {
-                        fd = Some(f);
+                    // Keep the first MAX_FDS; extra fds (never sent by smore) are closed on drop.
+                    if got_fds.len() < MAX_FDS {
+                        got_fds.push(f);
                     }
                 }
             }
@@ -121,7 +149,7 @@ pub fn recv_with_fd<T: serde::de::DeserializeOwned>(
             WireError::Io(e)
         }
     })?;
-    Ok((wire::decode(&body)?, fd))
+    Ok((wire::decode(&body)?, got_fds))
 }
 
 /// A client connection to the arbiter.
@@ -156,6 +184,13 @@ impl Client {
     pub fn call_with_fd(&self, req: Request) -> Result<(Reply, Option<OwnedFd>), WireError> {
         send_with_fd(&self.stream, &Envelope::new(req), None).map_err(WireError::from)?;
         recv_with_fd(&self.stream, MAX_FRAME)
+    }
+
+    /// Sends `req` and waits for the reply and every fd that came with it (a grant: its page,
+    /// then the GPU's turn board when [`crate::wire::Grant::board`] says one follows).
+    pub fn call_with_fds(&self, req: Request) -> Result<(Reply, Vec<OwnedFd>), WireError> {
+        send_with_fd(&self.stream, &Envelope::new(req), None).map_err(WireError::from)?;
+        recv_with_fds(&self.stream, MAX_FRAME)
     }
 
     /// Sends `req` and waits for the reply.
@@ -238,6 +273,7 @@ mod tests {
             rule: String::new(),
             failure_policy: None,
             pid: None,
+            board: false,
         });
         send_with_fd(&a, &reply, Some(file.as_fd())).unwrap();
         let (got, fd): (Reply, _) = recv_with_fd(&b, MAX_FRAME).unwrap();

@@ -10,6 +10,8 @@
 //! - [`env`]: which variables carry a grant into a child process, and scrubbing them;
 //! - [`ledger`]: the layout of the shared ledger through which every process of one grant
 //!   charges the grant's one memory cap;
+//! - [`board`]: the layout of the turn board through which the harvesting functions of a
+//!   time-sliced GPU take turns;
 //! - [`install`]: where an installed (or freshly built) smore keeps the shim and its helpers.
 //!
 //! Must never: depend on anything heavy (the shim links it into other people's processes), allocate
@@ -17,6 +19,7 @@
 //! version.
 #![forbid(unsafe_code)]
 
+pub mod board;
 pub mod conn;
 pub mod env;
 // grant.rs belongs to the shim re-layering (documented there); exempt until it is.

@@ -101,6 +101,10 @@ pub enum Request {
         /// phase (deferral), ns (cumulative; docs/harvest.md, "Deferral").
         #[serde(default)]
         deferred_ns: Option<u64>,
+        /// Time the reporting process's launches waited for their turn on the GPU, ns
+        /// (cumulative; docs/harvest.md, "Serializing the functions").
+        #[serde(default)]
+        turn_waited_ns: Option<u64>,
         /// How far the reporting process's contention bucket ran ahead of now when it reported,
         /// ns (not cumulative): the arbiter's request admission mirrors that bucket and catches
         /// up with it (docs/harvest.md, "Context switches").
@@ -311,6 +315,12 @@ pub struct Grant {
     /// (docs/kubernetes.md). None from arbiters before it was added.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
+    /// Whether the GPU's turn board (`smore_protocol::board`) travels with the grant, as the
+    /// second `SCM_RIGHTS` fd after the grant page: the functions of a time-sliced GPU take
+    /// turns through it (docs/harvest.md, "Serializing the functions"). False from arbiters
+    /// before it was added.
+    #[serde(default)]
+    pub board: bool,
 }
 
 /// What a function's shim does while the arbiter cannot be reached: the node's
@@ -565,6 +575,7 @@ mod tests {
             gpu_ns: Some(5_000_000),
             contention_ns: Some(1_000_000),
             deferred_ns: Some(2_000_000),
+            turn_waited_ns: Some(300_000),
             contention_ahead_ns: Some(1_200_000_000),
         }));
         for r in [
@@ -599,6 +610,7 @@ mod tests {
             rule: "fit".into(),
             failure_policy: Some(FailurePolicy::FailClosed),
             pid: Some(4242),
+            board: true,
         }));
         roundtrip(Reply::Refused {
             code: RefuseCode::NoMemory,

@@ -8,6 +8,9 @@
 //!   `Register { function, model, slo_ms, memory }`, receive `Granted` with the page fd as
 //!   `SCM_RIGHTS`, map it, and keep the connection open for the process lifetime (closing it is
 //!   the release).
+//! - `SMORE_BOARD_FD=<n>` (with `SMORE_GRANT_FD`), or the fd after the page in `Granted`: the
+//!   GPU's turn board (`smore_protocol::board`), mapped read-write; the process then takes turns
+//!   with the GPU's other functions (docs/shim.md, "Turns").
 //!
 //! Either way a [`Resume`] says how to re-register with `resume` after the arbiter restarts
 //! (`watch` does it); [`reregister`] is that exchange.
@@ -21,6 +24,7 @@ use crate::config::{Config, FailurePolicy};
 use crate::harvest::Usage;
 use crate::limits::GrantPage;
 use crate::sys::grant;
+use smore_protocol::board::{TurnBoard, ENV_BOARD_FD};
 use smore_protocol::conn::Client;
 use smore_protocol::wire::{
     parse_gpu_list, parse_known_as, Grant, Register, Reply, Request, ENV_CONN_FD, ENV_GPUS,
@@ -43,8 +47,8 @@ pub const ARBITER_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum Source {
     /// No arbiter configured: the standalone environment contract.
     Standalone,
-    /// The arbiter's live page.
-    Arbiter(&'static GrantPage),
+    /// The arbiter's live page, and the GPU's turn board when the grant came with one.
+    Arbiter(&'static GrantPage, Option<&'static TurnBoard>),
     /// An arbiter was configured but could not be used (the reason, for one log line).
     Unavailable(String),
 }
@@ -138,7 +142,10 @@ pub fn source(get: impl Fn(&str) -> Option<String>, config: &Config) -> (Source,
             );
         };
         return match grant::map_fd(fd) {
-            Ok(p) => (Source::Arbiter(p), inherited_resume(&get, config)),
+            Ok(p) => (
+                Source::Arbiter(p, inherited_board(&get)),
+                inherited_resume(&get, config),
+            ),
             Err(e) => (Source::Unavailable(format!("{ENV_GRANT_FD}: {e}")), None),
         };
     }
@@ -146,9 +153,47 @@ pub fn source(get: impl Fn(&str) -> Option<String>, config: &Config) -> (Source,
         return (Source::Standalone, None);
     };
     match register(&path, register_request(&get, config)) {
-        Ok((page, resume)) => (Source::Arbiter(page), Some(resume)),
+        Ok((page, board, resume)) => (Source::Arbiter(page, board), Some(resume)),
         Err(e) => (Source::Unavailable(format!("arbiter at {path}: {e}")), None),
     }
+}
+
+/// The turn board `smore run` handed down with the grant page (`SMORE_BOARD_FD`), if any; one
+/// that cannot be mapped is reported and the process runs without turns.
+fn inherited_board(get: &impl Fn(&str) -> Option<String>) -> Option<&'static TurnBoard> {
+    let v = get(ENV_BOARD_FD)?;
+    let board = v
+        .trim()
+        .parse::<RawFd>()
+        .map_err(|_| format!("{v:?} is not a file descriptor number"))
+        .and_then(grant::map_board_fd);
+    board
+        .map_err(|e| {
+            crate::log::line(
+                crate::config::Level::Warn,
+                format_args!("{ENV_BOARD_FD}: {e}; this process runs without turns"),
+            )
+        })
+        .ok()
+}
+
+/// The turn board that came with a grant (the fd after the page, when the grant says one
+/// follows); one that cannot be mapped is reported and the process runs without turns.
+fn board_of(g: &Grant, fd: Option<std::os::fd::OwnedFd>) -> Option<&'static TurnBoard> {
+    if !g.board {
+        return None;
+    }
+    let mapped = fd
+        .ok_or_else(|| "the grant says a turn board follows, but none came".to_string())
+        .and_then(|fd| grant::map_board_fd(fd.as_raw_fd()));
+    mapped
+        .map_err(|e| {
+            crate::log::line(
+                crate::config::Level::Warn,
+                format_args!("turn board: {e}; this process runs without turns"),
+            )
+        })
+        .ok()
 }
 
 /// The [`Resume`] of a grant inherited from `smore run`: needs `SMORE_ARBITER_FD` (an open
@@ -204,17 +249,23 @@ fn connect(path: &std::path::Path) -> Result<UnixStream, String> {
     Ok(stream)
 }
 
-fn register(path: &str, req: Request) -> Result<(&'static GrantPage, Resume), String> {
+type Registered = (&'static GrantPage, Option<&'static TurnBoard>, Resume);
+
+fn register(path: &str, req: Request) -> Result<Registered, String> {
     let client = Client::from_stream(connect(path.as_ref())?);
-    let (reply, fd) = client
-        .call_with_fd(req.clone())
+    let (reply, fds) = client
+        .call_with_fds(req.clone())
         .map_err(|e| format!("registration failed: {e}"))?;
+    let mut fds = fds.into_iter();
     match reply {
         Reply::Granted(g) => {
-            let fd = fd.ok_or("the Granted reply carried no grant page fd")?;
+            let fd = fds
+                .next()
+                .ok_or("the Granted reply carried no grant page fd")?;
             let page = grant::map_fd(fd.as_raw_fd())?;
-            // The mapping keeps the memfd alive; the fd itself can go.
+            // The mappings keep the memfds alive; the fds themselves can go.
             drop(fd);
+            let board = board_of(&g, fds.next());
             if let Some(p) = g.pid {
                 crate::sys::os::set_known_as(p);
             }
@@ -242,7 +293,7 @@ fn register(path: &str, req: Request) -> Result<(&'static GrantPage, Resume), St
                 request: req,
                 policy: g.failure_policy.map(policy_of),
             };
-            Ok((page, resume))
+            Ok((page, board, resume))
         }
         Reply::Refused { code, reason } => {
             Err(format!("registration refused ({code:?}): {reason}"))
@@ -260,6 +311,8 @@ pub enum Rejoin {
         conn: RawFd,
         /// The new grant page, mapped read-only.
         page: &'static GrantPage,
+        /// The GPU's turn board that came with it, if any.
+        board: Option<&'static TurnBoard>,
         /// What the arbiter granted.
         grant: Grant,
     },
@@ -367,26 +420,30 @@ pub fn reregister(r: &Resume, last_cap: u64, visible: Option<&str>) -> Rejoin {
             *memory = Some(last_cap);
         }
     }
-    match client.call_with_fd(req) {
-        Ok((Reply::Granted(grant), Some(fd))) => match grant::map_fd(fd.as_raw_fd()) {
+    match client.call_with_fds(req).map(|(r, fds)| {
+        let mut fds = fds.into_iter();
+        (r, fds.next(), fds.next())
+    }) {
+        Ok((Reply::Granted(grant), Some(fd), board)) => match grant::map_fd(fd.as_raw_fd()) {
             Ok(page) => Rejoin::Granted {
                 conn: client.into_stream().into_raw_fd(),
                 page,
+                board: board_of(&grant, board),
                 grant,
             },
             // The connection closes here: the arbiter releases what it just granted.
             Err(e) => Rejoin::Refused(format!("the new grant page is unusable: {e}")),
         },
-        Ok((Reply::Granted(_), None)) => {
+        Ok((Reply::Granted(_), None, _)) => {
             Rejoin::Refused("the Granted reply carried no grant page fd".into())
         }
-        Ok((Reply::Refused { code, reason }, _)) => {
+        Ok((Reply::Refused { code, reason }, _, _)) => {
             Rejoin::Refused(format!("re-registration refused ({code:?}): {reason}"))
         }
-        Ok((Reply::Error { code, message }, _)) => {
+        Ok((Reply::Error { code, message }, _, _)) => {
             Rejoin::Refused(format!("arbiter error ({code:?}): {message}"))
         }
-        Ok((other, _)) => Rejoin::Refused(format!("unexpected reply {other:?}")),
+        Ok((other, _, _)) => Rejoin::Refused(format!("unexpected reply {other:?}")),
         Err(e) => Rejoin::Unreachable(format!("re-registration failed: {e}")),
     }
 }
@@ -438,6 +495,7 @@ impl Reporter {
             gpu_ns: Some(usage.gpu_ns),
             contention_ns: Some(usage.contention_ns),
             deferred_ns: Some(usage.deferred_ns),
+            turn_waited_ns: Some(usage.turn_waited_ns),
             contention_ahead_ns: Some(usage.contention_ahead_ns),
         });
         match r {
@@ -628,6 +686,7 @@ mod tests {
                         rule: String::new(),
                         failure_policy: None,
                         pid: None,
+                        board: false,
                     }),
                     Request::Report { .. } => {
                         reports += 1;

@@ -406,6 +406,13 @@ impl Backlog {
     pub fn went_at(&self, at: u64, cost_ns: u64) {
         self.end.fetch_max(at.saturating_add(cost_ns), Relaxed);
     }
+
+    /// When the queued work would be done (CLOCK_MONOTONIC ns; at or before now: nothing
+    /// queued): the end of the process's turn on the GPU ([`crate::turns`]).
+    #[inline]
+    pub fn end(&self) -> u64 {
+        self.end.load(Relaxed)
+    }
 }
 
 /// Streams whose last sample is kept for chained waits: 16 (reasoning: an inference function
@@ -681,6 +688,11 @@ pub struct Usage {
     pub contention_ns: u64,
     /// Time launches were held by deferral (waiting out the trainer's busy phase), ns.
     pub deferred_ns: u64,
+    /// Time launches waited for their turn on the GPU, ns ([`crate::turns`]).
+    pub turn_waited_ns: u64,
+    /// Launches that gave up waiting for their turn ([`crate::turns::MAX_WAIT_NS`]) and went
+    /// without one.
+    pub turns_given_up: u64,
     /// Not cumulative: how far the contention bucket ran ahead of now when this was taken, ns
     /// ([`Contention::ahead_ns`]; 0 from the counters alone).
     pub contention_ahead_ns: u64,
@@ -850,6 +862,8 @@ pub struct UsageCounters {
     gpu_ns: AtomicU64,
     contention_ns: AtomicU64,
     deferred_ns: AtomicU64,
+    turn_waited_ns: AtomicU64,
+    turns_given_up: AtomicU64,
     /// The part of `contention_ns` charged at admission (`cost × p`), without corrections.
     admitted_contention_ns: AtomicU64,
 }
@@ -888,12 +902,24 @@ impl UsageCounters {
         self.deferred_ns.fetch_add(ns, Relaxed);
     }
 
+    /// Adds a wait for a turn on the GPU ([`crate::turns`]); `gave_up`: the launch went without
+    /// one.
+    #[inline]
+    pub fn add_turn_wait(&self, ns: u64, gave_up: bool) {
+        self.turn_waited_ns.fetch_add(ns, Relaxed);
+        if gave_up {
+            self.turns_given_up.fetch_add(1, Relaxed);
+        }
+    }
+
     /// A snapshot.
     pub fn get(&self) -> Usage {
         Usage {
             gpu_ns: self.gpu_ns.load(Relaxed),
             contention_ns: self.contention_ns.load(Relaxed),
             deferred_ns: self.deferred_ns.load(Relaxed),
+            turn_waited_ns: self.turn_waited_ns.load(Relaxed),
+            turns_given_up: self.turns_given_up.load(Relaxed),
             contention_ahead_ns: 0,
         }
     }
@@ -1568,12 +1594,16 @@ mod tests {
         u.add(100, 0);
         u.add(50, 20);
         u.add_deferred(4_000);
+        u.add_turn_wait(300, false);
+        u.add_turn_wait(700, true);
         assert_eq!(
             u.get(),
             Usage {
                 gpu_ns: 150,
                 contention_ns: 20,
                 deferred_ns: 4_000,
+                turn_waited_ns: 1_000,
+                turns_given_up: 1,
                 contention_ahead_ns: 0,
             }
         );

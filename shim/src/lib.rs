@@ -14,7 +14,8 @@
 //!    [`limits`] (the atomic view of caps and shares), [`config`] (the environment contract),
 //!    [`ledger`] (memory accounting), [`shared_ledger`]
 //!    (the grant-wide check across the processes sharing a grant), [`gate`] (launch pacing and the cost table), [`harvest`]
-//!    (contention estimate, contention bucket, calibration, usage counters).
+//!    (contention estimate, contention bucket, calibration, usage counters), [`turns`] (the
+//!    functions of a time-sliced GPU taking turns through its board).
 //! 2. **Bottom layer** [`sys`]: the real `dlsym` ([`sys::dlsym`]), the real driver's entry points
 //!    ([`sys::driver`]), grant-page mapping ([`sys::grant`]), libc wrappers — clocks, sleep,
 //!    stderr, fds, fork registration ([`sys::os`]). Uses only [`variants`] from the crate.
@@ -51,5 +52,6 @@ pub mod runtime;
 pub mod shared_ledger;
 pub mod sys;
 pub mod trace;
+pub mod turns;
 pub mod variants;
 pub mod watch;

@@ -29,6 +29,8 @@ use crate::log::{self, RateLimit};
 use crate::shared_ledger::FirstContext;
 use crate::sys::{driver, os};
 use crate::trace::{self, SampleTrace};
+use crate::turns::{self, Seat, Take};
+use smore_protocol::board::TurnBoard;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::Mutex;
 
@@ -145,6 +147,9 @@ pub struct Runtime {
     /// a re-registration or a fail-closed transition; pages are leaked, never unmapped, so a
     /// reader's reference stays valid.
     limits: os::StaticRef<GrantPage>,
+    /// This process's seat on its GPU's turn board (none: no board, or no seat), swapped by the
+    /// watcher with the page after a re-registration; seats are leaked, never freed.
+    turns: os::StaticRef<Option<Seat<'static>>>,
     /// Device memory this process holds, per device and per handle.
     pub ledger: Ledger,
     gates: [Gate; MAX_DEVICES],
@@ -372,10 +377,15 @@ fn init() -> &'static Runtime {
     let env = |k: &str| std::env::var(k).ok();
     let parsed = config::parse(env);
     let (source, resume) = client::source(env, &parsed.config);
-    let shared = matches!(source, Source::Arbiter(_))
+    let shared = matches!(source, Source::Arbiter(..))
         .then(|| shared_ledger(env))
         .flatten();
+    let board = match &source {
+        Source::Arbiter(_, b) => *b,
+        _ => None,
+    };
     let mut rt = Runtime::build(parsed.config, &parsed.errors, source);
+    set_board(&rt.turns, board, resume.as_ref().map_or(0, |r| r.slot));
     if let Some(path) = env("SMORE_TRACE_SAMPLES") {
         match SampleTrace::open(&path, os::pid(), os::now_ns()) {
             Ok(t) => {
@@ -421,10 +431,51 @@ fn init() -> &'static Runtime {
             os::close_fd(r.conn);
             crate::watch::spawn_reporter(r.socket.clone(), r.instance, r.slot, usage);
         } else {
-            crate::watch::spawn(rt.config.policy, &rt.limits, r, usage);
+            crate::watch::spawn(rt.config.policy, &rt.limits, r, usage, board_to);
         }
     }
     rt
+}
+
+/// No seat on a turn board.
+static NO_SEAT: Option<Seat<'static>> = None;
+
+/// Seats this process on `board` (the GPU's turn board that came with the grant, for its
+/// grant-page slot `slot`) and makes it `turns`'s; none without a board or a free seat (said
+/// once). Cold: reads this process's start time.
+fn set_board(
+    turns: &os::StaticRef<Option<Seat<'static>>>,
+    board: Option<&'static TurnBoard>,
+    slot: usize,
+) {
+    let Some(board) = board else {
+        turns.set(&NO_SEAT);
+        return;
+    };
+    let me = os::pid();
+    let Ok(Some(start)) = os::start_ticks(me) else {
+        log::line(
+            Level::Warn,
+            format_args!("turn board: cannot read this process's start time; this process runs without turns"),
+        );
+        turns.set(&NO_SEAT);
+        return;
+    };
+    let owner = smore_protocol::ledger::owner_word(me, start);
+    match Seat::join(board, slot, owner, os::owner_alive) {
+        Ok(seat) => turns.set(Box::leak(Box::new(Some(seat)))),
+        Err(e) => {
+            log::line(Level::Warn, format_args!("turn board: {e}"));
+            turns.set(&NO_SEAT);
+        }
+    }
+}
+
+/// The watcher's hook for the turn board of a new grant (after a re-registration).
+fn board_to(board: Option<&'static TurnBoard>, slot: usize) {
+    if let Some(rt) = peek() {
+        set_board(&rt.turns, board, slot);
+    }
 }
 
 /// This process's slot in its grant's shared ledger (`SMORE_LEDGER_FD`, set by `smore run` next
@@ -517,7 +568,7 @@ impl Runtime {
         let mut enforcing = true;
         let mut page = None;
         match source {
-            Source::Arbiter(p) => {
+            Source::Arbiter(p, _) => {
                 page = Some(p);
                 if first {
                     log::line(
@@ -603,6 +654,7 @@ impl Runtime {
             config,
             enforcing,
             limits: os::StaticRef::new(limits),
+            turns: os::StaticRef::new(&NO_SEAT),
             ledger: Ledger::new(),
             gates: std::array::from_fn(|_| Gate::new()),
             collision: std::array::from_fn(|_| Collision::default()),
@@ -1200,6 +1252,17 @@ impl Runtime {
             os::sleep_until(deadline);
             now = deadline;
         }
+        // Turns (docs/shim.md, "Turns"): after every hold of its own, so that no turn is held
+        // through one; a launch that waited for its turn moves its backlog's end like a hold.
+        if reserved {
+            if let Some(seat) = self.turns.get() {
+                if seat.slot() == slot && seat.enabled() {
+                    if let Take::WaitUntil(t) = seat.try_take(now, self.backlog[dev].end()) {
+                        now = self.wait_for_turn(seat, dev, now, t, cost);
+                    }
+                }
+            }
+        }
         self.estimated[dev].fetch_add(known.unwrap_or(0), Relaxed);
         self.usage[dev].add_admitted(cost, expected);
         if reserved {
@@ -1239,6 +1302,33 @@ impl Runtime {
             return call();
         }
         self.sampled_launch(pending, stream, ptsz, call)
+    }
+
+    /// Waits, from `start`, for this process's turn on the GPU (first look at `first`), at
+    /// most [`turns::MAX_WAIT_NS`]; returns when it goes. The launch's backlog slot moves with
+    /// it (its work ends no earlier than its cost after it goes), so the lease it takes covers
+    /// its work.
+    #[cold]
+    fn wait_for_turn(&self, seat: &Seat, dev: usize, start: u64, first: u64, cost: u64) -> u64 {
+        let give_up = start.saturating_add(turns::MAX_WAIT_NS);
+        let mut next = first;
+        loop {
+            os::sleep_until(next.min(give_up));
+            let now = os::now_ns();
+            self.backlog[dev].went_at(now, cost);
+            if now >= give_up {
+                seat.leave_line();
+                self.usage[dev].add_turn_wait(now - start, true);
+                return now;
+            }
+            match seat.try_take(now, self.backlog[dev].end()) {
+                Take::Go => {
+                    self.usage[dev].add_turn_wait(now - start, false);
+                    return now;
+                }
+                Take::WaitUntil(t) => next = t,
+            }
+        }
     }
 
     /// Notes a launch on `stream` of `dev`: counts a change of stream (one load, and a store and

@@ -31,6 +31,7 @@ use crate::harvest::Usage;
 use crate::limits::{GrantPage, MAX_DEVICES};
 use crate::log;
 use crate::sys::os::{self, StaticRef};
+use smore_protocol::board::TurnBoard;
 use smore_protocol::wire::Request;
 use std::time::Duration;
 
@@ -53,6 +54,10 @@ pub const REPORT_PERIOD_MS: i32 = 1000;
 /// this layer does not import the runtime).
 pub type UsageOf = fn(usize) -> Usage;
 
+/// Where the watcher hands the turn board of a new grant and its slot (the runtime seats the
+/// process on it; this layer does not import the runtime).
+pub type BoardTo = fn(Option<&'static TurnBoard>, usize);
+
 /// Starts the watcher of the live limits page `limits` (the runtime's: the watcher swaps pages in
 /// it) under failure policy `policy`. If the thread cannot be created the connection stays open
 /// (its fd is never closed) and the grant simply cannot be resumed after a restart.
@@ -61,6 +66,7 @@ pub fn spawn(
     limits: &'static StaticRef<GrantPage>,
     r: Resume,
     usage: UsageOf,
+    board_to: BoardTo,
 ) {
     let started = std::thread::Builder::new()
         .name("smore-arbiter".into())
@@ -68,7 +74,7 @@ pub fn spawn(
         .spawn(move || {
             os::block_signals();
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                watch(policy, limits, r, usage)
+                watch(policy, limits, r, usage, board_to)
             }));
         });
     if let Err(e) = started {
@@ -128,6 +134,7 @@ fn watch(
     limits: &'static StaticRef<GrantPage>,
     mut r: Resume,
     usage: UsageOf,
+    board_to: BoardTo,
 ) {
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let mut rep = Reporter::default();
@@ -168,10 +175,15 @@ fn watch(
         }
         let mut delay = FIRST_RETRY;
         let mut last_refusal = String::new();
-        let (conn, page, grant) = loop {
+        let (conn, page, board, grant) = loop {
             std::thread::sleep(delay);
             match client::reregister(&r, last_cap, visible.as_deref()) {
-                Rejoin::Granted { conn, page, grant } => break (conn, page, grant),
+                Rejoin::Granted {
+                    conn,
+                    page,
+                    board,
+                    grant,
+                } => break (conn, page, board, grant),
                 Rejoin::Unreachable(why) => {
                     log::line(Level::Debug, format_args!("arbiter not back yet: {why}"));
                     delay = (delay * 2).min(MAX_RETRY);
@@ -198,6 +210,7 @@ fn watch(
             }
         };
         limits.set(page);
+        board_to(board, r.slot);
         let how = if grant.instance == r.instance {
             "re-attached as instance"
         } else {

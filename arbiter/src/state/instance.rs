@@ -83,6 +83,9 @@ pub struct Instance {
     /// Harvest: time its shims held launches to wait out the training job's busy phase
     /// (deferral), ns, cumulative as reported.
     pub deferred_ns: u64,
+    /// Harvest: time its shims' launches waited for their turn on the GPU (docs/harvest.md,
+    /// "Serializing the functions"), ns, cumulative as reported.
+    pub turn_waited_ns: u64,
     /// Harvest: its shims' reports.
     #[serde(skip)]
     pub usage: UsageLedger,
@@ -146,6 +149,7 @@ impl Instance {
             training_share: 1.0,
             paced_refusals: 0,
             deferred_ns: 0,
+            turn_waited_ns: 0,
             usage: UsageLedger::default(),
             pacer: RequestPacer::default(),
             latencies: VecDeque::new(),

@@ -28,9 +28,9 @@ pub mod training;
 pub mod watchdog;
 
 use crate::budget::{FunctionLoad, TimeBudget};
-use crate::config::{Config, DeferMode, WatchdogAction};
+use crate::config::{Config, DeferMode, TurnsMode, WatchdogAction};
 use crate::gpus::{GpuInfo, GpuSample, Sharing};
-use crate::grantpage::PageHandle;
+use crate::grantpage::{BoardHandle, PageHandle};
 pub use crate::harvest::ShimUsage;
 use crate::harvest::{self, ContentionMeter, Demand, Harvest};
 use crate::policy::{Admission, Ask, Decision, GpuView, GrantView, Policy};
@@ -147,12 +147,16 @@ pub struct Gpu {
     /// Harvest: the GPU's collision budget.
     #[serde(skip)]
     pub harvest: Harvest,
+    /// Harvest: the GPU's turn board, handed with each grant on it (None: the memfd could not
+    /// be made; the functions then run without turns). docs/harvest.md, "Serializing the
+    /// functions".
+    #[serde(skip)]
+    pub board: Option<Arc<BoardHandle>>,
 }
 
 impl Gpu {
     fn new(info: GpuInfo, theta: f64) -> Gpu {
         Gpu {
-            info,
             used: 0,
             util: None,
             training: Vec::new(),
@@ -165,6 +169,18 @@ impl Gpu {
             budget: TimeBudget::default(),
             meter: ContentionMeter::default(),
             harvest: Harvest::new(theta),
+            board: match BoardHandle::new() {
+                Ok(b) => Some(Arc::new(b)),
+                Err(e) => {
+                    tracing::warn!(
+                        "GPU {}: cannot create its turn board ({e}); its functions run without \
+                         turns",
+                        info.index
+                    );
+                    None
+                }
+            },
+            info,
         }
     }
 
@@ -348,6 +364,7 @@ impl State {
             tracing::warn!("{why}");
             st.event(EventKind::Arbiter, None, None, why);
         }
+        st.set_turns();
         st
     }
 
@@ -859,6 +876,29 @@ impl State {
         }
     }
 
+    /// The turn board handed with grants on GPU `gpu`: none where harvest or turns are off
+    /// (config), so a function granted there gets none and never looks for one.
+    pub fn board_of(&self, gpu: u32) -> Option<&Arc<BoardHandle>> {
+        if !self.cfg.harvest || self.cfg.turns == TurnsMode::Off {
+            return None;
+        }
+        self.gpus
+            .iter()
+            .find(|g| g.info.index == gpu)?
+            .board
+            .as_ref()
+    }
+
+    /// Writes into every GPU's board whether its functions take turns now (config and the
+    /// GPU's sharing mode): at start, on a change of mode and on a reload.
+    pub(crate) fn set_turns(&self) {
+        for g in &self.gpus {
+            if let Some(b) = &g.board {
+                b.set_enabled(takes_turns(self.cfg.harvest, self.cfg.turns, g.sharing));
+            }
+        }
+    }
+
     /// The grant of an instance as the protocol announces it (None: no such instance).
     pub fn grant_of(&self, id: InstanceId) -> Grant {
         let i = &self.instances[&id];
@@ -879,6 +919,7 @@ impl State {
             rule: i.rule.clone(),
             failure_policy: Some(self.cfg.failure_policy),
             pid: Some(i.rec.pid),
+            board: self.board_of(i.rec.gpu).is_some(),
         }
     }
 
@@ -1112,6 +1153,7 @@ impl State {
         };
         let added = i.usage.record(pid, usage, self.clock.now());
         i.deferred_ns = i.deferred_ns.saturating_add(added.deferred_ns);
+        i.turn_waited_ns = i.turn_waited_ns.saturating_add(added.turn_waited_ns);
         let gpu = i.rec.gpu;
         let with_training = (added.contention_ns as f64 * i.training_share).round() as u64;
         if let Some(g) = self.gpus.iter_mut().find(|g| g.info.index == gpu) {
@@ -1150,8 +1192,13 @@ impl State {
     /// functions ([`harvest::training_share`]), and sets each GPU's collision-weighted share,
     /// which widens the budget the shims enforce in their own units.
     fn attribute_collisions(&mut self) {
+        let (harvesting, turns) = (self.cfg.harvest, self.cfg.turns);
         for g in &mut self.gpus {
             let util = g.estimate.colocated();
+            // Functions that take turns wait on the GPU behind training (or a process outside
+            // smore) only: their collisions are all training's (docs/harvest.md, "Serializing
+            // the functions").
+            let in_turns = g.board.is_some() && takes_turns(harvesting, turns, g.sharing);
             let on: Vec<&mut Instance> = self
                 .instances
                 .values_mut()
@@ -1165,7 +1212,11 @@ impl State {
             let (mut with_training, mut measured) = (0.0, 0.0);
             for i in on {
                 let others = all_gpu - gpu_of(i);
-                i.training_share = harvest::training_share(util, others);
+                i.training_share = if in_turns {
+                    1.0
+                } else {
+                    harvest::training_share(util, others)
+                };
                 with_training += i.contention_used_ppm as f64 * i.training_share;
                 measured += i.contention_used_ppm as f64;
             }
@@ -1393,6 +1444,9 @@ impl State {
                     self.cfg.context_switch_ns,
                 );
                 g.sharing = Some(sharing);
+                if let Some(b) = &g.board {
+                    b.set_enabled(takes_turns(self.cfg.harvest, self.cfg.turns, g.sharing));
+                }
                 // The switch charge on the pages follows the mode (a re-split is also a growth
                 // step of the budget split: only when a page would change).
                 if self.cfg.harvest && self.cfg.context_switch_ns > 0 && !reshare.contains(index) {
@@ -1880,6 +1934,18 @@ fn defers(mode: DeferMode, sharing: Option<Sharing>) -> bool {
     }
 }
 
+/// Whether the harvesting functions of a GPU shared as `sharing` (None: not known yet) take
+/// turns under `mode` (docs/harvest.md, "Serializing the functions"). An unknown mode is taken
+/// for time-sliced, the driver's default.
+fn takes_turns(harvesting: bool, mode: TurnsMode, sharing: Option<Sharing>) -> bool {
+    harvesting
+        && match mode {
+            TurnsMode::On => true,
+            TurnsMode::Off => false,
+            TurnsMode::Auto => sharing != Some(Sharing::Mps),
+        }
+}
+
 /// What the shims on a GPU shared as `sharing` (None: not known yet) charge per context switch,
 /// ns: the node's `[gpus] context_switch_us` while harvesting on a GPU without MPS; 0 under MPS
 /// (contexts do not switch) and with harvest off (no collision budget to charge). An unknown mode
@@ -1952,6 +2018,8 @@ mod tests {
     fn harvest_state() -> State {
         let mut s = state();
         s.cfg.harvest = true;
+        // As a daemon started with harvest on: the boards say so.
+        s.set_turns();
         s
     }
 
@@ -2014,6 +2082,76 @@ mod tests {
         }
         assert_eq!(page.page().contention(slot), 0);
         assert_eq!(page.page().switch(slot), 0);
+    }
+
+    #[test]
+    fn a_gpu_without_mps_hands_its_turn_board_and_counts_its_functions_collisions_whole() {
+        let mut s = harvest_state();
+        let (g, _page) = s.register(me(), args(1 << 30)).unwrap();
+        assert!(g.board, "a harvesting grant says its board follows");
+        let board = s.board_of(g.gpu_index).expect("the GPU's board").clone();
+        let enabled = || {
+            board
+                .board()
+                .enabled
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        assert_eq!(enabled(), 1, "unknown mode: taken for time-sliced");
+        let told = |m: Option<Sharing>| GpuSample {
+            sharing: m,
+            ..training_sample(50, &[])
+        };
+        s.reconcile(&[(g.gpu_index, told(Some(Sharing::Mps)))]);
+        assert_eq!(enabled(), 0, "MPS: no turns");
+        s.reconcile(&[(g.gpu_index, told(Some(Sharing::TimeSliced)))]);
+        assert_eq!(enabled(), 1);
+        // With turns, a function's waits are behind training only: its share is 1 whatever
+        // the others use. Two functions on the GPU, training busy 30 %, each using 20 % of the
+        // GPU by both NVML and its shims: without turns training's part would be 0.3 / 0.5.
+        s.cfg.grants_per_process = 100;
+        let b = s.register(me(), args(1 << 30)).unwrap().0;
+        for _ in 0..20 {
+            s.reconcile(&[(g.gpu_index, training_sample(30, &[]))]);
+        }
+        s.instances.get_mut(&b.instance).unwrap().rec.gpu = g.gpu_index;
+        let gi = s
+            .gpus
+            .iter()
+            .position(|x| x.info.index == g.gpu_index)
+            .unwrap();
+        let share = |s: &mut State| {
+            for id in [g.instance, b.instance] {
+                let i = s.instances.get_mut(&id).unwrap();
+                i.gpu_used_ppm = 200_000;
+                i.sm_used_mean = Some(0.2);
+                i.contention_used_ppm = 10_000;
+            }
+            s.attribute_collisions();
+            s.gpus[gi].harvest.training_share()
+        };
+        assert_eq!(share(&mut s), 1.0);
+        s.cfg.turns = TurnsMode::Off;
+        assert!(
+            share(&mut s) < 0.9,
+            "without turns, part of it is the other function's"
+        );
+        s.cfg.turns = TurnsMode::Auto;
+        // A reload that turns them off switches the board off and hands none to new grants.
+        let base = s.cfg.clone();
+        let new = Config {
+            turns: TurnsMode::Off,
+            ..base.clone()
+        };
+        let out = s
+            .reload(&base, &new, |_| unreachable!("θ did not change"))
+            .unwrap();
+        assert_eq!(out.applied, vec!["turns: \"auto\" -> \"off\""]);
+        assert_eq!(enabled(), 0);
+        assert!(s.board_of(g.gpu_index).is_none());
+        assert!(!s.grant_of(g.instance).board);
+        // Harvest off: no turns either.
+        assert!(!takes_turns(false, TurnsMode::On, None));
+        assert!(takes_turns(true, TurnsMode::On, Some(Sharing::Mps)));
     }
 
     /// A sample with a training process (pid 1, never ours) busy `util` % and `fns` (pid, SM %).
@@ -2168,6 +2306,7 @@ mod tests {
                     gpu_ns: sec * 40_000_000,
                     contention_ns: sec * 1_000_000,
                     deferred_ns: sec * 2_000_000,
+                    turn_waited_ns: sec * 500_000,
                 },
             );
             s.report(g.instance, &[2.5; 20], None, None, None);
@@ -2180,6 +2319,7 @@ mod tests {
         // What its shim reported holding is in the status.
         let f = &s.snapshot()["gpus"][0]["functions"][0];
         assert_eq!(f["deferred_ns"].as_u64(), Some(8_000_000), "{f}");
+        assert_eq!(f["turn_waited_ns"].as_u64(), Some(2_000_000), "{f}");
         // A request that waited 3 ms: the SLO less the wait and the reserve for 2 ms of GPU time.
         let before = smore_protocol::grant::monotonic_ns();
         assert!(s.admit_request(g.instance, 3.0).admitted);
@@ -2223,6 +2363,8 @@ mod tests {
     fn collisions_are_attributed_by_what_both_nvml_and_the_shims_show_of_the_other_functions() {
         let mut s = harvest_state();
         s.cfg.grants_per_process = 100;
+        // Functions that take turns are attributed whole (below); these do not.
+        s.cfg.turns = TurnsMode::Off;
         let a = s.register(me(), args(1 << 30)).unwrap().0;
         let b = s.register(me(), args(1 << 30)).unwrap().0;
         // Training busy 30 % beside the functions.

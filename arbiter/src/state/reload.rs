@@ -2,7 +2,7 @@
 //!
 //! Owns: the list of keys that change live ([`LIVE_KEYS`]), applying them to the state (θ_train
 //! into every GPU's harvest ledger and the policy, the watchdog action, the prewarm policy,
-//! harvest and deferral on/off, the context-switch charge into every harvesting function's page), and building the prewarm manager from its config string (one
+//! harvest, deferral and turns on/off, the context-switch charge into every harvesting function's page), and building the prewarm manager from its config string (one
 //! implementation for start and reload).
 //!
 //! Must never: half-apply a config (the caller validates the whole file first: a file that does
@@ -15,12 +15,13 @@ use crate::policy::Policy;
 
 /// Config keys (as serialized) a running arbiter takes over on SIGHUP. Everything else — the
 /// socket, the state directory, the GPUs, the policy kind and its model … — is fixed at start.
-pub const LIVE_KEYS: [&str; 6] = [
+pub const LIVE_KEYS: [&str; 7] = [
     "theta_train",
     "watchdog_action",
     "prewarm_policy",
     "harvest",
     "defer",
+    "turns",
     "context_switch_ns",
 ];
 
@@ -97,6 +98,8 @@ impl State {
         // Deferral follows at the next admission (a latest start already written lapses within
         // the request's SLO).
         merged.defer = new.defer;
+        // Turns follow at once (the boards' `enabled` words).
+        merged.turns = new.turns;
         merged.context_switch_ns = new.context_switch_ns;
         let changes = changed_keys(&self.cfg, &merged);
         if changes.is_empty() {
@@ -118,6 +121,7 @@ impl State {
             .collect();
         let switch_changed = merged.context_switch_ns != self.cfg.context_switch_ns;
         self.cfg = merged;
+        self.set_turns();
         if switch_changed {
             // Into every harvesting function's page now, not at the next budget split.
             let gpus: Vec<u32> = self.gpus.iter().map(|g| g.info.index).collect();

@@ -150,8 +150,8 @@ fn try_run(a: RunArgs) -> Result<i32> {
             return Ok(EXIT_UNREACHABLE);
         }
     };
-    let (reply, page) = client
-        .call_with_fd(Request::Register(Register {
+    let (reply, fds) = client
+        .call_with_fds(Request::Register(Register {
             function: function.clone(),
             model: a.model.clone(),
             slo_ms: a.slo,
@@ -177,7 +177,13 @@ fn try_run(a: RunArgs) -> Result<i32> {
         }
         other => anyhow::bail!("unexpected reply {other:?}"),
     };
-    let page = page.context("the arbiter granted without a grant page")?;
+    let mut fds = fds.into_iter();
+    let page = fds
+        .next()
+        .context("the arbiter granted without a grant page")?;
+    // The GPU's turn board, when the grant says one follows (docs/harvest.md, "Serializing the
+    // functions"): without it the function runs without turns.
+    let board = if grant.board { fds.next() } else { None };
     eprintln!(
         "smore run: {function} admitted as instance {} on GPU {} ({}), cap {}, SM share {} %",
         grant.instance,
@@ -198,6 +204,10 @@ fn try_run(a: RunArgs) -> Result<i32> {
     let ledger = smore_protocol::ledger::create().context("creating the grant's shared ledger")?;
     rustix::io::fcntl_setfd(&ledger, rustix::io::FdFlags::empty())
         .context("clearing close-on-exec")?;
+    if let Some(b) = &board {
+        rustix::io::fcntl_setfd(b, rustix::io::FdFlags::empty())
+            .context("clearing close-on-exec")?;
+    }
     let mut preload = shim.display().to_string();
     if let Ok(old) = std::env::var("LD_PRELOAD") {
         if !old.is_empty() {
@@ -226,6 +236,12 @@ fn try_run(a: RunArgs) -> Result<i32> {
             ),
         )
         .env("SMORE_FUNCTION", &function);
+    if let Some(b) = &board {
+        cmd.env(
+            smore_protocol::board::ENV_BOARD_FD,
+            b.as_raw_fd().to_string(),
+        );
+    }
     if grant.failure_policy == Some(wire::FailurePolicy::FailClosed) {
         // A node that fails closed does so whatever the caller's SMORE_FAILURE says (what the
         // shim does if the arbiter goes away while the command runs; docs/shim.md, "Failure

@@ -1,9 +1,11 @@
-//! Maps the arbiter's grant page (a sealed memfd) read-only, and a grant's shared ledger
-//! (`smore_protocol::ledger`, made by `smore run`) read-write.
+//! Maps the arbiter's grant page (a sealed memfd) read-only, and read-write a grant's shared
+//! ledger (`smore_protocol::ledger`, made by `smore run`) and a GPU's turn board
+//! (`smore_protocol::board`, made by the arbiter).
 //!
 //! Must never: map the grant page writable, accept an fd smaller than the page layout, or return a page
 //! whose magic / version is not ours (a wrong fd must not be read as limits).
 
+use smore_protocol::board::{TurnBoard, BOARD_BYTES};
 use smore_protocol::grant::{GrantPage, PAGE_BYTES};
 use smore_protocol::ledger::{LedgerTable, LEDGER_BYTES};
 use std::os::fd::RawFd;
@@ -63,6 +65,28 @@ pub fn map_fd(fd: RawFd) -> Result<&'static GrantPage, String> {
 /// our layout. Never unmapped (the table is the process's ledger until it exits); a fork child
 /// inherits the mapping, an exec'd descendant maps the inherited fd again.
 pub fn map_ledger_fd(fd: RawFd) -> Result<&'static LedgerTable, String> {
+    map_shared(fd, LEDGER_BYTES, "shared ledger", LedgerTable::is_valid)
+}
+
+/// Maps `fd` (`PROT_READ | PROT_WRITE`, `MAP_SHARED`) and checks it holds a [`TurnBoard`] of our
+/// layout (the GPU's turn board, from the arbiter). Never unmapped, like the ledger.
+pub fn map_board_fd(fd: RawFd) -> Result<&'static TurnBoard, String> {
+    map_shared(fd, BOARD_BYTES, "turn board", TurnBoard::is_valid)
+}
+
+/// A table shared read-write between processes: every field written after its creation is an
+/// atomic, and all-zero bytes are a valid value of it (its creator zero-fills the memfd).
+trait SharedTable {}
+impl SharedTable for LedgerTable {}
+impl SharedTable for TurnBoard {}
+
+/// Maps `fd` of exactly `bytes` read-write and shared, as a `T` that `valid` accepts.
+fn map_shared<T: SharedTable>(
+    fd: RawFd,
+    bytes: usize,
+    what: &str,
+    valid: fn(&T) -> bool,
+) -> Result<&'static T, String> {
     // SAFETY: `libc::stat` is plain old data, for which all-zero bytes are a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat on any integer is safe (EBADF for a non-fd); `st` is a valid out pointer.
@@ -72,17 +96,18 @@ pub fn map_ledger_fd(fd: RawFd) -> Result<&'static LedgerTable, String> {
             std::io::Error::last_os_error()
         ));
     }
-    if st.st_size as u64 != LEDGER_BYTES as u64 {
+    if st.st_size as u64 != bytes as u64 {
         return Err(format!(
-            "fd {fd} holds {} bytes, not a shared ledger's {LEDGER_BYTES}",
+            "fd {fd} holds {} bytes, not a {what}'s {bytes}",
             st.st_size
         ));
     }
-    // SAFETY: a fresh shared mapping of an open fd of LEDGER_BYTES; the kernel checks the rest.
+    debug_assert!(std::mem::size_of::<T>() <= bytes);
+    // SAFETY: a fresh shared mapping of an open fd of `bytes`; the kernel checks the rest.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            LEDGER_BYTES,
+            bytes,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
             fd,
@@ -95,15 +120,17 @@ pub fn map_ledger_fd(fd: RawFd) -> Result<&'static LedgerTable, String> {
             std::io::Error::last_os_error()
         ));
     }
-    // SAFETY: the mapping is LEDGER_BYTES ≥ size_of::<LedgerTable>() long, page-aligned, lives
-    // for the rest of the process (never unmapped), and every field written after creation is an
-    // atomic (other processes write it concurrently through the same atomics).
-    let table: &'static LedgerTable = unsafe { &*(p as *const LedgerTable) };
-    if !table.is_valid() {
+    // SAFETY: the mapping is `bytes` ≥ size_of::<T>() long (the protocol crate sizes both
+    // tables' memfds to whole pages of their layouts), page-aligned, lives for the rest of the
+    // process (never unmapped), and `T: SharedTable` — every field written after creation is an
+    // atomic (other processes write it concurrently through the same atomics) and zero bytes
+    // are valid.
+    let table: &'static T = unsafe { &*(p as *const T) };
+    if !valid(table) {
         // SAFETY: unmapping the mapping we just made; nothing references it.
-        unsafe { libc::munmap(p, LEDGER_BYTES) };
+        unsafe { libc::munmap(p, bytes) };
         return Err(format!(
-            "fd {fd} is not a smore shared ledger (magic or layout version differ)"
+            "fd {fd} is not a smore {what} (magic or layout version differ)"
         ));
     }
     Ok(table)
@@ -140,6 +167,20 @@ mod tests {
             b.slots[3].bytes[1].load(std::sync::atomic::Ordering::SeqCst),
             77
         );
+    }
+
+    #[test]
+    fn only_a_turn_board_of_our_layout_is_mapped_and_writes_are_shared() {
+        let e = map_board_fd(memfd(BOARD_BYTES).as_raw_fd()).unwrap_err();
+        assert!(e.contains("not a smore turn board"), "{e}");
+        let e = map_board_fd(memfd(LEDGER_BYTES).as_raw_fd()).unwrap_err();
+        assert!(e.contains("not a turn board's"), "{e}");
+        let fd = smore_protocol::board::create().unwrap();
+        let a = map_board_fd(fd.as_raw_fd()).unwrap();
+        let b = map_board_fd(fd.as_raw_fd()).unwrap();
+        a.turn.store(42, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(b.turn.load(std::sync::atomic::Ordering::SeqCst), 42);
+        assert_eq!(b.enabled.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[test]

@@ -110,6 +110,7 @@ fn granted(cap: u64, share: u32) -> Reply {
         rule: "test".into(),
         failure_policy: None,
         pid: None,
+        board: false,
     })
 }
 

@@ -262,6 +262,7 @@ impl Admission {
                 gpu_ns: None,
                 contention_ns: None,
                 deferred_ns: None,
+                turn_waited_ns: None,
                 contention_ahead_ns: None,
             }) {
                 return Err(Preempted {

@@ -1,0 +1,125 @@
+//! Turns (docs/harvest.md, "Serializing the functions"; docs/shim.md, "Turns"): two harvesting
+//! functions on a time-sliced GPU beside a trainer take turns through the GPU's board, so their
+//! kernels wait on the GPU behind each other far less than without turns.
+//!
+//! What a function waited behind the other is read from the simulated node's ground truth
+//! (`Node::truth_of`, never visible to the arbiter or the shims): on a time-sliced GPU the
+//! functions' waits sum to what the trainer imposed on them plus what they imposed on each other,
+//! so the second is `Σ interference(function) − imposed(trainer)` when the trainer waits only
+//! behind functions.
+
+use smore_e2e::*;
+use smore_simgpu::SchedMode;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// One run at a time (host-time measurements; see tests/e2e/tests/harvest_estimate.rs).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// What one run measured over its window.
+#[derive(Debug)]
+struct Run {
+    /// The functions' waits behind each other, as a fraction of wall time.
+    behind_each_other: f64,
+    /// The functions' waits behind the trainer, as a fraction of wall time.
+    behind_trainer: f64,
+    /// What the functions' shims reported waiting for their turns, ms (status).
+    turn_waited_ms: f64,
+}
+
+/// Two functions (each 4 × 300 µs every 6 ms: 40 % of the GPU together) beside a trainer busy
+/// about a quarter of the time, with `[policy] turns = turns`; measured over 6 s.
+fn run(turns: &str) -> Run {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let sim = SimGpu::builder()
+        .memory("16GiB")
+        .mode(SchedMode::TimeSlice)
+        .build()
+        .expect("simulated node");
+    let node = sim.node();
+    let arb = Arbiter::new(
+        &sim,
+        &format!("\n[policy]\nname = \"fit\"\nturns = {turns:?}\n"),
+    );
+    let mut trainer: Child = sim
+        .command(bin("sim-trainer"))
+        .args(["--profile", "low", "--seconds", "14", "--quiet"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The arbiter trusts the trainer's solo utilization after 2 s alone.
+    std::thread::sleep(Duration::from_millis(2500));
+    let fns: Vec<Child> = (0..2)
+        .map(|i| {
+            arb.smore()
+                .args(["run", "--function", &format!("f{i}"), "--slo", "100"])
+                .args(["--memory", "1GiB", "--shim"])
+                .arg(shim_lib())
+                .arg("--")
+                .arg(bin("sim-function"))
+                .args(["--kernels", "4", "--kernel-us", "300", "--interval-ms", "6"])
+                .args(["--seconds", "10", "--quiet"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let truth = |pid: u32| node.truth_of(0, pid).expect("a slot on the node");
+    let sum = || {
+        let t = truth(trainer.id());
+        let waited: u64 = fns.iter().map(|f| truth(f.id()).interference_ns).sum();
+        (Instant::now(), t.imposed_ns, waited)
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let (t0, imposed0, waited0) = sum();
+    std::thread::sleep(Duration::from_secs(6));
+    let (t1, imposed1, waited1) = sum();
+    let status = arb.status();
+    let turn_waited_ms: f64 = status["gpus"][0]["functions"]
+        .as_array()
+        .expect("functions in the status")
+        .iter()
+        .map(|f| f["turn_waited_ns"].as_u64().unwrap_or(0) as f64 / 1e6)
+        .sum();
+    for mut f in fns {
+        let _ = f.kill();
+        let _ = f.wait();
+    }
+    let _ = trainer.kill();
+    let _ = trainer.wait();
+    let wall = (t1 - t0).as_secs_f64() * 1e9;
+    let behind_trainer = (imposed1 - imposed0) as f64;
+    let r = Run {
+        behind_each_other: ((waited1 - waited0) as f64 - behind_trainer).max(0.0) / wall,
+        behind_trainer: behind_trainer / wall,
+        turn_waited_ms,
+    };
+    eprintln!("turns {turns}: {r:?}");
+    r
+}
+
+#[test]
+fn harvesting_functions_on_a_time_sliced_gpu_take_turns() {
+    let off = run("off");
+    let on = run("auto");
+    // Without turns they do wait behind each other (else this test could not fail).
+    assert!(
+        off.behind_each_other > 0.01,
+        "without turns the functions barely met: {off:?}"
+    );
+    // Turns do not hide the trainer: the functions still wait behind it.
+    assert!(
+        on.behind_trainer > 0.01 && off.behind_trainer > 0.01,
+        "the trainer was busy beside them: on {on:?}, off {off:?}"
+    );
+    assert_eq!(off.turn_waited_ms, 0.0, "no board, no turns: {off:?}");
+    assert!(
+        on.turn_waited_ms > 0.0,
+        "the shims waited for turns: {on:?}"
+    );
+    assert!(
+        on.behind_each_other < 0.5 * off.behind_each_other,
+        "with turns the functions' waits behind each other fall by half at least: on {on:?}, off {off:?}"
+    );
+}
