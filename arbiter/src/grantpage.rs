@@ -63,6 +63,26 @@ impl BoardHandle {
             .store(u32::from(on), std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Gives seat `seat` to instance `id`: its owner word, nobody in line there.
+    pub fn claim(&self, seat: usize, id: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if let Some(m) = self.board().members.get(seat) {
+            m.key.store(0, SeqCst);
+            m.seen_ns.store(0, SeqCst);
+            m.owner.store(id, SeqCst);
+        }
+    }
+
+    /// Frees seat `seat` (its instance was released).
+    pub fn vacate(&self, seat: usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if let Some(m) = self.board().members.get(seat) {
+            m.owner.store(0, SeqCst);
+            m.key.store(0, SeqCst);
+            m.seen_ns.store(0, SeqCst);
+        }
+    }
+
     /// The fd to pass to the function process.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

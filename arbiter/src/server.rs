@@ -514,9 +514,15 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
         let (reply, fd_page, board) = {
             let mut st = lock(&state);
             let (reply, page) = handle(&mut st, peer, &mut registered, &mut attached, env.req);
-            // A grant that says a turn board follows carries it after the page.
-            let board = match &reply {
-                Reply::Granted(g) if g.board => st.board_of(g.gpu_index).cloned(),
+            let mut reply = reply;
+            // A grant that says a turn board follows carries it after the page; a reply without
+            // a page (attach) carries neither, and says so.
+            let board = match &mut reply {
+                Reply::Granted(g) if g.board && page.is_some() => st.board_of(g.gpu_index).cloned(),
+                Reply::Granted(g) => {
+                    g.board = false;
+                    None
+                }
                 _ => None,
             };
             // Persisted before the reply announces the change (written outside the lock).

@@ -5,20 +5,21 @@
 //! Why: on a time-sliced GPU a function kernel that waits behind another function's looks, to its
 //! shim, exactly like one that waits behind the training job, so the shims charged their
 //! collision budget for waits behind each other, and the GPU's round robin among contexts served
-//! several functions' requests at once instead of one after the other. Measured as a study in
-//! the simulated function (`smore demo --serialize`), taking turns lifted DSR 64 → 81 %.
+//! several functions' requests at once instead of one after the other (docs/harvest.md has the
+//! study that measured it, and what turns in smore measured).
 //!
 //! Owns the table's layout and its creation. The arbiter creates one per GPU (a memfd, [`create`])
 //! and sends it with each grant on that GPU as a second `SCM_RIGHTS` fd after the grant page;
-//! `smore run` hands it down as [`ENV_BOARD_FD`]. The shim maps it read-write: unlike the grant
-//! page, every function of the GPU writes to it. The arbiter never reads it for a decision.
-//! What a function can do with it (delay its neighbours by a lease, no more) is in the threat
-//! model, docs/arbiter.md.
+//! `smore run` hands it down as [`ENV_BOARD_FD`]. The arbiter assigns each instance its seat
+//! (written into the sealed grant page, `DeviceGrant::turn_seat`). The shim maps the board
+//! read-write: unlike the grant page, every function of the GPU writes to it. The arbiter never
+//! reads it for a decision. What a function can do with it (delay its neighbours' launches, by
+//! bounded amounts) is in the threat model, docs/arbiter.md.
 //!
 //! Must never: change layout without bumping [`BOARD_VERSION`].
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 /// Environment variable through which `smore run` hands the GPU's turn board fd to the function.
 pub const ENV_BOARD_FD: &str = "SMORE_BOARD_FD";
@@ -26,22 +27,25 @@ pub const ENV_BOARD_FD: &str = "SMORE_BOARD_FD";
 pub const BOARD_MAGIC: u64 = 0x4452_4245_524f_4d53;
 /// Layout version of [`TurnBoard`].
 pub const BOARD_VERSION: u32 = 1;
-/// Processes that can take turns on one GPU: 64. Reasoning: a GPU runs a handful of function
-/// instances; a process that finds every member slot held by a live process runs without turns
-/// (as without a board), which errs on the trainer's side only through its own budget.
+/// Functions that can take turns on one GPU: 64. Reasoning: a GPU runs a handful of function
+/// instances; one registered when every seat is taken runs without turns (as without a board),
+/// its waits behind the others charged as collisions: the trainer's side.
 pub const BOARD_MEMBERS: usize = 64;
 
-/// One process taking turns.
+/// One function taking turns (every process of its grant: the seat is the instance's).
 #[repr(C)]
 #[derive(Debug)]
 pub struct Member {
-    /// The process's owner word (`ledger::owner_word`: pid and start time), 0 = free.
+    /// The instance holding the seat (its id), 0 = free. Written by the arbiter, which assigns
+    /// seats at registration and frees them at release (`DeviceGrant::turn_seat`).
     pub owner: AtomicU64,
-    /// While the process waits for a turn: its place in line (smaller goes first; CLOCK_MONOTONIC
-    /// ns when it began waiting). 0 = not waiting.
-    pub waiting_since: AtomicU64,
+    /// While the process waits for a turn: its place in line, smaller first — the deadline of
+    /// its current request (`DeviceGrant::turn_key_ns`), or when it began waiting if none is
+    /// known (CLOCK_MONOTONIC ns). 0 = not waiting.
+    pub key: AtomicU64,
     /// When the waiter last looked at the board, CLOCK_MONOTONIC ns: a waiter that stopped
-    /// looking (died, stopped) is passed over once this is old.
+    /// looking (died, stopped) is passed over once this is old, and one that claims to have
+    /// looked in the future is not believed.
     pub seen_ns: AtomicU64,
 }
 
@@ -50,16 +54,17 @@ pub struct Member {
 #[repr(C)]
 #[derive(Debug)]
 pub struct TurnBoard {
-    /// [`BOARD_MAGIC`].
-    pub magic: u64,
+    /// [`BOARD_MAGIC`]. Atomic like every field: any function of the GPU may write any of them
+    /// while another reads.
+    pub magic: AtomicU64,
     /// [`BOARD_VERSION`].
-    pub version: u32,
+    pub version: AtomicU32,
     /// 1 = the GPU's functions take turns; 0 = they do not (an MPS GPU, where kernels of
     /// different processes run at once and concurrency is what the GPU offers). Written by the
     /// arbiter.
     pub enabled: AtomicU32,
     /// Zero.
-    pub reserved: u64,
+    pub reserved: AtomicU64,
     /// The turn: the holder's member index + 1 in the top 16 bits (0 = none), and the end of its
     /// lease in µs of CLOCK_MONOTONIC in the low 48 bits (8.9 years of uptime). One word, so
     /// that taking and extending a turn is one compare-and-swap.
@@ -91,14 +96,14 @@ impl TurnBoard {
     /// processes is a memfd).
     pub fn empty() -> TurnBoard {
         TurnBoard {
-            magic: BOARD_MAGIC,
-            version: BOARD_VERSION,
+            magic: AtomicU64::new(BOARD_MAGIC),
+            version: AtomicU32::new(BOARD_VERSION),
             enabled: AtomicU32::new(1),
-            reserved: 0,
+            reserved: AtomicU64::new(0),
             turn: AtomicU64::new(0),
             members: std::array::from_fn(|_| Member {
                 owner: AtomicU64::new(0),
-                waiting_since: AtomicU64::new(0),
+                key: AtomicU64::new(0),
                 seen_ns: AtomicU64::new(0),
             }),
         }
@@ -106,7 +111,7 @@ impl TurnBoard {
 
     /// Whether a mapped table is one of ours, of this layout version.
     pub fn is_valid(&self) -> bool {
-        self.magic == BOARD_MAGIC && self.version == BOARD_VERSION
+        self.magic.load(Relaxed) == BOARD_MAGIC && self.version.load(Relaxed) == BOARD_VERSION
     }
 }
 

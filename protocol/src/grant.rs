@@ -24,8 +24,8 @@ pub const PAGE_MAGIC: u64 = 0x4d49_4c45_524f_4d53;
 pub const CONTENTION_HORIZON_NS: u64 = 1_000_000_000;
 /// Layout version of [`GrantPage`]. 2: `DeviceGrant::contention_ppm` (was padding). 3:
 /// `GrantPage::slot_uuid` (the GPU each slot describes). 4: `DeviceGrant::defer_until_ns`. 5:
-/// `DeviceGrant::switch_ns`.
-pub const PAGE_VERSION: u32 = 5;
+/// `DeviceGrant::switch_ns`. 6: `DeviceGrant::turn_key_ns`, `DeviceGrant::turn_seat`.
+pub const PAGE_VERSION: u32 = 6;
 /// Largest context-switch charge a page may carry: 10 ms (ns). Reasoning: a real H200's trainer
 /// lost 0.1–0.35 ms per overlap, two switches (docs/real-gpu.md, section 9); a value beyond a
 /// few timeslices is a typo, and the shim never trusts foreign memory past it.
@@ -68,10 +68,21 @@ pub struct DeviceGrant {
     /// the collision's run time (docs/harvest.md, "Context switches"). Set by the arbiter from
     /// the node's `[gpus] context_switch_us`; at most [`MAX_SWITCH_NS`].
     pub switch_ns: AtomicU64,
+    /// Harvest with turns: the deadline of the function's current request (CLOCK_MONOTONIC ns;
+    /// 0 = none known), its place in line for the GPU's turn — the earliest deadline goes first
+    /// (docs/harvest.md, "Serializing the functions"). Written by the arbiter at each request's
+    /// admission on a GPU whose functions take turns.
+    pub turn_key_ns: AtomicU64,
+    /// Harvest with turns: the function's seat on its GPU's turn board, index + 1 (0 = none: it
+    /// runs without turns). Assigned by the arbiter per instance, so every process of the grant
+    /// — fork children, exec'd descendants, in any pid namespace — takes turns as one function.
+    pub turn_seat: AtomicU32,
+    /// Zero.
+    pub reserved: u32,
 }
 
-/// The page: header plus [`MAX_DEVICES`] grants and slot UUIDs. 8 + 4 + 4 + 16 × 40 + 16 × 16 =
-/// 912 bytes (< 4 KiB).
+/// The page: header plus [`MAX_DEVICES`] grants and slot UUIDs. 8 + 4 + 4 + 16 × 56 + 16 × 16 =
+/// 1 168 bytes (< 4 KiB).
 #[repr(C)]
 #[derive(Debug)]
 pub struct GrantPage {
@@ -109,6 +120,9 @@ impl GrantPage {
                 generation: AtomicU64::new(0),
                 defer_until_ns: AtomicU64::new(0),
                 switch_ns: AtomicU64::new(0),
+                turn_key_ns: AtomicU64::new(0),
+                turn_seat: AtomicU32::new(0),
+                reserved: 0,
             }),
             slot_uuid: std::array::from_fn(|_| [AtomicU64::new(0), AtomicU64::new(0)]),
         }
@@ -187,6 +201,37 @@ impl GrantPage {
         if let Some(d) = self.devices.get(dev) {
             d.defer_until_ns.store(until_ns, Relaxed);
         }
+    }
+
+    /// Owner-side: the deadline of the function's current request on `dev` (CLOCK_MONOTONIC; 0 =
+    /// none), its place in line for the GPU's turn. Not a grant change: the generation is not
+    /// bumped.
+    pub fn set_turn_key(&self, dev: usize, deadline_ns: u64) {
+        if let Some(d) = self.devices.get(dev) {
+            d.turn_key_ns.store(deadline_ns, Relaxed);
+        }
+    }
+
+    /// Owner-side: the function's seat on `dev`'s turn board (`None`: no seat, no turns).
+    pub fn set_turn_seat(&self, dev: usize, seat: Option<usize>) {
+        if let Some(d) = self.devices.get(dev) {
+            d.turn_seat.store(seat.map_or(0, |s| s as u32 + 1), Relaxed);
+        }
+    }
+
+    /// The function's seat on `dev`'s turn board, if it has one (also none for untracked
+    /// devices).
+    pub fn turn_seat(&self, dev: usize) -> Option<usize> {
+        let v = self.devices.get(dev)?.turn_seat.load(Relaxed);
+        (v as usize).checked_sub(1)
+    }
+
+    /// The deadline of the function's current request on `dev`, its place in line for the GPU's
+    /// turn (CLOCK_MONOTONIC ns; 0 = none known, also for untracked devices).
+    pub fn turn_key(&self, dev: usize) -> u64 {
+        self.devices
+            .get(dev)
+            .map_or(0, |d| d.turn_key_ns.load(Relaxed))
     }
 
     /// Owner-side: one context switch on `dev` costs `ns` (clamped to [`MAX_SWITCH_NS`]). Not a

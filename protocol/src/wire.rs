@@ -102,8 +102,9 @@ pub enum Request {
         #[serde(default)]
         deferred_ns: Option<u64>,
         /// Time the reporting process's launches waited for their turn on the GPU, ns
-        /// (cumulative; docs/harvest.md, "Serializing the functions").
-        #[serde(default)]
+        /// (cumulative; docs/harvest.md, "Serializing the functions"). Left out when none: an
+        /// arbiter before it refuses fields it does not know.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         turn_waited_ns: Option<u64>,
         /// How far the reporting process's contention bucket ran ahead of now when it reported,
         /// ns (not cumulative): the arbiter's request admission mirrors that bucket and catches

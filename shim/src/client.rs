@@ -495,7 +495,7 @@ impl Reporter {
             gpu_ns: Some(usage.gpu_ns),
             contention_ns: Some(usage.contention_ns),
             deferred_ns: Some(usage.deferred_ns),
-            turn_waited_ns: Some(usage.turn_waited_ns),
+            turn_waited_ns: (usage.turn_waited_ns > 0).then_some(usage.turn_waited_ns),
             contention_ahead_ns: Some(usage.contention_ahead_ns),
         });
         match r {

@@ -385,7 +385,8 @@ fn init() -> &'static Runtime {
         _ => None,
     };
     let mut rt = Runtime::build(parsed.config, &parsed.errors, source);
-    set_board(&rt.turns, board, resume.as_ref().map_or(0, |r| r.slot));
+    let slot = resume.as_ref().map_or(0, |r| r.slot);
+    set_board(&rt.turns, board, slot, rt.limits());
     if let Some(path) = env("SMORE_TRACE_SAMPLES") {
         match SampleTrace::open(&path, os::pid(), os::now_ns()) {
             Ok(t) => {
@@ -440,32 +441,29 @@ fn init() -> &'static Runtime {
 /// No seat on a turn board.
 static NO_SEAT: Option<Seat<'static>> = None;
 
-/// Seats this process on `board` (the GPU's turn board that came with the grant, for its
-/// grant-page slot `slot`) and makes it `turns`'s; none without a board or a free seat (said
-/// once). Cold: reads this process's start time.
+/// Seats this process on `board` (the GPU's turn board that came with the grant) at its
+/// function's seat — the one the arbiter wrote into `page` for grant-page slot `slot` — and makes
+/// it `turns`'s; none without a board or a seat.
 fn set_board(
     turns: &os::StaticRef<Option<Seat<'static>>>,
     board: Option<&'static TurnBoard>,
     slot: usize,
+    page: &GrantPage,
 ) {
-    let Some(board) = board else {
-        turns.set(&NO_SEAT);
-        return;
-    };
-    let me = os::pid();
-    let Ok(Some(start)) = os::start_ticks(me) else {
-        log::line(
-            Level::Warn,
-            format_args!("turn board: cannot read this process's start time; this process runs without turns"),
-        );
-        turns.set(&NO_SEAT);
-        return;
-    };
-    let owner = smore_protocol::ledger::owner_word(me, start);
-    match Seat::join(board, slot, owner, os::owner_alive) {
-        Ok(seat) => turns.set(Box::leak(Box::new(Some(seat)))),
-        Err(e) => {
-            log::line(Level::Warn, format_args!("turn board: {e}"));
+    let seat = board
+        .zip(page.turn_seat(slot))
+        .and_then(|(b, member)| Seat::new(b, member, slot));
+    match seat {
+        Some(seat) => turns.set(Box::leak(Box::new(Some(seat)))),
+        None => {
+            if board.is_some() {
+                log::line(
+                    Level::Info,
+                    format_args!(
+                        "turn board: the grant gives this function no seat; it runs without turns"
+                    ),
+                );
+            }
             turns.set(&NO_SEAT);
         }
     }
@@ -474,7 +472,7 @@ fn set_board(
 /// The watcher's hook for the turn board of a new grant (after a re-registration).
 fn board_to(board: Option<&'static TurnBoard>, slot: usize) {
     if let Some(rt) = peek() {
-        set_board(&rt.turns, board, slot);
+        set_board(&rt.turns, board, slot, rt.limits());
     }
 }
 
@@ -1257,8 +1255,16 @@ impl Runtime {
         if reserved {
             if let Some(seat) = self.turns.get() {
                 if seat.slot() == slot && seat.enabled() {
-                    if let Take::WaitUntil(t) = seat.try_take(now, self.backlog[dev].end()) {
-                        now = self.wait_for_turn(seat, dev, now, t, cost);
+                    let key = turns::key(page.turn_key(slot), now);
+                    if let Take::WaitUntil(t) = seat.try_take(now, self.backlog[dev].end(), key) {
+                        let waited_from = now;
+                        now = self.wait_for_turn(seat, dev, (now, key), t, cost);
+                        // What was decided above rests on evidence the wait made stale: this
+                        // launch probes (docs/harvest.md, "Enforcement on stale evidence").
+                        if now.saturating_sub(waited_from) > harvest::STALE_NS {
+                            probe = true;
+                            blocking = true;
+                        }
                     }
                 }
             }
@@ -1304,24 +1310,32 @@ impl Runtime {
         self.sampled_launch(pending, stream, ptsz, call)
     }
 
-    /// Waits, from `start`, for this process's turn on the GPU (first look at `first`), at
-    /// most [`turns::MAX_WAIT_NS`]; returns when it goes. The launch's backlog slot moves with
-    /// it (its work ends no earlier than its cost after it goes), so the lease it takes covers
-    /// its work.
+    /// Waits, from `start`, in line at `key` for this process's turn on the GPU (first look at
+    /// `first`), at most [`turns::MAX_WAIT_NS`]; returns when it goes. The launch's backlog slot
+    /// moves with it (its work ends no earlier than its cost after it goes), so the lease it
+    /// takes covers its work.
     #[cold]
-    fn wait_for_turn(&self, seat: &Seat, dev: usize, start: u64, first: u64, cost: u64) -> u64 {
+    fn wait_for_turn(
+        &self,
+        seat: &Seat,
+        dev: usize,
+        (start, key): (u64, u64),
+        first: u64,
+        cost: u64,
+    ) -> u64 {
         let give_up = start.saturating_add(turns::MAX_WAIT_NS);
         let mut next = first;
         loop {
             os::sleep_until(next.min(give_up));
             let now = os::now_ns();
             self.backlog[dev].went_at(now, cost);
-            if now >= give_up {
-                seat.leave_line();
-                self.usage[dev].add_turn_wait(now - start, true);
+            if now >= give_up || !seat.enabled() {
+                let gave_up = now >= give_up;
+                seat.leave_line_at(now, gave_up);
+                self.usage[dev].add_turn_wait(now - start, gave_up);
                 return now;
             }
-            match seat.try_take(now, self.backlog[dev].end()) {
+            match seat.try_take(now, self.backlog[dev].end(), key) {
                 Take::Go => {
                     self.usage[dev].add_turn_wait(now - start, false);
                     return now;

@@ -5,26 +5,33 @@
 //! Why: on a time-sliced GPU a kernel that waits behind another function's looks, to its shim,
 //! like one that waits behind the training job, so the shims charged their collision budgets for
 //! each other's work; and the GPU's round robin among contexts served several requests at once
-//! instead of one after the other. With turns, the waits a shim measures are behind training
-//! (or a process outside smore) only.
+//! instead of one after the other. With turns, the waits a shim measures are mostly behind
+//! training (or a process outside smore).
 //!
-//! A turn is a lease on the board's one turn word: the holder's member index and until when
-//! (µs). A launch of the holder extends the lease to the end of the holder's queued work
-//! ([`crate::harvest::Backlog`]) plus [`TURN_GAP_NS`] — the host time between one request's
-//! launches — so a turn lasts while its holder keeps work on the GPU and lapses soon after
-//! (no synchronization is hooked). A launch of another process waits, on the host, until the
-//! lease runs out and it is first in line (earliest wait first), then takes the turn with one
-//! compare-and-swap.
+//! A turn is a lease on the board's one turn word: the holder's seat and until when (µs). Seats
+//! are the arbiter's: one per instance, in the grant page (`DeviceGrant::turn_seat`), so every
+//! process of a function takes turns as that function. A launch of the holder extends the lease
+//! to the end of its queued work ([`crate::harvest::Backlog`]) plus [`TURN_GAP_NS`] — the host
+//! time between one request's launches — so a turn lasts while its holder keeps work on the GPU
+//! and lapses soon after (no synchronization is hooked). Another function's launch waits, on the
+//! host, until the lease runs out and it is first in line, then takes the turn with one
+//! compare-and-swap. The line is in deadline order: a launch's key is the deadline of its
+//! function's current request, which the arbiter writes into the grant page at the request's
+//! admission (`DeviceGrant::turn_key_ns`), or the time it came if none is known.
 //!
-//! Owns the turn rule and the member seats. Bounds that keep a function from stalling its
-//! neighbours through a board it can write: a lease is never honoured further than
-//! [`MAX_LEASE_NS`] ahead, a holder stops extending after [`TURN_MAX_NS`] while others wait, and
-//! a launch waits at most [`MAX_WAIT_NS`] before it goes without a turn.
+//! Owns the turn rule. Bounds that keep a function from stalling its neighbours through a board
+//! it can write: a lease is never honoured further than [`MAX_LEASE_NS`] ahead; a holder that
+//! has had the turn [`TURN_MAX_NS`] while another waits cuts its lease short; a waiter's claim to
+//! have looked in the future is not believed, nor a seat the arbiter did not give; a launch
+//! waits at most [`MAX_WAIT_NS`] before it goes without a turn, and after such a give-up its
+//! function goes without turns for [`GIVE_UP_BACKOFF_NS`] — so a stalled board costs a neighbour
+//! at most [`MAX_WAIT_NS`] per [`GIVE_UP_BACKOFF_NS`].
 //!
-//! Must never: make a syscall or take a lock when the turn is free or already this process's
-//! (one load, at most one compare-and-swap); leave a launch waiting longer than [`MAX_WAIT_NS`].
+//! Must never: make a syscall, take a lock or allocate (a free turn scans the seats; a held one
+//! is one load and at most one compare-and-swap); leave a launch waiting longer than
+//! [`MAX_WAIT_NS`].
 
-use smore_protocol::board::{split_turn, turn_word, Member, TurnBoard, BOARD_MEMBERS};
+use smore_protocol::board::{split_turn, turn_word, TurnBoard, BOARD_MEMBERS};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
 
@@ -38,59 +45,68 @@ pub const TURN_GAP_NS: u64 = 500_000;
 /// further out is a launch longer than that, whose holder loses the exclusive turn at 20 ms, or
 /// a function that wrote the board to stall its neighbours.
 pub const MAX_LEASE_NS: u64 = 20_000_000;
-/// How long a holder keeps extending its turn while another process waits: 20 ms. Reasoning: a
-/// request of the functions smore serves runs in a few ms; a holder that keeps the GPU busy
-/// this long is serving several, and the waiting one's deadline is as near as its.
+/// How long a holder keeps its turn while another function waits: 20 ms, after which its next
+/// launch cuts the lease to [`TURN_GAP_NS`]. Reasoning: a request of the functions smore serves
+/// runs in a few ms; a holder that keeps the GPU busy this long is serving several, and the
+/// waiting one's deadline is as near as its.
 pub const TURN_MAX_NS: u64 = 20_000_000;
-/// The longest a launch waits for a turn before it goes without one: 25 ms. Reasoning: a few
-/// functions' turns ahead of it (each a request of a few ms); past it the board is stalled (a
-/// hung or hostile holder), and going without a turn is what a GPU without turns does.
-pub const MAX_WAIT_NS: u64 = 25_000_000;
+/// The longest a launch waits for a turn before it goes without one: 30 ms. Reasoning: above a
+/// holder's [`TURN_MAX_NS`] plus its last lease (its backlog, 4 ms, and the gap), so an honest
+/// line never gives up; past it the board is stalled (a hung or hostile holder), and going
+/// without a turn is what a GPU without turns does.
+pub const MAX_WAIT_NS: u64 = 30_000_000;
+// An honest line never gives up: a waiter outlasts a holder's turn and its last lease.
+const _: () = assert!(MAX_WAIT_NS > TURN_MAX_NS + crate::harvest::BACKLOG_HORIZON_NS + TURN_GAP_NS);
+
+/// After a launch gave up waiting, how long its function goes without turns: 1 s. Reasoning:
+/// bounds what a stalled board costs a function to [`MAX_WAIT_NS`] per second (3 %) instead of
+/// per launch.
+pub const GIVE_UP_BACKOFF_NS: u64 = 1_000_000_000;
 /// How often a waiting launch looks at the board again, at most: 2 ms (it wakes at the lease's
 /// end when that is sooner), and refreshes its place in line.
 pub const RECHECK_NS: u64 = 2_000_000;
 /// A waiter that has not looked at the board for this long is passed over: 10 ms (5 ×
 /// [`RECHECK_NS`]; a waiter that died or was stopped must not stand first for ever).
 pub const WAITER_STALE_NS: u64 = 10_000_000;
+/// How old a request's deadline may be and still place a launch in line: 1 s. Reasoning: a
+/// request past its deadline goes first (it is the most urgent), but a deadline that old is the
+/// last request's, left on the page, and a launch outside any request takes its place by when it
+/// came.
+pub const KEY_MAX_AGE_NS: u64 = 1_000_000_000;
+
+/// A launch's place in line: its request's deadline from the grant page (`deadline`, 0 = none
+/// known) while at most [`KEY_MAX_AGE_NS`] old, else when it came (`now`).
+#[inline]
+pub fn key(deadline: u64, now: u64) -> u64 {
+    if deadline > 0 && deadline.saturating_add(KEY_MAX_AGE_NS) >= now {
+        deadline
+    } else {
+        now
+    }
+}
 
 /// What a launch does about the GPU's turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Take {
-    /// The turn is this process's (taken, kept or extended): launch.
+    /// The turn is this function's (taken, kept or extended), or turns are off for now (a
+    /// recent give-up): launch.
     Go,
-    /// Another process holds the turn or is first in line: look again at this time
+    /// Another function holds the turn or is first in line: look again at this time
     /// (CLOCK_MONOTONIC ns).
     WaitUntil(u64),
 }
 
-/// Why a process has no seat on a board.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SeatError {
-    /// Every member slot is held by a live process: this process runs without turns.
-    Full,
-}
-
-impl std::fmt::Display for SeatError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SeatError::Full => write!(
-                f,
-                "every one of the turn board's {BOARD_MEMBERS} seats is held by a live process; \
-                 this process runs without turns (its launches may wait on the GPU behind other \
-                 functions')"
-            ),
-        }
-    }
-}
-
-/// A process's seat on a GPU's board, for the device of grant-page slot `slot`.
+/// A process's seat on a GPU's board — its function's, given by the arbiter — for the device of
+/// grant-page slot `slot`.
 #[derive(Debug)]
 pub struct Seat<'a> {
     board: &'a TurnBoard,
     member: usize,
     slot: usize,
-    /// When this process last took the turn (ns; 0 = never).
+    /// When this process last took the turn, or last found no one waiting while it held it (ns).
     taken_at: AtomicU64,
+    /// Until when this process goes without turns after a give-up (ns; 0 = never gave up).
+    skip_until: AtomicU64,
 }
 
 fn us(ns: u64) -> u64 {
@@ -98,49 +114,16 @@ fn us(ns: u64) -> u64 {
 }
 
 impl<'a> Seat<'a> {
-    /// Takes a member slot for the process of owner word `owner` (its own if it holds one
-    /// already; a slot whose owner `alive` says is gone is reclaimed when none is free). Cold:
-    /// `alive` reads `/proc`.
-    pub fn join(
-        board: &'a TurnBoard,
-        slot: usize,
-        owner: u64,
-        alive: impl Fn(u64) -> bool,
-    ) -> Result<Seat<'a>, SeatError> {
-        let seat = |member| {
-            let m: &Member = &board.members[member];
-            m.waiting_since.store(0, SeqCst);
-            Seat {
-                board,
-                member,
-                slot,
-                taken_at: AtomicU64::new(0),
-            }
-        };
-        if let Some(i) = board
-            .members
-            .iter()
-            .position(|m| m.owner.load(SeqCst) == owner)
-        {
-            return Ok(seat(i));
-        }
-        for round in 0..2 {
-            for (i, m) in board.members.iter().enumerate() {
-                if m.owner.compare_exchange(0, owner, SeqCst, SeqCst).is_ok() {
-                    return Ok(seat(i));
-                }
-            }
-            if round == 0 {
-                for m in &board.members {
-                    let o = m.owner.load(SeqCst);
-                    if o != 0 && o != owner && !alive(o) {
-                        // A dead process's seat; a racer that freed it first makes this a no-op.
-                        let _ = m.owner.compare_exchange(o, 0, SeqCst, SeqCst);
-                    }
-                }
-            }
-        }
-        Err(SeatError::Full)
+    /// The seat `member` (the grant page's `turn_seat`) on `board`, for grant-page slot `slot`;
+    /// none for a seat beyond the board.
+    pub fn new(board: &'a TurnBoard, member: usize, slot: usize) -> Option<Seat<'a>> {
+        (member < BOARD_MEMBERS).then(|| Seat {
+            board,
+            member,
+            slot,
+            taken_at: AtomicU64::new(0),
+            skip_until: AtomicU64::new(0),
+        })
     }
 
     /// The grant-page slot whose device this seat takes turns on.
@@ -155,11 +138,16 @@ impl<'a> Seat<'a> {
         self.board.enabled.load(Relaxed) != 0
     }
 
-    /// One attempt at the turn at `now` for a launch after which this process's queued work
-    /// ends at `work_end` (ns): the lease becomes `work_end` + [`TURN_GAP_NS`], at most
-    /// [`MAX_LEASE_NS`] ahead.
+    /// One attempt at the turn at `now` for a launch of place `key` in line (its request's
+    /// deadline, or `now` when none is known; smaller goes first) after which this process's
+    /// queued work ends at `work_end` (ns): the lease becomes `work_end` + [`TURN_GAP_NS`], at
+    /// most [`MAX_LEASE_NS`] ahead.
     #[inline]
-    pub fn try_take(&self, now: u64, work_end: u64) -> Take {
+    pub fn try_take(&self, now: u64, work_end: u64, key: u64) -> Take {
+        if now < self.skip_until.load(Relaxed) {
+            return Take::Go;
+        }
+        let key = key.max(1);
         let lease = us(work_end
             .max(now)
             .saturating_add(TURN_GAP_NS)
@@ -170,13 +158,21 @@ impl<'a> Seat<'a> {
             let (holder, until) = split_turn(word);
             let honoured = until > now_us && until <= now_us + us(MAX_LEASE_NS);
             if holder == Some(self.member) && honoured {
-                // Kept: extend, unless it was held past TURN_MAX_NS while another waits.
-                if lease <= until || self.overstayed(now) {
+                // Another thread of the function may have stood in line meanwhile.
+                self.leave_line();
+                // Held past TURN_MAX_NS while another waits: never extended again, and cut to
+                // the gap, so the turn passes within it.
+                let target = if self.overstayed(now) {
+                    until.min(us(now.saturating_add(TURN_GAP_NS)))
+                } else {
+                    lease.max(until)
+                };
+                if target == until {
                     return Take::Go;
                 }
                 match self.board.turn.compare_exchange_weak(
                     word,
-                    turn_word(self.member, lease),
+                    turn_word(self.member, target),
                     SeqCst,
                     Acquire,
                 ) {
@@ -186,13 +182,13 @@ impl<'a> Seat<'a> {
                 continue;
             }
             if honoured {
-                self.stand_in_line(now);
+                self.stand_in_line(now, key);
                 return Take::WaitUntil((until * 1_000).min(now + RECHECK_NS));
             }
             // Free (no holder, a lease that ran out, or one not honoured): the first in line
             // takes it.
-            if self.someone_ahead(now) {
-                self.stand_in_line(now);
+            if self.someone_ahead(now, key) {
+                self.stand_in_line(now, key);
                 return Take::WaitUntil(now + RECHECK_NS.min(TURN_GAP_NS));
             }
             match self.board.turn.compare_exchange_weak(
@@ -211,50 +207,65 @@ impl<'a> Seat<'a> {
         }
     }
 
-    /// This process stops waiting (it took the turn or gave up).
+    /// This process stops waiting: it took the turn, or gave up at `now` after waiting
+    /// [`MAX_WAIT_NS`] (`gave_up`), when it goes without turns for [`GIVE_UP_BACKOFF_NS`].
     #[inline]
-    pub fn leave_line(&self) {
+    pub fn leave_line_at(&self, now: u64, gave_up: bool) {
+        if gave_up {
+            self.skip_until
+                .store(now.saturating_add(GIVE_UP_BACKOFF_NS), Relaxed);
+        }
+        self.leave_line();
+    }
+
+    #[inline]
+    fn leave_line(&self) {
         let m = &self.board.members[self.member];
-        if m.waiting_since.load(Relaxed) != 0 {
-            m.waiting_since.store(0, SeqCst);
+        if m.key.load(Relaxed) != 0 {
+            m.key.store(0, SeqCst);
         }
     }
 
-    /// Ends this process's turn now if it holds one (its work is done early, or it leaves).
-    pub fn give_up(&self) {
-        let word = self.board.turn.load(Acquire);
-        if split_turn(word).0 == Some(self.member) {
-            let _ = self.board.turn.compare_exchange(word, 0, SeqCst, Relaxed);
-        }
-    }
-
-    fn stand_in_line(&self, now: u64) {
+    fn stand_in_line(&self, now: u64, key: u64) {
         let m = &self.board.members[self.member];
-        if m.waiting_since.load(Relaxed) == 0 {
-            m.waiting_since.store(now.max(1), SeqCst);
-        }
+        // Seen first: a waiter is never live with another's stale time.
         m.seen_ns.store(now, SeqCst);
+        if m.key.load(Relaxed) != key {
+            m.key.store(key, SeqCst);
+        }
     }
 
-    /// Whether a live waiter stands before this process: one that began waiting earlier (or at
-    /// the same time, with a lower index); any live waiter when this process does not wait.
-    fn someone_ahead(&self, now: u64) -> bool {
-        let mine = self.board.members[self.member].waiting_since.load(SeqCst);
-        let key = (if mine == 0 { u64::MAX } else { mine }, self.member);
+    /// Whether a live waiter stands before this process, whose place is `key`: one with a
+    /// smaller key (or the same, with a lower seat). Live: a seat the arbiter gave (owner set),
+    /// waiting (key set), that looked within [`WAITER_STALE_NS`] and not in the future.
+    fn someone_ahead(&self, now: u64, key: u64) -> bool {
+        let key = (key, self.member);
         self.board.members.iter().enumerate().any(|(i, m)| {
             if i == self.member {
                 return false;
             }
-            let since = m.waiting_since.load(SeqCst);
-            since != 0
-                && m.seen_ns.load(SeqCst).saturating_add(WAITER_STALE_NS) >= now
-                && (since, i) < key
+            let k = m.key.load(SeqCst);
+            if k == 0 || (k, i) >= key || m.owner.load(Relaxed) == 0 {
+                return false;
+            }
+            let seen = m.seen_ns.load(SeqCst);
+            seen <= now.saturating_add(RECHECK_NS) && seen.saturating_add(WAITER_STALE_NS) >= now
         })
     }
 
-    /// Whether this process has held the turn past [`TURN_MAX_NS`] while a live process waits.
+    /// Whether this process has held the turn past [`TURN_MAX_NS`] while a live function waits
+    /// (any: a holder that keeps the GPU this long yields whatever the keys). A holder that finds
+    /// no one waiting starts its count again, so the seats are scanned at most once per
+    /// [`TURN_MAX_NS`] while it holds the turn.
     fn overstayed(&self, now: u64) -> bool {
-        now.saturating_sub(self.taken_at.load(Relaxed)) > TURN_MAX_NS && self.someone_ahead(now)
+        if now.saturating_sub(self.taken_at.load(Relaxed)) <= TURN_MAX_NS {
+            return false;
+        }
+        if self.someone_ahead(now, u64::MAX) {
+            return true;
+        }
+        self.taken_at.store(now, Relaxed);
+        false
     }
 }
 
@@ -265,108 +276,188 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     fn board() -> &'static TurnBoard {
-        Box::leak(Box::new(TurnBoard::empty()))
+        let b: &'static TurnBoard = Box::leak(Box::new(TurnBoard::empty()));
+        for (i, m) in b.members.iter().enumerate() {
+            m.owner.store(100 + i as u64, SeqCst);
+        }
+        b
     }
 
-    fn seat(b: &'static TurnBoard, owner: u64) -> Seat<'static> {
-        Seat::join(b, 0, owner, |_| true).unwrap()
+    fn seat(b: &'static TurnBoard, member: usize) -> Seat<'static> {
+        Seat::new(b, member, 0).unwrap()
     }
 
     #[test]
     fn a_free_turn_is_taken_and_kept_while_its_holder_has_work() {
         let b = board();
-        let (a, c) = (seat(b, 1), seat(b, 2));
+        let (a, c) = (seat(b, 0), seat(b, 1));
         let t0 = 1_000 * MS;
-        assert_eq!(a.try_take(t0, t0 + 2 * MS), Take::Go);
+        assert_eq!(a.try_take(t0, t0 + 2 * MS, t0), Take::Go);
         // The other waits until the lease (work + gap) runs out.
-        match c.try_take(t0 + MS, t0 + 2 * MS) {
+        match c.try_take(t0 + MS, t0 + 2 * MS, t0 + MS) {
             Take::WaitUntil(t) => assert!(t > t0 + MS && t <= t0 + 2 * MS + TURN_GAP_NS, "{t}"),
             other => panic!("{other:?}"),
         }
         // The holder's next launch extends it.
-        assert_eq!(a.try_take(t0 + 2 * MS, t0 + 4 * MS), Take::Go);
-        assert!(matches!(c.try_take(t0 + 3 * MS, 0), Take::WaitUntil(_)));
+        assert_eq!(a.try_take(t0 + 2 * MS, t0 + 4 * MS, t0 + 2 * MS), Take::Go);
+        assert!(matches!(
+            c.try_take(t0 + 3 * MS, 0, t0 + MS),
+            Take::WaitUntil(_)
+        ));
         // Once it lapses, the waiter takes it; the old holder now waits.
         let later = t0 + 4 * MS + TURN_GAP_NS + 1_000;
-        assert_eq!(c.try_take(later, later + MS), Take::Go);
-        assert!(matches!(a.try_take(later, later + MS), Take::WaitUntil(_)));
+        assert_eq!(c.try_take(later, later + MS, t0 + MS), Take::Go);
+        assert!(matches!(
+            a.try_take(later, later + MS, later),
+            Take::WaitUntil(_)
+        ));
+        assert!(
+            Seat::new(b, BOARD_MEMBERS, 0).is_none(),
+            "no seat beyond the board"
+        );
     }
 
     #[test]
-    fn the_first_in_line_goes_first() {
+    fn the_first_in_line_goes_first_and_a_waiter_that_stopped_looking_is_passed_over() {
         let b = board();
-        let (h, early, late) = (seat(b, 1), seat(b, 2), seat(b, 3));
+        let (h, early, late) = (seat(b, 0), seat(b, 1), seat(b, 2));
         let t0 = 1_000 * MS;
-        assert_eq!(h.try_take(t0, t0 + MS), Take::Go);
-        assert!(matches!(early.try_take(t0 + 100, 0), Take::WaitUntil(_)));
-        assert!(matches!(late.try_take(t0 + 200, 0), Take::WaitUntil(_)));
+        assert_eq!(h.try_take(t0, t0 + MS, t0), Take::Go);
+        assert!(matches!(
+            early.try_take(t0 + 100, 0, t0 + 100),
+            Take::WaitUntil(_)
+        ));
+        assert!(matches!(
+            late.try_take(t0 + 200, 0, t0 + 200),
+            Take::WaitUntil(_)
+        ));
         let free = t0 + MS + TURN_GAP_NS + 1_000;
         // The later waiter finds the turn free but someone ahead of it.
-        assert!(matches!(late.try_take(free, free), Take::WaitUntil(_)));
-        assert_eq!(early.try_take(free, free + MS), Take::Go);
-        // A waiter that stopped looking is passed over.
+        assert!(matches!(
+            late.try_take(free, free, t0 + 200),
+            Take::WaitUntil(_)
+        ));
+        assert_eq!(early.try_take(free, free + MS, t0 + 100), Take::Go);
         let b = board();
-        let (h, gone, next) = (seat(b, 1), seat(b, 2), seat(b, 3));
-        assert_eq!(h.try_take(t0, t0), Take::Go);
-        assert!(matches!(gone.try_take(t0 + 100, 0), Take::WaitUntil(_)));
+        let (h, gone, next) = (seat(b, 0), seat(b, 1), seat(b, 2));
+        assert_eq!(h.try_take(t0, t0, t0), Take::Go);
+        assert!(matches!(
+            gone.try_take(t0 + 100, 0, t0 + 100),
+            Take::WaitUntil(_)
+        ));
         let much_later = t0 + WAITER_STALE_NS + MS;
-        assert_eq!(next.try_take(much_later, much_later), Take::Go);
+        assert_eq!(next.try_take(much_later, much_later, much_later), Take::Go);
     }
 
     #[test]
-    fn a_lease_too_far_ahead_is_not_honoured_and_a_long_holder_yields() {
+    fn the_earliest_deadline_goes_first_whoever_waited_longest() {
         let b = board();
-        let (a, c) = (seat(b, 1), seat(b, 2));
+        let (h, relaxed, urgent) = (seat(b, 0), seat(b, 1), seat(b, 2));
         let t0 = 1_000 * MS;
-        // A board written to stall: a lease an hour ahead.
-        b.turn.store(turn_word(0, us(t0 + 3_600_000 * MS)), SeqCst);
-        assert_eq!(c.try_take(t0, t0 + 3_600_000 * MS), Take::Go);
-        // A holder's own lease is capped.
+        assert_eq!(h.try_take(t0, t0 + MS, t0 + 50 * MS), Take::Go);
+        // The relaxed request came first, deadline 40 ms out; the urgent one later, 5 ms out.
+        assert!(matches!(
+            relaxed.try_take(t0 + 100, 0, t0 + 40 * MS),
+            Take::WaitUntil(_)
+        ));
+        assert!(matches!(
+            urgent.try_take(t0 + 200, 0, t0 + 5 * MS),
+            Take::WaitUntil(_)
+        ));
+        let free = t0 + MS + TURN_GAP_NS + 1_000;
+        assert!(matches!(
+            relaxed.try_take(free, free, t0 + 40 * MS),
+            Take::WaitUntil(_)
+        ));
+        assert_eq!(urgent.try_take(free, free + MS, t0 + 5 * MS), Take::Go);
+        // A newcomer with an earlier deadline than every waiter takes a free turn at once.
+        let b = board();
+        let (waiter, newcomer, h) = (seat(b, 0), seat(b, 1), seat(b, 2));
+        assert_eq!(h.try_take(t0, t0, t0), Take::Go);
+        assert!(matches!(
+            waiter.try_take(t0 + 100, 0, t0 + 40 * MS),
+            Take::WaitUntil(_)
+        ));
+        let free = t0 + TURN_GAP_NS + 1_000;
+        assert_eq!(newcomer.try_take(free, free, t0 + 2 * MS), Take::Go);
+        assert_eq!(key(0, t0), t0, "no deadline known: by when it came");
+        assert_eq!(key(t0 - MS, t0), t0 - MS, "a late request goes first");
+        let late = 5 * KEY_MAX_AGE_NS;
+        assert_eq!(key(1, late), late, "an old deadline is the last request's");
+    }
+
+    #[test]
+    fn a_board_written_to_stall_costs_a_bounded_wait() {
+        let b = board();
+        let (c, d) = (seat(b, 0), seat(b, 1));
+        let t0 = 1_000 * MS;
+        // A lease an hour ahead is not honoured; a holder's own lease is capped.
+        b.turn.store(turn_word(5, us(t0 + 3_600_000 * MS)), SeqCst);
+        assert_eq!(c.try_take(t0, t0 + 3_600_000 * MS, t0), Take::Go);
         let (_, until) = split_turn(b.turn.load(SeqCst));
         assert!(until <= us(t0 + MAX_LEASE_NS));
-        // A holder that keeps launching extends its turn up to TURN_MAX_NS while another waits.
-        let b = board();
-        let (a2, c2) = (seat(b, 1), seat(b, 2));
-        assert_eq!(a2.try_take(t0, t0 + MS), Take::Go);
-        let mut t = t0;
-        while t < t0 + TURN_MAX_NS + MS {
-            t += MS / 2;
-            let _ = c2.try_take(t, t);
-            assert_eq!(a2.try_take(t, t + MS), Take::Go);
-        }
-        // It went on (its launches never wait while it holds the turn), but stopped extending,
-        // so the lease ran out and the waiter has it.
-        let t = t + MS + TURN_GAP_NS;
-        assert_eq!(c2.try_take(t, t + MS), Take::Go);
-        assert!(matches!(a2.try_take(t, t + MS), Take::WaitUntil(_)));
-        let _ = a;
+        // A seat the arbiter never gave, and one that claims to look in the future, stand in no
+        // one's way.
+        let t1 = t0 + MAX_LEASE_NS + MS;
+        b.members[7].owner.store(0, SeqCst);
+        b.members[7].key.store(1, SeqCst);
+        b.members[7].seen_ns.store(t1, SeqCst);
+        b.members[9].key.store(1, SeqCst);
+        b.members[9].seen_ns.store(u64::MAX, SeqCst);
+        assert_eq!(d.try_take(t1, t1 + 5 * MS, t1), Take::Go);
+        // After a give-up the function goes without turns for the back-off, then takes them
+        // again.
+        let t2 = t1 + MS;
+        assert!(matches!(c.try_take(t2, t2, t2), Take::WaitUntil(_)));
+        c.leave_line_at(t2, true);
+        assert_eq!(c.try_take(t2 + MS, t2, t2), Take::Go);
+        let after = t2 + GIVE_UP_BACKOFF_NS + MS;
+        assert!(matches!(
+            c.try_take(after, after, after),
+            Take::Go | Take::WaitUntil(_)
+        ));
     }
 
     #[test]
-    fn seats_are_reclaimed_from_dead_processes_and_a_full_board_says_so() {
+    fn a_holder_that_keeps_the_gpu_past_its_turn_while_another_waits_passes_it_on() {
         let b = board();
-        for o in 1..=BOARD_MEMBERS as u64 {
-            seat(b, o);
-        }
-        assert_eq!(
-            Seat::join(b, 0, 999, |_| true).unwrap_err(),
-            SeatError::Full
-        );
-        let s = Seat::join(b, 0, 999, |o| o != 7).unwrap();
-        assert_eq!(s.member, 6);
-        // Joining again finds the same seat.
-        assert_eq!(Seat::join(b, 0, 999, |_| true).unwrap().member, 6);
-    }
-
-    #[test]
-    fn giving_up_frees_the_turn_for_the_next() {
-        let b = board();
-        let (a, c) = (seat(b, 1), seat(b, 2));
+        let (a, c) = (seat(b, 0), seat(b, 1));
         let t0 = 1_000 * MS;
-        assert_eq!(a.try_take(t0, t0 + 3 * MS), Take::Go);
-        c.give_up();
-        assert!(matches!(c.try_take(t0 + 10, 0), Take::WaitUntil(_)));
-        a.give_up();
-        assert_eq!(c.try_take(t0 + 20, t0 + MS), Take::Go);
+        assert_eq!(a.try_take(t0, t0 + MS, t0), Take::Go);
+        let mut t = t0;
+        // Launching every 0.2 ms, always 1 ms of work queued: it keeps the turn up to
+        // TURN_MAX_NS, then its lease is cut to the gap and never extended.
+        while t < t0 + TURN_MAX_NS {
+            t += MS / 5;
+            let _ = c.try_take(t, t, t0 + MS);
+            assert_eq!(a.try_take(t, t + MS, t), Take::Go);
+        }
+        let mut passed = None;
+        while t < t0 + TURN_MAX_NS + 5 * MS {
+            t += MS / 5;
+            if c.try_take(t, t + MS, t0 + MS) == Take::Go {
+                passed = Some(t);
+                break;
+            }
+            let _ = a.try_take(t, t + MS, t);
+        }
+        let passed = passed.expect("the turn passed on");
+        assert!(passed <= t0 + TURN_MAX_NS + MS + TURN_GAP_NS, "{passed}");
+        assert!(matches!(a.try_take(t, t + MS, t), Take::WaitUntil(_)));
+    }
+
+    #[test]
+    fn a_holder_alone_keeps_its_turn_past_turn_max() {
+        let b = board();
+        let a = seat(b, 0);
+        let t0 = 1_000 * MS;
+        let mut t = t0;
+        while t < t0 + 3 * TURN_MAX_NS {
+            assert_eq!(a.try_take(t, t + MS, t), Take::Go);
+            t += MS / 5;
+        }
+        let (h, until) = split_turn(b.turn.load(SeqCst));
+        assert_eq!(h, Some(0));
+        assert!(until * 1_000 > t, "still extended");
     }
 }

@@ -86,6 +86,8 @@ pub struct Instance {
     /// Harvest: time its shims' launches waited for their turn on the GPU (docs/harvest.md,
     /// "Serializing the functions"), ns, cumulative as reported.
     pub turn_waited_ns: u64,
+    /// Harvest: its seat on its GPU's turn board (None: no turns for it), written into its page.
+    pub turn_seat: Option<usize>,
     /// Harvest: its shims' reports.
     #[serde(skip)]
     pub usage: UsageLedger,
@@ -150,6 +152,7 @@ impl Instance {
             paced_refusals: 0,
             deferred_ns: 0,
             turn_waited_ns: 0,
+            turn_seat: None,
             usage: UsageLedger::default(),
             pacer: RequestPacer::default(),
             latencies: VecDeque::new(),
@@ -256,6 +259,22 @@ impl Instance {
             until
         };
         page.set_defer_until(slot, until);
+    }
+
+    /// Writes the deadline of the request just admitted (its SLO less what it already waited,
+    /// from now) as the function's place in line for the GPU's turn when `on` (its functions take
+    /// turns), else 0 (docs/harvest.md, "Serializing the functions").
+    pub fn write_turn_key(&self, on: bool, waited_ms: f64) {
+        let Some(p) = &self.page else {
+            return;
+        };
+        let key = if on && self.rec.slo_ms > 0.0 {
+            let left_ms = (self.rec.slo_ms - waited_ms.max(0.0)).max(0.0);
+            smore_protocol::grant::monotonic_ns().saturating_add((left_ms * 1e6) as u64)
+        } else {
+            0
+        };
+        p.page().set_turn_key(self.rec.slot as usize, key);
     }
 
     /// Writes the grant (cap and share) into its slot; other slots get no memory.

@@ -40,6 +40,7 @@ pub use instance::Instance;
 pub use memory::TrainingMemory;
 pub use persist::{PersistFile, Persisted, Preemption, Record, PERSIST_VERSION};
 use serde::Serialize;
+use smore_protocol::board::BOARD_MEMBERS;
 use smore_protocol::size::format_size;
 use smore_protocol::wire::{Grant, Hint, HintAction, RefuseCode, Register, MAX_NAME};
 use std::collections::BTreeMap;
@@ -804,6 +805,7 @@ impl State {
             }
         }
         self.instances.insert(id, inst);
+        self.seat(id);
         self.reshare(gpu);
         self.counters.registrations += 1;
         self.dirty = true;
@@ -853,6 +855,7 @@ impl State {
         inst.write_page();
         let (gpu, slot, function) = (inst.rec.gpu, inst.rec.slot, inst.rec.function.clone());
         self.stamp_gpu_uuid(&page, gpu, slot);
+        self.seat(id);
         self.event(
             EventKind::Resumed,
             Some(id),
@@ -889,6 +892,39 @@ impl State {
             .as_ref()
     }
 
+    /// Gives instance `id` a seat on its GPU's turn board — the lowest no other instance of the
+    /// GPU holds — and writes it into its page; none where boards are not handed out
+    /// ([`State::board_of`]) or all [`BOARD_MEMBERS`] seats are taken (it then runs without
+    /// turns, its waits behind the others charged as collisions).
+    fn seat(&mut self, id: InstanceId) {
+        let Some(gpu) = self.instances.get(&id).map(|i| i.rec.gpu) else {
+            return;
+        };
+        let board = self.board_of(gpu).cloned();
+        let taken: Vec<usize> = self
+            .instances
+            .values()
+            .filter(|o| o.rec.gpu == gpu && o.rec.id != id)
+            .filter_map(|o| o.turn_seat)
+            .collect();
+        let seat = board
+            .as_ref()
+            .and_then(|_| (0..BOARD_MEMBERS).find(|s| !taken.contains(s)));
+        let Some(i) = self.instances.get_mut(&id) else {
+            return;
+        };
+        if let (Some(b), Some(old)) = (&board, i.turn_seat) {
+            b.vacate(old);
+        }
+        i.turn_seat = seat;
+        if let (Some(b), Some(s)) = (&board, seat) {
+            b.claim(s, id);
+        }
+        if let Some(p) = &i.page {
+            p.page().set_turn_seat(i.rec.slot as usize, seat);
+        }
+    }
+
     /// Writes into every GPU's board whether its functions take turns now (config and the
     /// GPU's sharing mode): at start, on a change of mode and on a reload.
     pub(crate) fn set_turns(&self) {
@@ -919,13 +955,21 @@ impl State {
             rule: i.rule.clone(),
             failure_policy: Some(self.cfg.failure_policy),
             pid: Some(i.rec.pid),
-            board: self.board_of(i.rec.gpu).is_some(),
+            board: self.board_of(i.rec.gpu).is_some() && i.turn_seat.is_some(),
         }
     }
 
     /// Releases an instance (connection closed, process gone, or `Release`).
     pub fn release(&mut self, id: InstanceId, why: &str) {
         if let Some(inst) = self.instances.remove(&id) {
+            if let (Some(seat), Some(g)) = (
+                inst.turn_seat,
+                self.gpus.iter().find(|g| g.info.index == inst.rec.gpu),
+            ) {
+                if let Some(b) = &g.board {
+                    b.vacate(seat);
+                }
+            }
             if !inst.alive(self.procs.as_ref()) {
                 self.adopt_orphans(&inst);
             }
@@ -1212,7 +1256,7 @@ impl State {
             let (mut with_training, mut measured) = (0.0, 0.0);
             for i in on {
                 let others = all_gpu - gpu_of(i);
-                i.training_share = if in_turns {
+                i.training_share = if in_turns && i.turn_seat.is_some() {
                     1.0
                 } else {
                     harvest::training_share(util, others)
@@ -1346,8 +1390,11 @@ impl State {
                 .find(|g| g.info.index == gpu)
                 .and_then(|g| g.sharing);
             let defer = self.cfg.harvest && training && defers(self.cfg.defer, sharing);
+            let in_turns = self.board_of(gpu).is_some()
+                && takes_turns(self.cfg.harvest, self.cfg.turns, sharing);
             if let Some(i) = self.instances.get(&id) {
                 i.write_defer_until(defer, waited_ms);
+                i.write_turn_key(in_turns, waited_ms);
             }
         } else {
             self.counters.deferred_requests += 1;
@@ -1444,14 +1491,15 @@ impl State {
                     self.cfg.context_switch_ns,
                 );
                 g.sharing = Some(sharing);
-                if let Some(b) = &g.board {
-                    b.set_enabled(takes_turns(self.cfg.harvest, self.cfg.turns, g.sharing));
-                }
                 // The switch charge on the pages follows the mode (a re-split is also a growth
                 // step of the budget split: only when a page would change).
                 if self.cfg.harvest && self.cfg.context_switch_ns > 0 && !reshare.contains(index) {
                     reshare.push(*index);
                 }
+            }
+            // Every round, not only on a change: the board is the functions' to write.
+            if let Some(b) = &g.board {
+                b.set_enabled(takes_turns(self.cfg.harvest, self.cfg.turns, g.sharing));
             }
             g.sm_overlap = watchdog::attribution_overlap(
                 s.proc_util
@@ -2114,6 +2162,34 @@ mod tests {
             s.reconcile(&[(g.gpu_index, training_sample(30, &[]))]);
         }
         s.instances.get_mut(&b.instance).unwrap().rec.gpu = g.gpu_index;
+        // Seats are the arbiter's: one per instance, in its page; a released one is free again.
+        let seat_of = |s: &State, id: u64| {
+            let i = &s.instances[&id];
+            let p = i
+                .page
+                .as_ref()
+                .unwrap()
+                .page()
+                .turn_seat(i.rec.slot as usize);
+            assert_eq!(p, i.turn_seat, "the page says the instance's seat");
+            p
+        };
+        let a_seat = seat_of(&s, g.instance).expect("a seat");
+        s.seat(b.instance);
+        let b_seat = seat_of(&s, b.instance).expect("a seat");
+        assert_ne!(a_seat, b_seat);
+        let owner = |seat: usize| {
+            board.board().members[seat]
+                .owner
+                .load(std::sync::atomic::Ordering::SeqCst)
+        };
+        assert_eq!(owner(b_seat), b.instance);
+        let c = s.register(me(), args(1 << 30)).unwrap().0;
+        s.instances.get_mut(&c.instance).unwrap().rec.gpu = g.gpu_index;
+        s.seat(c.instance);
+        let c_seat = seat_of(&s, c.instance).unwrap();
+        s.release(c.instance, "test");
+        assert_eq!(owner(c_seat), 0, "released: the seat is free");
         let gi = s
             .gpus
             .iter()
@@ -2130,6 +2206,19 @@ mod tests {
             s.gpus[gi].harvest.training_share()
         };
         assert_eq!(share(&mut s), 1.0);
+        // An admitted request's deadline is its place in line on the page; none without turns.
+        let slot = s.instances[&g.instance].rec.slot as usize;
+        let page = s.instances[&g.instance].page.clone().unwrap();
+        s.instances.get_mut(&g.instance).unwrap().rec.slo_ms = 10.0;
+        let before = smore_protocol::grant::monotonic_ns();
+        s.instances[&g.instance].write_turn_key(true, 4.0);
+        let key = page.page().turn_key(slot);
+        assert!(
+            key >= before + 6_000_000 && key < before + 1_000_000_000,
+            "{key}"
+        );
+        s.instances[&g.instance].write_turn_key(false, 4.0);
+        assert_eq!(page.page().turn_key(slot), 0);
         s.cfg.turns = TurnsMode::Off;
         assert!(
             share(&mut s) < 0.9,

@@ -236,12 +236,14 @@ fn try_run(a: RunArgs) -> Result<i32> {
             ),
         )
         .env("SMORE_FUNCTION", &function);
-    if let Some(b) = &board {
-        cmd.env(
+    match &board {
+        Some(b) => cmd.env(
             smore_protocol::board::ENV_BOARD_FD,
             b.as_raw_fd().to_string(),
-        );
-    }
+        ),
+        // Not an inherited one: it would be another grant's board.
+        None => cmd.env_remove(smore_protocol::board::ENV_BOARD_FD),
+    };
     if grant.failure_policy == Some(wire::FailurePolicy::FailClosed) {
         // A node that fails closed does so whatever the caller's SMORE_FAILURE says (what the
         // shim does if the arbiter goes away while the command runs; docs/shim.md, "Failure

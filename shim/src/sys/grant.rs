@@ -71,6 +71,15 @@ pub fn map_ledger_fd(fd: RawFd) -> Result<&'static LedgerTable, String> {
 /// Maps `fd` (`PROT_READ | PROT_WRITE`, `MAP_SHARED`) and checks it holds a [`TurnBoard`] of our
 /// layout (the GPU's turn board, from the arbiter). Never unmapped, like the ledger.
 pub fn map_board_fd(fd: RawFd) -> Result<&'static TurnBoard, String> {
+    // Every function of the GPU maps it: one that could shrink it would make the others' next
+    // access fault. The arbiter's boards are sealed against it; a board that is not is refused.
+    // SAFETY: fcntl(F_GET_SEALS) on any integer is safe (EBADF / EINVAL for a non-memfd).
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(format!(
+            "fd {fd} is not sealed against shrinking (not an arbiter's turn board)"
+        ));
+    }
     map_shared(fd, BOARD_BYTES, "turn board", TurnBoard::is_valid)
 }
 
@@ -172,8 +181,18 @@ mod tests {
     #[test]
     fn only_a_turn_board_of_our_layout_is_mapped_and_writes_are_shared() {
         let e = map_board_fd(memfd(BOARD_BYTES).as_raw_fd()).unwrap_err();
+        assert!(e.contains("not sealed"), "{e}");
+        let board = |fd: OwnedFd| {
+            map_shared(
+                fd.as_raw_fd(),
+                BOARD_BYTES,
+                "turn board",
+                TurnBoard::is_valid,
+            )
+        };
+        let e = board(memfd(BOARD_BYTES)).unwrap_err();
         assert!(e.contains("not a smore turn board"), "{e}");
-        let e = map_board_fd(memfd(LEDGER_BYTES).as_raw_fd()).unwrap_err();
+        let e = board(memfd(LEDGER_BYTES)).unwrap_err();
         assert!(e.contains("not a turn board's"), "{e}");
         let fd = smore_protocol::board::create().unwrap();
         let a = map_board_fd(fd.as_raw_fd()).unwrap();
