@@ -1196,6 +1196,8 @@ fn poll_shares(
                                     share_pct: if budget > 0.0 { budget / 1e4 } else { share },
                                     harvest: budget > 0.0,
                                     deferred_ms: f["deferred_ns"].as_f64().unwrap_or(0.0) / 1e6,
+                                    turn_waited_ms: f["turn_waited_ns"].as_f64().unwrap_or(0.0)
+                                        / 1e6,
                                 });
                             }
                         }
@@ -1215,12 +1217,13 @@ fn poll_shares(
 /// arbiter's training-slowdown estimate).
 type Polled = (Vec<ShareSample>, Vec<(f64, f64)>);
 
-/// Deferral's total over a run: each instance's last cumulative figure, summed, ms.
-fn deferred_total_ms(shares: &[ShareSample]) -> f64 {
+/// A cumulative figure's total over a run (deferral's holds, the turns' waits): each
+/// instance's last figure, summed, ms.
+fn total_ms(shares: &[ShareSample], figure: fn(&ShareSample) -> f64) -> f64 {
     let mut last = std::collections::BTreeMap::new();
     for s in shares {
         let e = last.entry(s.instance).or_insert(0.0f64);
-        *e = e.max(s.deferred_ms);
+        *e = e.max(figure(s));
     }
     last.values().sum()
 }
@@ -1237,6 +1240,9 @@ struct ShareSample {
     harvest: bool,
     /// How long its shims had held launches by deferral so far, ms (cumulative).
     deferred_ms: f64,
+    /// How long its shims' launches had waited for their turn on the GPU so far, ms
+    /// (cumulative).
+    turn_waited_ms: f64,
 }
 
 /// Each function's solo service times (measured once per demo, alone on the GPU).
@@ -1326,6 +1332,10 @@ pub struct ScenarioSummary {
     /// (deferral, docs/harvest.md), ms in total over the run (the arbiter's last poll of each
     /// instance).
     pub deferred_ms: f64,
+    /// How long the functions' launches waited for their turn on the GPU (turns, docs/harvest.md
+    /// "Serializing the functions"), ms in total over the run (the arbiter's last poll of each
+    /// instance).
+    pub turn_waited_ms: f64,
     /// `--phase-oracle`'s margin, ms: the functions waited out the trainer's busy phase from the
     /// simulator's ground truth (a study, not smore). `None`: no oracle.
     pub phase_oracle_margin_ms: Option<f64>,
@@ -1365,10 +1375,11 @@ struct Series {
 impl Series {
     /// `shares.csv` (the grants over time) and `trainer.csv` (iteration times over time).
     fn write_csv(&self, out: &Path) -> Result<()> {
-        let mut csv = String::from("t_s,function,instance,share_pct,kind,deferred_ms\n");
+        let mut csv =
+            String::from("t_s,function,instance,share_pct,kind,deferred_ms,turn_waited_ms\n");
         for s in &self.shares {
             csv.push_str(&format!(
-                "{:.3},{},{},{},{},{:.3}\n",
+                "{:.3},{},{},{},{},{:.3},{:.3}\n",
                 s.t_s,
                 s.function,
                 s.instance,
@@ -1378,7 +1389,8 @@ impl Series {
                 } else {
                     "sm_share"
                 },
-                s.deferred_ms
+                s.deferred_ms,
+                s.turn_waited_ms
             ));
         }
         std::fs::write(out.join("shares.csv"), csv)?;
@@ -1654,7 +1666,8 @@ fn run_scenario(
                 .collect();
             (!during.is_empty()).then(|| during.iter().sum::<f64>() / during.len() as f64)
         },
-        deferred_ms: deferred_total_ms(&shares),
+        deferred_ms: total_ms(&shares, |s| s.deferred_ms),
+        turn_waited_ms: total_ms(&shares, |s| s.turn_waited_ms),
         phase_oracle_margin_ms: sh.phase_oracle,
         phase_oracle_held_ms: sh.oracle_held_ns.load(Ordering::Relaxed) as f64 / 1e6,
         phase_oracle_held_requests: sh.oracle_held_requests.load(Ordering::Relaxed),
@@ -1847,6 +1860,12 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, interference: Option<Interfer
         println!(
             "  deferral                  {:5.0} ms  held in all, waiting out the trainer's busy phase (docs/harvest.md)",
             s.deferred_ms
+        );
+    }
+    if s.turn_waited_ms > 0.0 {
+        println!(
+            "  turns                     {:5.0} ms  waited in all for a turn on the GPU, one function's work at a time (docs/harvest.md)",
+            s.turn_waited_ms
         );
     }
     if let Some(o) = s.serialize {
@@ -2100,7 +2119,9 @@ mod tests {
             share_pct: 1.0,
             harvest: true,
             deferred_ms,
+            turn_waited_ms: 2.0 * deferred_ms,
         };
+        let deferred_total_ms = |s: &[ShareSample]| total_ms(s, |x| x.deferred_ms);
         assert_eq!(deferred_total_ms(&[]), 0.0);
         let polls = [
             at(1.0, 1, 5.0),
@@ -2109,6 +2130,7 @@ mod tests {
             at(2.0, 2, 3.0),
         ];
         assert_eq!(deferred_total_ms(&polls), 15.0);
+        assert_eq!(total_ms(&polls, |x| x.turn_waited_ms), 30.0);
     }
 
     #[derive(Parser)]

@@ -1325,13 +1325,17 @@ impl Runtime {
     ) -> u64 {
         let give_up = start.saturating_add(turns::MAX_WAIT_NS);
         let mut next = first;
+        // Whether the turn passed from one function to another while this launch waited: a
+        // line that moves is contention, one that does not is a stalled board.
+        let (first_holder, mut moved) = (seat.holder(), false);
         loop {
             os::sleep_until(next.min(give_up));
             let now = os::now_ns();
             self.backlog[dev].went_at(now, cost);
+            moved |= seat.holder() != first_holder;
             if now >= give_up || !seat.enabled() {
                 let gave_up = now >= give_up;
-                seat.leave_line_at(now, gave_up);
+                seat.leave_line_at(now, gave_up, moved);
                 self.usage[dev].add_turn_wait(now - start, gave_up);
                 return now;
             }

@@ -23,9 +23,11 @@
 //! it can write: a lease is never honoured further than [`MAX_LEASE_NS`] ahead; a holder that
 //! has had the turn [`TURN_MAX_NS`] while another waits cuts its lease short; a waiter's claim to
 //! have looked in the future is not believed, nor a seat the arbiter did not give; a launch
-//! waits at most [`MAX_WAIT_NS`] before it goes without a turn, and after such a give-up its
-//! function goes without turns for [`GIVE_UP_BACKOFF_NS`] — so a stalled board costs a neighbour
-//! at most [`MAX_WAIT_NS`] per [`GIVE_UP_BACKOFF_NS`].
+//! waits at most [`MAX_WAIT_NS`] before it goes without a turn, and when the turn never passed
+//! between functions meanwhile (a stalled board, not a long line), or on a second give-up within
+//! [`GIVE_UP_BACKOFF_NS`], its function goes without turns for [`GIVE_UP_BACKOFF_NS`] — so a
+//! board made to stall costs a neighbour at most 2 × [`MAX_WAIT_NS`] per
+//! [`GIVE_UP_BACKOFF_NS`].
 //!
 //! Must never: make a syscall, take a lock or allocate (a free turn scans the seats; a held one
 //! is one load and at most one compare-and-swap); leave a launch waiting longer than
@@ -58,9 +60,10 @@ pub const MAX_WAIT_NS: u64 = 30_000_000;
 // An honest line never gives up: a waiter outlasts a holder's turn and its last lease.
 const _: () = assert!(MAX_WAIT_NS > TURN_MAX_NS + crate::harvest::BACKLOG_HORIZON_NS + TURN_GAP_NS);
 
-/// After a launch gave up waiting, how long its function goes without turns: 1 s. Reasoning:
-/// bounds what a stalled board costs a function to [`MAX_WAIT_NS`] per second (3 %) instead of
-/// per launch.
+/// After a launch gave up waiting on a stalled board (the turn never passed between functions
+/// while it waited), how long its function goes without turns: 1 s. Reasoning: bounds what a
+/// board made to stall costs a function 2 × [`MAX_WAIT_NS`] per second (6 %) at most, instead
+/// of that per launch.
 pub const GIVE_UP_BACKOFF_NS: u64 = 1_000_000_000;
 /// How often a waiting launch looks at the board again, at most: 2 ms (it wakes at the lease's
 /// end when that is sooner), and refreshes its place in line.
@@ -107,6 +110,8 @@ pub struct Seat<'a> {
     taken_at: AtomicU64,
     /// Until when this process goes without turns after a give-up (ns; 0 = never gave up).
     skip_until: AtomicU64,
+    /// When a launch of this process last gave up waiting (ns; 0 = never).
+    last_give_up: AtomicU64,
 }
 
 fn us(ns: u64) -> u64 {
@@ -123,6 +128,7 @@ impl<'a> Seat<'a> {
             slot,
             taken_at: AtomicU64::new(0),
             skip_until: AtomicU64::new(0),
+            last_give_up: AtomicU64::new(0),
         })
     }
 
@@ -207,11 +213,27 @@ impl<'a> Seat<'a> {
         }
     }
 
-    /// This process stops waiting: it took the turn, or gave up at `now` after waiting
-    /// [`MAX_WAIT_NS`] (`gave_up`), when it goes without turns for [`GIVE_UP_BACKOFF_NS`].
+    /// The seat holding the turn now, if its lease runs (at `now` as the board's word says: for
+    /// telling a line that moves from a stalled one).
     #[inline]
-    pub fn leave_line_at(&self, now: u64, gave_up: bool) {
-        if gave_up {
+    pub fn holder(&self) -> Option<usize> {
+        split_turn(self.board.turn.load(Relaxed)).0
+    }
+
+    /// This process stops waiting at `now`: it took the turn or went without one (`gave_up`
+    /// after [`MAX_WAIT_NS`]). A give-up while the turn never passed between functions
+    /// (`!moved`: a stalled board), or a second one within [`GIVE_UP_BACKOFF_NS`] (a board made
+    /// to look as if it moved), sends its function without turns for [`GIVE_UP_BACKOFF_NS`]; a
+    /// first give-up in a line that moved is contention, and only the one launch goes without.
+    #[inline]
+    pub fn leave_line_at(&self, now: u64, gave_up: bool, moved: bool) {
+        let repeated = gave_up
+            && self
+                .last_give_up
+                .swap(now, Relaxed)
+                .saturating_add(GIVE_UP_BACKOFF_NS)
+                > now;
+        if gave_up && (!moved || repeated) {
             self.skip_until
                 .store(now.saturating_add(GIVE_UP_BACKOFF_NS), Relaxed);
         }
@@ -409,8 +431,18 @@ mod tests {
         // again.
         let t2 = t1 + MS;
         assert!(matches!(c.try_take(t2, t2, t2), Take::WaitUntil(_)));
-        c.leave_line_at(t2, true);
+        c.leave_line_at(t2, true, false);
         assert_eq!(c.try_take(t2 + MS, t2, t2), Take::Go);
+        // In a line that moved, a first give-up sends only that launch without a turn; a
+        // second within the back-off (a board made to look as if it moved) the function.
+        let b = board();
+        let (e, f) = (seat(b, 0), seat(b, 1));
+        let t3 = 10_000 * MS;
+        assert_eq!(f.try_take(t3, t3 + 5 * MS, t3), Take::Go);
+        e.leave_line_at(t3, true, true);
+        assert!(matches!(e.try_take(t3 + MS, t3, t3), Take::WaitUntil(_)));
+        e.leave_line_at(t3 + 2 * MS, true, true);
+        assert_eq!(e.try_take(t3 + 3 * MS, t3, t3), Take::Go);
         let after = t2 + GIVE_UP_BACKOFF_NS + MS;
         assert!(matches!(
             c.try_take(after, after, after),

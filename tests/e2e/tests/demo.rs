@@ -344,6 +344,16 @@ fn every_scenario_keeps_the_trainer_within_theta_in_both_interference_models() {
                 ),
                 _ => {}
             }
+            // Turns are `auto` too: on without MPS. Time-sliced `harvest`'s bursts of three
+            // functions wait for their turns.
+            let turns = x["turn_waited_ms"].as_f64().unwrap();
+            eprintln!("{mode} {name}: waited for turns {turns:.0} ms");
+            if (mode, name) == ("timeslice", "harvest") {
+                assert!(
+                    turns > 0.0,
+                    "{mode} {name}: no launch waited for a turn\n{stdout}"
+                );
+            }
             assert!(
                 sfd <= THETA + SFD_SLACK,
                 "{mode} {name}: the trainer slowed {:.1} % against θ_train {:.0} %\n{stdout}",
