@@ -9,7 +9,8 @@
 //!
 //! The turn board ([`BoardHandle`], `smore_protocol::board`) is the other memfd the arbiter hands
 //! to functions: one per GPU, writable by every function on it (they take turns through it), so
-//! it is sealed only against resizing; the arbiter writes just its `enabled` word.
+//! it is sealed only against resizing; the arbiter writes its `enabled` word and the seats' owner
+//! words (every round) and clears a seat it frees.
 
 use smore_protocol::board::{TurnBoard, BOARD_BYTES};
 use smore_protocol::grant::{GrantPage, PAGE_BYTES};
@@ -73,13 +74,29 @@ impl BoardHandle {
         }
     }
 
-    /// Frees seat `seat` (its instance was released).
+    /// Frees seat `seat` (its instance was released), and the turn if the seat holds it.
     pub fn vacate(&self, seat: usize) {
         use std::sync::atomic::Ordering::SeqCst;
-        if let Some(m) = self.board().members.get(seat) {
+        let b = self.board();
+        if let Some(m) = b.members.get(seat) {
             m.owner.store(0, SeqCst);
             m.key.store(0, SeqCst);
             m.seen_ns.store(0, SeqCst);
+        }
+        let word = b.turn.load(SeqCst);
+        if smore_protocol::board::split_turn(word).0 == Some(seat) {
+            let _ = b.turn.compare_exchange(word, 0, SeqCst, SeqCst);
+        }
+    }
+
+    /// Rewrites every seat's owner word (the instance seated there, 0 = free): the board is the
+    /// functions' to write, and the shims pass over a waiter on a seat without an owner.
+    pub fn set_owners(&self, owners: &[u64; smore_protocol::board::BOARD_MEMBERS]) {
+        use std::sync::atomic::Ordering::Relaxed;
+        for (m, o) in self.board().members.iter().zip(owners) {
+            if m.owner.load(Relaxed) != *o {
+                m.owner.store(*o, Relaxed);
+            }
         }
     }
 

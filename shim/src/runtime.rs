@@ -1254,7 +1254,12 @@ impl Runtime {
         // through one; a launch that waited for its turn moves its backlog's end like a hold.
         if reserved {
             if let Some(seat) = self.turns.get() {
-                if seat.slot() == slot && seat.enabled() {
+                // The page must still give the function this seat: a process that outlived its
+                // instance's release must not take turns as whoever is seated there next.
+                if seat.slot() == slot
+                    && seat.enabled()
+                    && page.turn_seat(slot) == Some(seat.member())
+                {
                     let key = turns::key(page.turn_key(slot), now);
                     if let Take::WaitUntil(t) = seat.try_take(now, self.backlog[dev].end(), key) {
                         let waited_from = now;
@@ -1335,7 +1340,7 @@ impl Runtime {
             moved |= seat.holder() != first_holder;
             if now >= give_up || !seat.enabled() {
                 let gave_up = now >= give_up;
-                seat.leave_line_at(now, gave_up, moved);
+                seat.leave_line_at((start, now), gave_up, moved);
                 self.usage[dev].add_turn_wait(now - start, gave_up);
                 return now;
             }

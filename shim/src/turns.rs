@@ -57,7 +57,9 @@ pub const TURN_MAX_NS: u64 = 20_000_000;
 /// line never gives up; past it the board is stalled (a hung or hostile holder), and going
 /// without a turn is what a GPU without turns does.
 pub const MAX_WAIT_NS: u64 = 30_000_000;
-// An honest line never gives up: a waiter outlasts a holder's turn and its last lease.
+// A waiter outlasts one holder's turn and the lease of its backlog; a longer line, or a long
+// launch's lease, may make it give up, which sends only that launch without a turn while the
+// line moves.
 const _: () = assert!(MAX_WAIT_NS > TURN_MAX_NS + crate::harvest::BACKLOG_HORIZON_NS + TURN_GAP_NS);
 
 /// After a launch gave up waiting on a stalled board (the turn never passed between functions
@@ -65,6 +67,10 @@ const _: () = assert!(MAX_WAIT_NS > TURN_MAX_NS + crate::harvest::BACKLOG_HORIZO
 /// board made to stall costs a function 2 × [`MAX_WAIT_NS`] per second (6 %) at most, instead
 /// of that per launch.
 pub const GIVE_UP_BACKOFF_NS: u64 = 1_000_000_000;
+/// Compare-and-swap tries of one look at the board before it looks again later: 16 (an honest
+/// board changes a few times per lease; a word that changes under every try is being written in
+/// a loop).
+const CAS_TRIES: u32 = 16;
 /// How often a waiting launch looks at the board again, at most: 2 ms (it wakes at the lease's
 /// end when that is sooner), and refreshes its place in line.
 pub const RECHECK_NS: u64 = 2_000_000;
@@ -132,6 +138,12 @@ impl<'a> Seat<'a> {
         })
     }
 
+    /// The seat's index on the board (what the grant page's `turn_seat` must still say).
+    #[inline]
+    pub fn member(&self) -> usize {
+        self.member
+    }
+
     /// The grant-page slot whose device this seat takes turns on.
     #[inline]
     pub fn slot(&self) -> usize {
@@ -151,6 +163,8 @@ impl<'a> Seat<'a> {
     #[inline]
     pub fn try_take(&self, now: u64, work_end: u64, key: u64) -> Take {
         if now < self.skip_until.load(Relaxed) {
+            // Without turns for now: not in anyone's way either.
+            self.leave_line();
             return Take::Go;
         }
         let key = key.max(1);
@@ -160,7 +174,7 @@ impl<'a> Seat<'a> {
             .min(now.saturating_add(MAX_LEASE_NS)));
         let now_us = us(now);
         let mut word = self.board.turn.load(Acquire);
-        loop {
+        for _ in 0..CAS_TRIES {
             let (holder, until) = split_turn(word);
             let honoured = until > now_us && until <= now_us + us(MAX_LEASE_NS);
             if holder == Some(self.member) && honoured {
@@ -192,7 +206,11 @@ impl<'a> Seat<'a> {
                 return Take::WaitUntil((until * 1_000).min(now + RECHECK_NS));
             }
             // Free (no holder, a lease that ran out, or one not honoured): the first in line
-            // takes it.
+            // takes it — but not the holder whose turn just ended for overstaying, whatever its
+            // key: its waiters go first.
+            if holder == Some(self.member) && self.overstayed(now) {
+                return Take::WaitUntil(now + RECHECK_NS.min(TURN_GAP_NS));
+            }
             if self.someone_ahead(now, key) {
                 self.stand_in_line(now, key);
                 return Take::WaitUntil(now + RECHECK_NS.min(TURN_GAP_NS));
@@ -211,28 +229,30 @@ impl<'a> Seat<'a> {
                 Err(w) => word = w,
             }
         }
+        // The word kept changing under every try (a board written in a loop): look again soon.
+        Take::WaitUntil(now + RECHECK_NS.min(TURN_GAP_NS))
     }
 
-    /// The seat holding the turn now, if its lease runs (at `now` as the board's word says: for
-    /// telling a line that moves from a stalled one).
+    /// The seat the board's turn word names, whether or not its lease still runs (for telling
+    /// a line that moves from a stalled one).
     #[inline]
     pub fn holder(&self) -> Option<usize> {
         split_turn(self.board.turn.load(Relaxed)).0
     }
 
-    /// This process stops waiting at `now`: it took the turn or went without one (`gave_up`
-    /// after [`MAX_WAIT_NS`]). A give-up while the turn never passed between functions
-    /// (`!moved`: a stalled board), or a second one within [`GIVE_UP_BACKOFF_NS`] (a board made
-    /// to look as if it moved), sends its function without turns for [`GIVE_UP_BACKOFF_NS`]; a
-    /// first give-up in a line that moved is contention, and only the one launch goes without.
+    /// This process stops waiting at `now`, after a wait that began at `start`: it took the
+    /// turn or went without one (`gave_up` after [`MAX_WAIT_NS`]). A give-up while the turn never
+    /// passed between functions (`!moved`: a stalled board), or a second one within
+    /// [`GIVE_UP_BACKOFF_NS`] by a wait that began after the first (a board made to look as if it
+    /// moved; threads giving up together count once), sends its function without turns for
+    /// [`GIVE_UP_BACKOFF_NS`]; a first give-up in a line that moved is contention, and only the
+    /// one launch goes without.
     #[inline]
-    pub fn leave_line_at(&self, now: u64, gave_up: bool, moved: bool) {
-        let repeated = gave_up
-            && self
-                .last_give_up
-                .swap(now, Relaxed)
-                .saturating_add(GIVE_UP_BACKOFF_NS)
-                > now;
+    pub fn leave_line_at(&self, (start, now): (u64, u64), gave_up: bool, moved: bool) {
+        let repeated = gave_up && {
+            let last = self.last_give_up.swap(now, Relaxed);
+            last != 0 && start > last && last.saturating_add(GIVE_UP_BACKOFF_NS) > now
+        };
         if gave_up && (!moved || repeated) {
             self.skip_until
                 .store(now.saturating_add(GIVE_UP_BACKOFF_NS), Relaxed);
@@ -431,51 +451,57 @@ mod tests {
         // again.
         let t2 = t1 + MS;
         assert!(matches!(c.try_take(t2, t2, t2), Take::WaitUntil(_)));
-        c.leave_line_at(t2, true, false);
+        c.leave_line_at((t2 - MS, t2), true, false);
         assert_eq!(c.try_take(t2 + MS, t2, t2), Take::Go);
+        assert_eq!(c.holder(), Some(1), "it went without taking the turn");
         // In a line that moved, a first give-up sends only that launch without a turn; a
         // second within the back-off (a board made to look as if it moved) the function.
         let b = board();
         let (e, f) = (seat(b, 0), seat(b, 1));
         let t3 = 10_000 * MS;
         assert_eq!(f.try_take(t3, t3 + 5 * MS, t3), Take::Go);
-        e.leave_line_at(t3, true, true);
+        e.leave_line_at((t3 - MS, t3), true, true);
         assert!(matches!(e.try_take(t3 + MS, t3, t3), Take::WaitUntil(_)));
-        e.leave_line_at(t3 + 2 * MS, true, true);
+        e.leave_line_at((t3 + MS, t3 + 2 * MS), true, true);
         assert_eq!(e.try_take(t3 + 3 * MS, t3, t3), Take::Go);
+        // After the back-off it takes turns again.
         let after = t2 + GIVE_UP_BACKOFF_NS + MS;
-        assert!(matches!(
-            c.try_take(after, after, after),
-            Take::Go | Take::WaitUntil(_)
-        ));
+        assert_eq!(c.try_take(after, after + MS, after), Take::Go);
+        assert_eq!(c.holder(), Some(0));
     }
 
     #[test]
     fn a_holder_that_keeps_the_gpu_past_its_turn_while_another_waits_passes_it_on() {
-        let b = board();
-        let (a, c) = (seat(b, 0), seat(b, 1));
-        let t0 = 1_000 * MS;
-        assert_eq!(a.try_take(t0, t0 + MS, t0), Take::Go);
-        let mut t = t0;
-        // Launching every 0.2 ms, always 1 ms of work queued: it keeps the turn up to
-        // TURN_MAX_NS, then its lease is cut to the gap and never extended.
-        while t < t0 + TURN_MAX_NS {
-            t += MS / 5;
-            let _ = c.try_take(t, t, t0 + MS);
-            assert_eq!(a.try_take(t, t + MS, t), Take::Go);
-        }
-        let mut passed = None;
-        while t < t0 + TURN_MAX_NS + 5 * MS {
-            t += MS / 5;
-            if c.try_take(t, t + MS, t0 + MS) == Take::Go {
-                passed = Some(t);
-                break;
+        // Whatever the holder's deadline: later than the waiter's, or earlier (its own next
+        // launch must not take the turn straight back).
+        for holder_key in [None, Some(1_000 * MS - MS)] {
+            let b = board();
+            let (a, c) = (seat(b, 0), seat(b, 1));
+            let t0 = 1_000 * MS;
+            let key = |t: u64| holder_key.unwrap_or(t);
+            assert_eq!(a.try_take(t0, t0 + MS, key(t0)), Take::Go);
+            let mut t = t0;
+            // Launching every 0.2 ms, always 1 ms of work queued: it keeps the turn up to
+            // TURN_MAX_NS, then its lease is cut to the gap and never extended.
+            while t < t0 + TURN_MAX_NS {
+                t += MS / 5;
+                let _ = c.try_take(t, t, t0 + MS);
+                assert_eq!(a.try_take(t, t + MS, key(t)), Take::Go);
             }
-            let _ = a.try_take(t, t + MS, t);
+            let mut passed = None;
+            while t < t0 + TURN_MAX_NS + 5 * MS {
+                t += MS / 5;
+                let _ = a.try_take(t, t + MS, key(t));
+                if c.try_take(t, t + MS, t0 + MS) == Take::Go {
+                    passed = Some(t);
+                    break;
+                }
+            }
+            let passed = passed.unwrap_or_else(|| panic!("{holder_key:?}: the turn passed on"));
+            assert!(passed <= t0 + TURN_MAX_NS + MS + TURN_GAP_NS, "{passed}");
+            assert_eq!(c.holder(), Some(1));
+            assert!(matches!(a.try_take(t, t + MS, key(t)), Take::WaitUntil(_)));
         }
-        let passed = passed.expect("the turn passed on");
-        assert!(passed <= t0 + TURN_MAX_NS + MS + TURN_GAP_NS, "{passed}");
-        assert!(matches!(a.try_take(t, t + MS, t), Take::WaitUntil(_)));
     }
 
     #[test]

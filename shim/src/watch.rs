@@ -210,7 +210,6 @@ fn watch(
             }
         };
         limits.set(page);
-        board_to(board, r.slot);
         let how = if grant.instance == r.instance {
             "re-attached as instance"
         } else {
@@ -238,5 +237,7 @@ fn watch(
                 _ => (grant.gpu_index as usize).min(MAX_DEVICES - 1),
             };
         }
+        // After the slot: the seat is the new page's, at the new grant's slot.
+        board_to(board, r.slot);
     }
 }

@@ -969,6 +969,11 @@ impl State {
                 if let Some(b) = &g.board {
                     b.vacate(seat);
                 }
+                // Processes of the function that outlive the release keep its page: it must
+                // not name a seat the next instance may be given.
+                if let Some(p) = &inst.page {
+                    p.page().set_turn_seat(inst.rec.slot as usize, None);
+                }
             }
             if !inst.alive(self.procs.as_ref()) {
                 self.adopt_orphans(&inst);
@@ -1500,6 +1505,13 @@ impl State {
             // Every round, not only on a change: the board is the functions' to write.
             if let Some(b) = &g.board {
                 b.set_enabled(takes_turns(self.cfg.harvest, self.cfg.turns, g.sharing));
+                let mut owners = [0u64; BOARD_MEMBERS];
+                for i in self.instances.values().filter(|i| i.rec.gpu == *index) {
+                    if let Some(s) = i.turn_seat {
+                        owners[s] = i.rec.id;
+                    }
+                }
+                b.set_owners(&owners);
             }
             g.sm_overlap = watchdog::attribution_overlap(
                 s.proc_util
