@@ -206,6 +206,22 @@ impl Arbiter {
         c.env(smore_protocol::wire::ENV_SOCKET, &self.socket);
         c
     }
+
+    /// Starts `sim-function ARGS` as function `function` under `smore run` with the shim (SLO
+    /// 100 ms, a 1 GiB cap), its output discarded.
+    pub fn run_sim_function(&self, function: &str, args: &[&str]) -> Child {
+        self.smore()
+            .args(["run", "--function", function, "--slo", "100"])
+            .args(["--memory", "1GiB", "--shim"])
+            .arg(crate::shim_lib())
+            .arg("--")
+            .arg(crate::bin("sim-function"))
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("smore run sim-function")
+    }
 }
 
 impl Drop for Arbiter {

@@ -191,6 +191,26 @@ impl SimGpu {
         c
     }
 
+    /// Starts the `low` simulated trainer (4 × 2 ms kernels and 24 ms of host work per
+    /// iteration: busy about a quarter of the time) for `seconds`, and waits 2.5 s: an arbiter
+    /// trusts a trainer's solo utilization after 2 s alone.
+    pub fn low_trainer_alone_first(&self, seconds: u32) -> std::process::Child {
+        let t = self
+            .command(bin("sim-trainer"))
+            .args([
+                "--profile",
+                "low",
+                "--seconds",
+                &seconds.to_string(),
+                "--quiet",
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("sim-trainer");
+        std::thread::sleep(std::time::Duration::from_millis(2500));
+        t
+    }
+
     /// A command for `program` on this node with the shim preloaded and `env` set: a function
     /// process as the tests run one.
     pub fn shimmed(&self, program: impl AsRef<std::ffi::OsStr>, env: &[(&str, &str)]) -> Command {

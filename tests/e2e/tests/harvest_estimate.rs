@@ -29,7 +29,7 @@
 
 use smore_e2e::*;
 use smore_simgpu::SchedMode;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 /// One run at a time: each is a trainer, up to four functions and an arbiter on a simulated node,
@@ -78,30 +78,23 @@ fn estimate_and_truth_with(mode: SchedMode, functions: usize, switches: Switches
             switches.charged_us
         ),
     );
-    // Busy about a quarter of the time (4 × 2 ms kernels, 24 ms of host work per iteration).
-    let mut trainer: Child = sim
-        .command(bin("sim-trainer"))
-        .args(["--profile", "low", "--seconds", "20", "--quiet"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    // The arbiter trusts the trainer's solo utilization after 2 s alone.
-    std::thread::sleep(Duration::from_millis(2500));
+    let mut trainer: Child = sim.low_trainer_alone_first(20);
     let fns: Vec<Child> = (0..functions)
         .map(|i| {
-            arb.smore()
-                .args(["run", "--function", &format!("f{i}"), "--slo", "100"])
-                .args(["--memory", "1GiB", "--shim"])
-                .arg(shim_lib())
-                .arg("--")
-                .arg(bin("sim-function"))
-                .args(["--kernels", "4", "--kernel-us", "300", "--interval-ms"])
-                .arg(&interval)
-                .args(["--seconds", "15", "--quiet"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap()
+            arb.run_sim_function(
+                &format!("f{i}"),
+                &[
+                    "--kernels",
+                    "4",
+                    "--kernel-us",
+                    "300",
+                    "--interval-ms",
+                    &interval,
+                    "--seconds",
+                    "15",
+                    "--quiet",
+                ],
+            )
         })
         .collect();
     let truth = || {

@@ -10,7 +10,7 @@
 
 use smore_e2e::*;
 use smore_simgpu::SchedMode;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 /// One run at a time (host-time measurements; see tests/e2e/tests/harvest_estimate.rs).
@@ -41,28 +41,23 @@ fn run(turns: &str) -> Run {
         &sim,
         &format!("\n[policy]\nname = \"fit\"\nturns = {turns:?}\n"),
     );
-    let mut trainer: Child = sim
-        .command(bin("sim-trainer"))
-        .args(["--profile", "low", "--seconds", "14", "--quiet"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    // The arbiter trusts the trainer's solo utilization after 2 s alone.
-    std::thread::sleep(Duration::from_millis(2500));
+    let mut trainer: Child = sim.low_trainer_alone_first(14);
     let fns: Vec<Child> = (0..2)
         .map(|i| {
-            arb.smore()
-                .args(["run", "--function", &format!("f{i}"), "--slo", "100"])
-                .args(["--memory", "1GiB", "--shim"])
-                .arg(shim_lib())
-                .arg("--")
-                .arg(bin("sim-function"))
-                .args(["--kernels", "4", "--kernel-us", "300", "--interval-ms", "6"])
-                .args(["--seconds", "10", "--quiet"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap()
+            arb.run_sim_function(
+                &format!("f{i}"),
+                &[
+                    "--kernels",
+                    "4",
+                    "--kernel-us",
+                    "300",
+                    "--interval-ms",
+                    "6",
+                    "--seconds",
+                    "10",
+                    "--quiet",
+                ],
+            )
         })
         .collect();
     let truth = |pid: u32| node.truth_of(0, pid).expect("a slot on the node");
