@@ -70,8 +70,11 @@ fn the_c_example_runtime_registers_reports_and_is_admitted() {
         "the fit policy admits every request"
     );
     assert!(stdout.contains("no open request"), "{stdout}");
-    // Released on exit.
-    assert_eq!(requests_reported(&arb, "c-smoke"), 0);
+    // Released on exit: the arbiter sees the hang-up on its own thread, soon after, not at once
+    // (CI, 2026-11-28: the status read right after the program's exit still listed it once).
+    wait_until("released on exit", Duration::from_secs(5), || {
+        requests_reported(&arb, "c-smoke") == 0
+    });
 }
 
 #[test]
