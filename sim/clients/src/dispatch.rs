@@ -378,8 +378,12 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let p = path.clone();
         std::thread::spawn(move || {
-            Board::open(&p).unwrap().acquire(1);
-            tx.send(Instant::now()).unwrap();
+            let b = Board::open(&p).unwrap();
+            // Read before `acquire`, which stamps the lease: the lease cannot end before
+            // `held_at + LEASE` (read after, the stamp could be earlier and the check race).
+            let held_at = Instant::now();
+            b.acquire(1);
+            tx.send(held_at).unwrap();
             std::thread::sleep(LEASE * 4);
         });
         let held_at = rx.recv().unwrap();
