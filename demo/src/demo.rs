@@ -625,26 +625,36 @@ fn trainer_cmd(node: &Node, t: &TrainerShape, seconds: f64, quiet: bool) -> Resu
 }
 
 /// Copies the trainer's stdout to `log` and keeps its iterations as (seconds since `origin` at
-/// which the iteration ended, iteration ms). `first` is sent once, at its first iteration
-/// (dropped unsent if the output ends without one).
+/// which the iteration ended, iteration ms), and its busy phases where it prints its GPU time.
+/// `first` is sent once, at its first iteration (dropped unsent if the output ends without one).
 fn follow_trainer(
     stdout: ChildStdout,
     mut log: std::fs::File,
     origin: Instant,
     first: mpsc::Sender<()>,
-) -> std::thread::JoinHandle<Vec<(f64, f64)>> {
+) -> std::thread::JoinHandle<TrainerLog> {
     std::thread::spawn(move || {
-        let mut v = Vec::new();
+        let mut v = TrainerLog::default();
         let mut first = Some(first);
         for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
             let t = origin.elapsed().as_secs_f64();
             let _ = writeln!(log, "{line}");
-            if let Some(ms) = line
-                .strip_prefix("iter=")
-                .and_then(|l| l.split("ms=").nth(1))
-                .and_then(|m| m.trim().parse::<f64>().ok())
-            {
-                v.push((t, ms));
+            let Some(rest) = line.strip_prefix("iter=") else {
+                continue;
+            };
+            let field = |key: &str| {
+                rest.split_whitespace()
+                    .find_map(|f| f.strip_prefix(key))
+                    .and_then(|x| x.parse::<f64>().ok())
+            };
+            if let Some(ms) = field("ms=") {
+                v.iterations.push((t, ms));
+                // The simulated trainer prints its GPU time from the iteration's start: its busy
+                // phase (the line comes after the iteration's host work).
+                if let Some(gpu_us) = field("gpu_us=") {
+                    let start = t - ms / 1e3;
+                    v.busy.push((start, start + gpu_us / 1e6));
+                }
                 if let Some(tx) = first.take() {
                     let _ = tx.send(());
                 }
@@ -652,6 +662,15 @@ fn follow_trainer(
         }
         v
     })
+}
+
+/// What the trainer's log says, seconds since the demo's origin.
+#[derive(Debug, Default)]
+struct TrainerLog {
+    /// Its iterations: (end, ms).
+    iterations: Vec<(f64, f64)>,
+    /// Its busy phases, when it prints its GPU time (the simulated trainer): (start, end).
+    busy: Vec<(f64, f64)>,
 }
 
 /// Why an instance did not start.
@@ -1355,6 +1374,10 @@ pub struct ScenarioSummary {
     pub refused_instances: u64,
     /// Instance starts that failed for another reason (a defect of the run; see the logs).
     pub instance_start_failures: u64,
+    /// The requests by the trainer's phase at their arrival (`report::phase_figures`): where
+    /// harvesting loses them. `None` when the trainer does not print its GPU time (on a real
+    /// GPU).
+    pub by_trainer_phase: Option<report::PhaseFigures>,
     /// The per-request figures (flattened into the same JSON object).
     #[serde(flatten)]
     pub requests: RequestFigures,
@@ -1607,7 +1630,7 @@ fn run_scenario(
         let _ = trainer.0.kill();
     }
     let _ = trainer.0.wait()?;
-    let iterations = follower
+    let TrainerLog { iterations, busy } = follower
         .join()
         .map_err(|_| anyhow::anyhow!("trainer reader panicked"))?;
     drop(arb);
@@ -1630,6 +1653,13 @@ fn run_scenario(
     );
     let names: Vec<&str> = fs.iter().map(|f| f.name).collect();
     let requests = report::request_figures(&names, &records, &solo.p99_ms, &slo);
+    // The replay's requests only: the phases of the trainer alone before and after hold none.
+    let replay_busy: Vec<(f64, f64)> = busy
+        .iter()
+        .copied()
+        .filter(|(a, b)| *a >= replay_start_s && *b <= replay_end_s)
+        .collect();
+    let by_trainer_phase = report::phase_figures(&records, &slo, &replay_busy);
     let summary = ScenarioSummary {
         scenario: sc.name,
         about: sc.about,
@@ -1676,6 +1706,7 @@ fn run_scenario(
         serialize_waited_requests: sh.turn_waited_requests.load(Ordering::Relaxed),
         refused_instances: sh.starts_refused.load(Ordering::Relaxed),
         instance_start_failures: sh.start_failures.load(Ordering::Relaxed),
+        by_trainer_phase,
         requests,
     };
     std::fs::write(
@@ -1903,6 +1934,19 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, interference: Option<Interfer
         r.refused_by.instance,
         r.refused_by.failed
     );
+    if let Some(p) = &s.by_trainer_phase {
+        for (name, b) in [("busy", &p.busy), ("idle", &p.idle)] {
+            println!(
+                "  arrived trainer {name}      {:>5} requests ({:.0} % of the time): {} refused, {} late, DSR {:.1} %, {:.1} % of admitted",
+                b.requests,
+                b.time_share * 100.0,
+                b.refused,
+                b.late,
+                b.dsr * 100.0,
+                b.dsr_admitted * 100.0
+            );
+        }
+    }
     println!(
         "  cold starts               {} of {} requests ({:.2} %), prewarm {}",
         r.cold_starts,

@@ -2,8 +2,9 @@
 //!
 //! Owns: the per-request record, the refusal causes, and the definitions of every figure the demo
 //! prints and writes to `summary.json` (GUI, SFD, SLD, DSR of all requests and of admitted ones,
-//! refusals, cold starts) — one implementation, used by the single-scenario report and the
-//! `--scenario all` table alike.
+//! refusals, cold starts; and the same requests split by the training job's phase at their
+//! arrival) — one implementation, used by the single-scenario report and the `--scenario all`
+//! table alike.
 //! Must never: measure (it only computes from records and samples), or drop a request: every
 //! request submitted is in exactly one of served / refused.
 
@@ -234,6 +235,91 @@ pub fn request_figures(
     }
 }
 
+/// The requests that arrived in one of the training job's phases (busy: its kernels queued on the
+/// GPU; idle: its host work), and what became of them.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct PhaseBucket {
+    /// Share of the classified wall time the trainer spent in this phase (0..=1).
+    pub time_share: f64,
+    /// Requests that arrived in this phase.
+    pub requests: usize,
+    /// Of them, served.
+    pub served: usize,
+    /// Of them, refused (all causes).
+    pub refused: usize,
+    /// Of them, served past their SLO.
+    pub late: usize,
+    /// Served within SLO / requests.
+    pub dsr: f64,
+    /// Served within SLO / served.
+    pub dsr_admitted: f64,
+}
+
+/// Every request of a scenario by the training job's phase at its arrival: on a time-sliced GPU
+/// a request that arrives in a busy phase collides with training unless it waits the phase out,
+/// one that arrives in an idle phase costs the trainer nothing — so where requests are refused or
+/// late, by phase, says which part of harvesting loses them (docs/harvest.md, "Phase
+/// prediction").
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct PhaseFigures {
+    /// Requests that arrived while the trainer's kernels were on the GPU.
+    pub busy: PhaseBucket,
+    /// Requests that arrived during the trainer's host work.
+    pub idle: PhaseBucket,
+}
+
+/// Splits `records` by the trainer's phase at their arrival. `busy` holds the trainer's busy
+/// phases as (start, end), seconds on the records' clock, in time order (from the trainer's own
+/// iteration log: its GPU time measured by events from the iteration's start). Only the requests
+/// that arrived between the first phase's start and the last one's end are counted; `None`
+/// without phases (a trainer that does not report its GPU time: the real-GPU trainer).
+pub fn phase_figures(
+    records: &[Record],
+    slo_ms: &[f64],
+    busy: &[(f64, f64)],
+) -> Option<PhaseFigures> {
+    let (first, last) = (busy.first()?.0, busy.last()?.1);
+    if last <= first {
+        return None;
+    }
+    let busy_s: f64 = busy.iter().map(|(a, b)| (b - a).max(0.0)).sum();
+    let in_busy = |t: f64| {
+        // The last phase that started at or before t.
+        let i = busy.partition_point(|(a, _)| *a <= t);
+        i > 0 && t < busy[i - 1].1
+    };
+    let mut f = PhaseFigures::default();
+    for r in records
+        .iter()
+        .filter(|r| r.arrival_s >= first && r.arrival_s <= last)
+    {
+        let b = if in_busy(r.arrival_s) {
+            &mut f.busy
+        } else {
+            &mut f.idle
+        };
+        b.requests += 1;
+        if r.served() {
+            b.served += 1;
+            if r.latency_ms > slo_ms[r.function] {
+                b.late += 1;
+            }
+        } else {
+            b.refused += 1;
+        }
+    }
+    for (b, share) in [
+        (&mut f.busy, busy_s / (last - first)),
+        (&mut f.idle, 1.0 - busy_s / (last - first)),
+    ] {
+        b.time_share = share.clamp(0.0, 1.0);
+        let met = b.served - b.late;
+        b.dsr = met as f64 / b.requests.max(1) as f64;
+        b.dsr_admitted = met as f64 / b.served.max(1) as f64;
+    }
+    Some(f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,6 +365,41 @@ mod tests {
         // SLD from served service times only: P99 of {2.5, 25} is 25 → 24× solo.
         assert!((a.sld - 24.0).abs() < 1e-12);
         assert!((f.functions[1].dsr - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn requests_are_split_by_the_trainer_phase_they_arrived_in() {
+        let at = |t: f64, latency_ms: f64, refused: Option<Refusal>| Record {
+            arrival_s: t,
+            ..rec(0, latency_ms, refused, false)
+        };
+        // Busy 1.0–1.2 s and 2.0–2.2 s: 0.4 s of the 1.2 s the phases span.
+        let busy = [(1.0, 1.2), (2.0, 2.2)];
+        let records = vec![
+            at(0.5, 1.0, None),                    // before the first phase: not counted
+            at(1.1, 1.0, None),                    // busy, met
+            at(1.15, 50.0, None),                  // busy, late
+            at(2.1, 1.0, Some(Refusal::Deferred)), // busy, refused
+            at(1.5, 1.0, None),                    // idle, met
+            at(1.2, 1.0, None),                    // idle: a phase's end is not in it
+            at(3.0, 1.0, None),                    // after the last phase: not counted
+        ];
+        let f = phase_figures(&records, &[10.0], &busy).unwrap();
+        assert_eq!(
+            (f.busy.requests, f.busy.served, f.busy.refused, f.busy.late),
+            (3, 2, 1, 1)
+        );
+        assert_eq!(
+            (f.idle.requests, f.idle.served, f.idle.refused, f.idle.late),
+            (2, 2, 0, 0)
+        );
+        assert!((f.busy.dsr - 1.0 / 3.0).abs() < 1e-12);
+        assert!((f.busy.dsr_admitted - 0.5).abs() < 1e-12);
+        assert!((f.idle.dsr - 1.0).abs() < 1e-12);
+        assert!((f.busy.time_share - 0.4 / 1.2).abs() < 1e-9);
+        assert!((f.busy.time_share + f.idle.time_share - 1.0).abs() < 1e-12);
+        // No phases known (the real-GPU trainer does not report its GPU time): no figures.
+        assert_eq!(phase_figures(&records, &[10.0], &[]), None);
     }
 
     #[test]

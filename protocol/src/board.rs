@@ -12,9 +12,16 @@
 //! and sends it with each grant on that GPU as a second `SCM_RIGHTS` fd after the grant page;
 //! `smore run` hands it down as [`ENV_BOARD_FD`]. The arbiter assigns each instance its seat
 //! (written into the sealed grant page, `DeviceGrant::turn_seat`). The shim maps the board
-//! read-write: unlike the grant page, every function of the GPU writes to it. The arbiter never
-//! reads it for a decision. What a function can do with it (delay its neighbours' launches, by
-//! bounded amounts) is in the threat model, docs/arbiter.md.
+//! read-write: unlike the grant page, every function of the GPU writes to it. The arbiter reads
+//! only its phase ring, for request admission. What a function can do with it (delay its
+//! neighbours' launches, by bounded amounts; skew which of their requests admission refuses) is
+//! in the threat model, docs/arbiter.md.
+//!
+//! The board also carries the training job's phase as the functions see it: a ring of the
+//! shims' settled samples, each when it ran and whether it met training work
+//! ([`TurnBoard::phase`]). With turns a shim's waits are behind the trainer, so the samples of
+//! every function of the GPU together show the trainer's busy and idle phases, which one
+//! function's own samples are too sparse to show (docs/harvest.md, "Phase prediction").
 //!
 //! Must never: change layout without bumping [`BOARD_VERSION`].
 
@@ -26,7 +33,7 @@ pub const ENV_BOARD_FD: &str = "SMORE_BOARD_FD";
 /// `b"SMOREBRD"` — identifies a turn board (checked after mmap).
 pub const BOARD_MAGIC: u64 = 0x4452_4245_524f_4d53;
 /// Layout version of [`TurnBoard`].
-pub const BOARD_VERSION: u32 = 1;
+pub const BOARD_VERSION: u32 = 2;
 /// Functions that can take turns on one GPU: 64. Reasoning: a GPU runs a handful of function
 /// instances; one registered when every seat is taken runs without turns (as without a board),
 /// its waits behind the others charged as collisions: the trainer's side.
@@ -49,8 +56,14 @@ pub struct Member {
     pub seen_ns: AtomicU64,
 }
 
-/// The table: header, the turn word and [`BOARD_MEMBERS`] members. 24 + 8 + 64 × 24 = 1 568
-/// bytes.
+/// Samples the phase ring holds: 256. Reasoning: the functions of the demo's `harvest` settle
+/// ~550 samples a second on one GPU (simulated, 2026-11-28), so 256 span about half a second,
+/// ~9 of its trainer's iterations of 52–58 ms — a busy length and an idle length are medians of
+/// several whole phases — and the page still holds the board (2 088 + 1 536 bytes).
+pub const PHASE_SAMPLES: usize = 256;
+
+/// The table: header, the turn word, [`BOARD_MEMBERS`] members and the phase ring. 24 + 8 +
+/// 64 × 24 + 8 + 256 × 8 = 3 624 bytes.
 #[repr(C)]
 #[derive(Debug)]
 pub struct TurnBoard {
@@ -71,6 +84,14 @@ pub struct TurnBoard {
     pub turn: AtomicU64,
     /// The members.
     pub members: [Member; BOARD_MEMBERS],
+    /// How many samples were ever posted to [`TurnBoard::phase`]; the next goes to this modulo
+    /// [`PHASE_SAMPLES`].
+    pub phase_next: AtomicU64,
+    /// The ring of settled samples ([`phase_word`]; 0 = empty), written by every function's shim
+    /// while it takes turns, read by the arbiter's request admission (`crate::phase`). Advisory:
+    /// a function that writes lies into it changes which of its neighbours' requests are refused
+    /// or served late, never what the trainer pays (docs/arbiter.md, threat model).
+    pub phase: [AtomicU64; PHASE_SAMPLES],
 }
 
 /// Bytes of the memfd ([`TurnBoard`] rounded up to whole pages).
@@ -79,6 +100,18 @@ pub const BOARD_BYTES: usize = std::mem::size_of::<TurnBoard>().div_ceil(4096) *
 /// Bits of the turn word that hold the lease's end, µs.
 pub const LEASE_BITS: u32 = 48;
 const LEASE_MASK: u64 = (1 << LEASE_BITS) - 1;
+
+/// A phase sample's word: when its launch ended, µs of CLOCK_MONOTONIC, and whether it met
+/// training work (the low bit). One word, so a reader never sees half of a sample.
+pub fn phase_word(at_us: u64, busy: bool) -> u64 {
+    (at_us << 1) | busy as u64
+}
+
+/// A phase word's time (µs) and busy bit; none for an empty slot.
+pub fn split_phase(word: u64) -> Option<(u64, bool)> {
+    let at = word >> 1;
+    (at != 0).then_some((at, word & 1 == 1))
+}
 
 /// The turn word of member `holder` (an index below [`BOARD_MEMBERS`]) leased until `until_us`.
 pub fn turn_word(holder: usize, until_us: u64) -> u64 {
@@ -106,6 +139,8 @@ impl TurnBoard {
                 key: AtomicU64::new(0),
                 seen_ns: AtomicU64::new(0),
             }),
+            phase_next: AtomicU64::new(0),
+            phase: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 
@@ -151,6 +186,9 @@ mod tests {
         assert_eq!(std::mem::offset_of!(TurnBoard, enabled), 12);
         assert_eq!(std::mem::offset_of!(TurnBoard, turn), 24);
         assert_eq!(std::mem::offset_of!(TurnBoard, members), 32);
+        assert_eq!(std::mem::offset_of!(TurnBoard, phase_next), 1568);
+        assert_eq!(std::mem::offset_of!(TurnBoard, phase), 1576);
+        assert_eq!(BOARD_BYTES, 4096);
         let fd = create().unwrap();
         let st = rustix::fs::fstat(&fd).unwrap();
         assert_eq!(st.st_size as usize, BOARD_BYTES);
@@ -169,5 +207,12 @@ mod tests {
         assert_eq!(split_turn(w), (Some(0), 1234));
         let w = turn_word(BOARD_MEMBERS - 1, LEASE_MASK + 5);
         assert_eq!(split_turn(w), (Some(BOARD_MEMBERS - 1), 4));
+    }
+
+    #[test]
+    fn a_phase_word_carries_its_time_and_busy_bit() {
+        assert_eq!(split_phase(0), None);
+        assert_eq!(split_phase(phase_word(1234, true)), Some((1234, true)));
+        assert_eq!(split_phase(phase_word(1234, false)), Some((1234, false)));
     }
 }

@@ -12,6 +12,7 @@
 //!   charges the grant's one memory cap;
 //! - [`board`]: the layout of the turn board through which the harvesting functions of a
 //!   time-sliced GPU take turns;
+//! - [`phase`]: the training job's phase predicted from the samples on that board;
 //! - [`install`]: where an installed (or freshly built) smore keeps the shim and its helpers.
 //!
 //! Must never: depend on anything heavy (the shim links it into other people's processes), allocate
@@ -27,5 +28,6 @@ pub mod env;
 pub mod grant;
 pub mod install;
 pub mod ledger;
+pub mod phase;
 pub mod size;
 pub mod wire;

@@ -33,7 +33,7 @@ pub use smore_protocol::grant::CONTENTION_HORIZON_NS;
 /// harvesting is for (measured on the simulated GPU: holding every launch left a function 10–12 %
 /// of the GPU beside a trainer idle half the time). Reasoning for 1/8: in idle phases p decays to
 /// a few percent within a few samples; in busy phases it is above 1/2.
-const HOLD_FROM_PPM: u32 = PPM / 8;
+pub const HOLD_FROM_PPM: u32 = PPM / 8;
 /// Weight of a new sample in the collision probability: 1/2 (reasoning: at ≤ 1 sample per ms it
 /// crosses [`HOLD_FROM_PPM`] within ~3 samples after a phase change, well inside the trainer's
 /// phases of tens of ms; a smaller weight held launches through a good part of each idle phase).

@@ -31,6 +31,7 @@ use crate::sys::{driver, os};
 use crate::trace::{self, SampleTrace};
 use crate::turns::{self, Seat, Take};
 use smore_protocol::board::TurnBoard;
+use smore_protocol::phase;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::Mutex;
 
@@ -1147,6 +1148,19 @@ impl Runtime {
         self.ledger.release(kind, ctx);
     }
 
+    /// The turn board of grant-page slot `slot`'s GPU while this process takes turns there at
+    /// `now`: it has a seat for that slot, the page still gives its function that seat, the
+    /// GPU's functions take turns, and it is not backed off after a give-up (its phase ring is
+    /// written only then: `smore_protocol::phase`).
+    fn turn_board(&self, slot: usize, page: &GrantPage, now: u64) -> Option<&'static TurnBoard> {
+        let seat = self.turns.get().as_ref()?;
+        (seat.slot() == slot
+            && seat.enabled()
+            && seat.taking_turns(now)
+            && page.turn_seat(slot) == Some(seat.member()))
+        .then(|| seat.board())
+    }
+
     /// Admits a launch keyed by its CUfunction / CUgraphExec, sleeping precisely if the device's
     /// share is spent, and samples its GPU time at most once per period.
     ///
@@ -1591,6 +1605,21 @@ impl Runtime {
         let switch_ns = self.switch_ns(dev);
         // The evidence is as old as what it measured ([`harvest::ran_until`]).
         let collided = self.collision[dev].observe(ran_until, ns, d0, wait, switch_ns);
+        // Every function of a GPU with turns posts its samples for the arbiter to read the
+        // trainer's phase from (docs/harvest.md, "Phase prediction"): busy when the launch met
+        // training work for the share at which the shim takes the trainer for busy. A sample
+        // without a known wait that shows no stretch says nothing (it may have waited before its
+        // start event) and is not posted.
+        if d0 > 0 && (wait.is_some() || ns > d0) {
+            let board = self
+                .device_slot(dev)
+                .and_then(|slot| self.turn_board(slot, self.limits(), ran_until));
+            if let Some(b) = board {
+                let busy =
+                    collided as u128 * PPM as u128 >= d0 as u128 * harvest::HOLD_FROM_PPM as u128;
+                phase::post(b, ran_until, busy);
+            }
+        }
         let mut handover = false;
         // A chained sample is corrected whatever its own share of the wait: the work between
         // it and its stream's previous sample may have collided when the sample itself did not.

@@ -144,6 +144,20 @@ impl<'a> Seat<'a> {
         self.member
     }
 
+    /// Whether this process takes turns at `now`: not during the back-off after a give-up, when
+    /// its launches go without a turn (and what its samples waited may be behind other
+    /// functions).
+    #[inline]
+    pub fn taking_turns(&self, now: u64) -> bool {
+        now >= self.skip_until.load(Relaxed)
+    }
+
+    /// The GPU's board (its phase ring is written through it: `smore_protocol::phase`).
+    #[inline]
+    pub fn board(&self) -> &'a TurnBoard {
+        self.board
+    }
+
     /// The grant-page slot whose device this seat takes turns on.
     #[inline]
     pub fn slot(&self) -> usize {

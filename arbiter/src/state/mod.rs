@@ -41,6 +41,7 @@ pub use memory::TrainingMemory;
 pub use persist::{PersistFile, Persisted, Preemption, Record, PERSIST_VERSION};
 use serde::Serialize;
 use smore_protocol::board::BOARD_MEMBERS;
+use smore_protocol::phase;
 use smore_protocol::size::format_size;
 use smore_protocol::wire::{Grant, Hint, HintAction, RefuseCode, Register, MAX_NAME};
 use std::collections::BTreeMap;
@@ -1355,6 +1356,22 @@ impl State {
             .gpus
             .iter()
             .any(|g| g.info.index == gpu && !g.training.is_empty());
+        let sharing = self
+            .gpus
+            .iter()
+            .find(|g| g.info.index == gpu)
+            .and_then(|g| g.sharing);
+        let defer = self.cfg.harvest && training && defers(self.cfg.defer, sharing);
+        let in_turns =
+            self.board_of(gpu).is_some() && takes_turns(self.cfg.harvest, self.cfg.turns, sharing);
+        // The trainer's phase as the functions' samples show it, where they take turns
+        // (docs/harvest.md, "Phase prediction").
+        let mono_now = smore_protocol::grant::monotonic_ns();
+        let phase = self
+            .board_of(gpu)
+            .filter(|_| a.admitted && in_turns && training)
+            .and_then(|b| phase::predict(b.board(), mono_now))
+            .map(|p| p.phase);
         if let (true, true, Some(i)) = (
             a.admitted,
             self.cfg.harvest && training,
@@ -1367,12 +1384,13 @@ impl State {
                     collision_ns: i.collision_per_request_ns.unwrap_or(0.0),
                     gpu_ns: i.gpu_per_request_ns.unwrap_or(0.0),
                 };
+                let meets = harvest::meets_trainer(per, phase, mono_now);
                 if let harvest::Pace::Refuse {
                     hold_ms,
                     predicted_ms,
                 } = i
                     .pacer
-                    .admit(now, per, i.contention_ppm, waited_ms, i.rec.slo_ms)
+                    .admit(now, per, i.contention_ppm, waited_ms, i.rec.slo_ms, meets)
                 {
                     i.paced_refusals += 1;
                     a = Admission {
@@ -1389,14 +1407,6 @@ impl State {
         }
         if a.admitted {
             self.counters.admitted_requests += 1;
-            let sharing = self
-                .gpus
-                .iter()
-                .find(|g| g.info.index == gpu)
-                .and_then(|g| g.sharing);
-            let defer = self.cfg.harvest && training && defers(self.cfg.defer, sharing);
-            let in_turns = self.board_of(gpu).is_some()
-                && takes_turns(self.cfg.harvest, self.cfg.turns, sharing);
             if let Some(i) = self.instances.get(&id) {
                 i.write_defer_until(defer, waited_ms);
                 i.write_turn_key(in_turns, waited_ms);
@@ -1911,6 +1921,32 @@ impl State {
         }
     }
 
+    /// The trainer's phase on `g` as request admission reads it from the turn board's samples:
+    /// `{"now": "busy"|"idle", "ms_left", "busy_ms", "idle_ms"}`; null where the GPU's functions
+    /// do not take turns, without a training job, or before the samples show whole phases.
+    fn phase_status(&self, g: &Gpu) -> serde_json::Value {
+        let turns = takes_turns(self.cfg.harvest, self.cfg.turns, g.sharing);
+        let now = smore_protocol::grant::monotonic_ns();
+        let Some(p) = g
+            .board
+            .as_ref()
+            .filter(|_| turns && !g.training.is_empty())
+            .and_then(|b| phase::predict(b.board(), now))
+        else {
+            return serde_json::Value::Null;
+        };
+        let (kind, until) = match p.phase {
+            phase::Phase::Busy { until } => ("busy", until),
+            phase::Phase::Idle { until } => ("idle", until),
+        };
+        serde_json::json!({
+            "now": kind,
+            "ms_left": until.saturating_sub(now) as f64 / 1e6,
+            "busy_ms": p.busy_ns as f64 / 1e6,
+            "idle_ms": p.idle_ns as f64 / 1e6,
+        })
+    }
+
     /// The status snapshot (`smore status --json`; schema in docs/cli.md).
     pub fn snapshot(&self) -> serde_json::Value {
         let gpus: Vec<serde_json::Value> = self
@@ -1940,6 +1976,9 @@ impl State {
                     "training_share": g.harvest.training_share(),
                     "measured_budget_ppm": g.harvest.measured_total_ppm(),
                     "calibration": g.harvest.calibration(),
+                    // The trainer's phase as the functions' samples on the turn board show it
+                    // (docs/harvest.md, "Phase prediction"); null until it can be read.
+                    "trainer_phase": self.phase_status(g),
                 });
                 v["granted"] = serde_json::json!(view.grants.iter().map(|x| x.cap).sum::<u64>());
                 let peak = g.memory.peak();
@@ -2145,6 +2184,40 @@ mod tests {
     }
 
     #[test]
+    fn the_status_shows_the_trainer_phase_read_from_the_samples_on_the_turn_board() {
+        const MS: u64 = 1_000_000;
+        let mut s = harvest_state();
+        let (g, _page) = s.register(me(), args(1 << 30)).unwrap();
+        let board = s.board_of(g.gpu_index).expect("the GPU's board").clone();
+        let phase = |s: &State| s.snapshot()["gpus"][0]["harvest"]["trainer_phase"].clone();
+        // Samples of a trainer busy 12 ms of every 52, one every 2 ms over the last 400 ms.
+        let now = smore_protocol::grant::monotonic_ns();
+        let post = || {
+            for k in 0..200u64 {
+                let t = now - 400 * MS + k * 2 * MS;
+                phase::post(board.board(), t, (t / MS) % 52 < 12);
+            }
+        };
+        post();
+        assert!(phase(&s).is_null(), "no training job: no phase");
+        s.reconcile(&[(g.gpu_index, training_sample(25, &[]))]);
+        let p = phase(&s);
+        let ms = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
+        assert!((ms("busy_ms") - 12.0).abs() <= 3.0, "{p}");
+        assert!((ms("idle_ms") - 40.0).abs() <= 3.0, "{p}");
+        assert!(p["now"] == "busy" || p["now"] == "idle", "{p}");
+        // Where the functions do not take turns (MPS) their samples are not read.
+        s.reconcile(&[(
+            g.gpu_index,
+            GpuSample {
+                sharing: Some(Sharing::Mps),
+                ..training_sample(25, &[])
+            },
+        )]);
+        assert!(phase(&s).is_null(), "MPS: no turns, no phase");
+    }
+
+    #[test]
     fn a_gpu_without_mps_hands_its_turn_board_and_counts_its_functions_collisions_whole() {
         let mut s = harvest_state();
         let (g, _page) = s.register(me(), args(1 << 30)).unwrap();
@@ -2316,6 +2389,69 @@ mod tests {
         assert!((est - 0.05 / 0.95).abs() < 0.01, "{est}");
         let f = &s.snapshot()["gpus"][0]["functions"][0];
         assert!(f["contention_used_ppm"].as_u64().unwrap() > 40_000, "{f}");
+    }
+
+    #[test]
+    fn request_admission_admits_in_the_trainers_idle_phase_what_it_refuses_in_its_busy_one() {
+        const MS: u64 = 1_000_000;
+        let mut s = harvest_state();
+        let clock = facts::fake::FakeClock::default();
+        s.clock = Box::new(clock.clone());
+        let (g, _page) = s
+            .register(
+                me(),
+                RegisterArgs {
+                    slo_ms: Some(20.0),
+                    ..args(1 << 30)
+                },
+            )
+            .unwrap();
+        let board = s.board_of(g.gpu_index).expect("the GPU's board").clone();
+        // As in the test below: every request 2 ms of GPU time, a quarter of it colliding.
+        for sec in 1..=4u64 {
+            s.report_usage(
+                g.instance,
+                me().pid,
+                ShimUsage {
+                    gpu_ns: sec * 40_000_000,
+                    contention_ns: sec * 10_000_000,
+                    ..Default::default()
+                },
+            );
+            s.report(g.instance, &[2.5; 20], None, None, None);
+            for _ in 0..HARVEST_EVERY {
+                s.reconcile(&[(g.gpu_index, training_sample(30, &[]))]);
+            }
+            clock.advance(1.0);
+        }
+        // Samples of a trainer busy 12 ms of every 52, one a millisecond up to `now`, which falls
+        // `at_ms` into its iteration.
+        let trace = |at_ms: u64| {
+            let now = smore_protocol::grant::monotonic_ns();
+            for k in (1..=300u64).rev() {
+                let into = (at_ms + 52 * 300 - k) % 52;
+                phase::post(board.board(), now - k * MS, into < 12);
+            }
+        };
+        // A burst runs the mirror into debt: without a phase known, requests are refused.
+        let refused = (0..400)
+            .map(|_| s.admit_request(g.instance, 0.0))
+            .filter(|a| !a.admitted)
+            .count();
+        assert!(refused > 0, "the burst ran the mirror into debt");
+        assert!(!s.admit_request(g.instance, 0.0).admitted);
+        // 20 ms into the iteration, 8 ms into the idle phase: its launches will not meet the
+        // trainer, so the shim will not hold them — admitted.
+        trace(20);
+        assert!(s.admit_request(g.instance, 0.0).admitted);
+        // 5 ms into a busy phase: held, and refused.
+        trace(5);
+        let a = s.admit_request(g.instance, 0.0);
+        assert!(
+            !a.admitted && a.reason.starts_with("harvest:"),
+            "{}",
+            a.reason
+        );
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! functions' waits sum to what the trainer imposed on them plus what they imposed on each other,
 //! so the second is `Σ interference(function) − imposed(trainer)` when the trainer waits only
 //! behind functions.
+//!
+//! The same run checks that the shims post their samples to the board and that the arbiter reads
+//! the trainer's phase from them (docs/harvest.md, "Phase prediction").
 
 use smore_e2e::*;
 use smore_simgpu::SchedMode;
@@ -23,6 +26,9 @@ struct Run {
     behind_each_other: f64,
     /// The functions' waits behind the trainer, as a fraction of wall time.
     behind_trainer: f64,
+    /// The trainer's phase as the arbiter reads it from the samples on the turn board (status
+    /// `harvest.trainer_phase`: null when it cannot be read).
+    phase: serde_json::Value,
     /// What the functions' shims reported waiting for their turns, ms (status).
     turn_waited_ms: f64,
 }
@@ -70,6 +76,16 @@ fn run(turns: &str) -> Run {
     let (t0, imposed0, waited0) = sum();
     std::thread::sleep(Duration::from_secs(6));
     let (t1, imposed1, waited1) = sum();
+    // The trainer's phase from the functions' samples: looked at a few times (a window of the
+    // ring may, at one instant, hold too few whole phases), while the functions still run.
+    let mut phase = serde_json::Value::Null;
+    for _ in 0..10 {
+        phase = arb.status()["gpus"][0]["harvest"]["trainer_phase"].clone();
+        if !phase.is_null() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let status = arb.status();
     let turn_waited_ms: f64 = status["gpus"][0]["functions"]
         .as_array()
@@ -88,6 +104,7 @@ fn run(turns: &str) -> Run {
     let r = Run {
         behind_each_other: ((waited1 - waited0) as f64 - behind_trainer).max(0.0) / wall,
         behind_trainer: behind_trainer / wall,
+        phase,
         turn_waited_ms,
     };
     eprintln!("turns {turns}: {r:?}");
@@ -112,6 +129,15 @@ fn harvesting_functions_on_a_time_sliced_gpu_take_turns() {
     assert!(
         on.turn_waited_ms > 0.0,
         "the shims waited for turns: {on:?}"
+    );
+    // The shims post their samples to the board and the arbiter reads the trainer's phase from
+    // them: the `low` trainer is 4 × 2 ms of kernels (stretched by what collides with them) and
+    // 24 ms of host work per iteration. Without turns the arbiter reads no phase.
+    assert!(off.phase.is_null(), "no turns, no phase: {off:?}");
+    let ms = |k: &str| on.phase[k].as_f64().unwrap_or(f64::NAN);
+    assert!(
+        (4.0..=30.0).contains(&ms("busy_ms")) && (12.0..=40.0).contains(&ms("idle_ms")),
+        "the trainer's phases read from the functions' samples: {on:?}"
     );
     assert!(
         on.behind_each_other < 0.5 * off.behind_each_other,
