@@ -309,8 +309,9 @@ impl PerRequest {
 ///   [`PerRequest::collision_probability`], as before the prediction.
 ///
 /// The average charged every request the hold of those that arrive in a busy phase: in the demo's
-/// time-sliced `harvest` 74 % of the requests it refused had arrived in an idle phase, and of
-/// those admitted in an idle phase 96 % met their deadline (seed 7, simulated, 2026-11-28).
+/// time-sliced `harvest` two thirds of the refused requests had arrived in an idle phase, and of
+/// those admitted in an idle phase 96 % met their deadline (seed 7, simulated, 2026-11-28;
+/// docs/harvest.md, "Phase prediction").
 /// The mirror is still charged every request's average collision: over all requests it is what
 /// the shim's bucket pays.
 pub fn meets_trainer(per: PerRequest, phase: Option<Phase>, now_ns: u64) -> f64 {

@@ -6,8 +6,7 @@
 //! Why: request admission charged every request the average collision of its function's and
 //! predicted its hold from that average, though on a time-sliced GPU a request that arrives in
 //! the trainer's idle phase collides with nothing and its shim never holds it: in the demo's
-//! `harvest` three quarters of the requests admission refused had arrived in an idle phase
-//! (docs/harvest.md). A training job's iterations are periodic — a busy phase of queued kernels,
+//! `harvest` two thirds of the refused requests had arrived in an idle phase (docs/harvest.md). A training job's iterations are periodic — a busy phase of queued kernels,
 //! then host work (data loading, the optimizer's host side) — so the samples of all the GPU's
 //! functions together, each with when it ran and whether it met training work, give the
 //! trainer's busy and idle lengths, and from the last phase seen, the phase now. With turns the
@@ -326,11 +325,12 @@ mod tests {
     #[test]
     fn a_period_out_of_bounds_predicts_nothing() {
         // One busy sample in four, 1 ms apart: busy runs of 1 ms, gaps of 3 ms (not lulls), a
-        // period of 4 ms, below the shortest believed.
-        let mut w: Vec<u64> = (0..64)
+        // period of 4 ms, below the shortest believed. The newest sample is busy (an idle one
+        // so soon after a busy run would be refused as a possible lull instead).
+        let mut w: Vec<u64> = (0..65)
             .map(|t| phase_word(1_000_000 + t * 1_000, t % 4 == 0))
             .collect();
-        assert_eq!(predict_from(&mut w, 1_064 * MS), None);
+        assert_eq!(predict_from(&mut w, 1_065 * MS), None);
         // The same with a period of 8 ms is believed: the bound is what refused the first.
         let mut w: Vec<u64> = (0..64)
             .map(|t| phase_word(1_000_000 + t * 1_000, t % 8 < 2))
@@ -372,7 +372,7 @@ mod tests {
         ));
         // No sample for more than two periods: no guess.
         let mut w = trace(1_500, 400, 3, 52, 12, 1_000);
-        assert!(predict_from(&mut w, 1_600 * MS).is_some());
+        assert!(predict_from(&mut w, 1_580 * MS).is_some());
         let mut w = trace(1_500, 400, 3, 52, 12, 1_000);
         assert_eq!(predict_from(&mut w, 1_620 * MS), None);
     }
@@ -389,6 +389,7 @@ mod tests {
             x
         };
         let now = 5_000 * MS;
+        let mut predicted = 0;
         for round in 0..2_000 {
             let n = (next() % 700) as usize;
             let mut w: Vec<u64> = (0..n)
@@ -406,11 +407,23 @@ mod tests {
                 })
                 .collect();
             if let Some(p) = predict_from(&mut w, now) {
+                predicted += 1;
                 let (Phase::Busy { until } | Phase::Idle { until }) = p.phase;
                 assert!(until > now && until <= now + PERIOD_MAX_NS, "{p:?}");
                 assert!(p.busy_ns > 0 && p.idle_ns > 0, "{p:?}");
             }
+            // The same words at the clock's extremes.
+            for edge in [0, 1, 999, u64::MAX] {
+                if let Some(p) = predict_from(&mut w, edge) {
+                    let (Phase::Busy { until } | Phase::Idle { until }) = p.phase;
+                    assert!(until >= edge, "{p:?}");
+                }
+            }
         }
+        assert!(
+            predicted > 0,
+            "some rounds are read as phases: the checks above ran"
+        );
     }
 
     #[test]
