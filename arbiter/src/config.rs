@@ -6,6 +6,7 @@
 //! (a misspelt `theta_train` silently falling back to the default is exactly the failure to avoid).
 
 use serde::Deserialize;
+use smore_protocol::grant::{TimingNoise, MAX_TIMING_NOISE_US};
 use smore_protocol::size::parse_size;
 use std::path::{Path, PathBuf};
 use toml::Spanned;
@@ -114,6 +115,8 @@ struct RawGpus {
     indices: Option<Spanned<Vec<u32>>>,
     nvml_library: Option<String>,
     context_switch_us: Option<Spanned<u64>>,
+    wait_noise_us: Option<Spanned<u32>>,
+    stretch_noise_us: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -295,6 +298,11 @@ pub struct Config {
     /// node's GPUs without MPS, ns (0: free). The arbiter publishes it on time-sliced GPUs and
     /// the shims charge each collision two of them (docs/harvest.md, "Context switches").
     pub context_switch_ns: u64,
+    /// Harvest: how far the shims' event timing strays on this node's GPUs with nothing to wait
+    /// for — what a sample's wait and stretch must pass before any of them counts as a collision
+    /// (`[gpus] wait_noise_us`, `stretch_noise_us`; default: what an NVIDIA H200 measured,
+    /// docs/harvest.md "Timing noise"). Written to every function's page.
+    pub timing_noise: TimingNoise,
     /// The placement policy.
     pub policy: PolicyKind,
     /// σ: fraction of each GPU's memory smore may hand out (training included).
@@ -384,6 +392,7 @@ impl Default for Config {
             gpu_indices: None,
             nvml_library: "libnvidia-ml.so.1".into(),
             context_switch_ns: 0,
+            timing_noise: TimingNoise::H200,
             policy: PolicyKind::Fit,
             // σ = 0.95 and θ_train = 0.10: SMORE's defaults (Liu et al., "SMORE…", IEEE TPDS 2025, §V).
             memory_safety: 0.95,
@@ -652,6 +661,29 @@ impl Config {
                 ));
             }
             c.context_switch_ns = us * 1_000;
+        }
+        for (key, v) in [
+            ("gpus.wait_noise_us", raw.gpus.wait_noise_us),
+            ("gpus.stretch_noise_us", raw.gpus.stretch_noise_us),
+        ] {
+            let Some(v) = v else { continue };
+            let us = *v.get_ref();
+            if us > MAX_TIMING_NOISE_US {
+                return Err(err(
+                    v.span(),
+                    key,
+                    format!(
+                        "{us} µs is more than {MAX_TIMING_NOISE_US} µs: a wait for a trainer's time \
+                         slice lasts about that long, and an allowance past it hides them; measure \
+                         the node's noise with tests/gpu/wait_jitter.py (docs/real-gpu.md, section 10)"
+                    ),
+                ));
+            }
+            if key == "gpus.wait_noise_us" {
+                c.timing_noise.wait_us = us;
+            } else {
+                c.timing_noise.stretch_us = us;
+            }
         }
         if !c.discover && c.gpu_indices.is_none() {
             return Err(ConfigError(format!(
@@ -996,6 +1028,29 @@ mod tests {
     #[test]
     fn a_context_switch_cost_is_microseconds_up_to_the_page_bound() {
         assert_eq!(Config::parse("", "node.toml").unwrap().context_switch_ns, 0);
+        // Timing noise: the H200's by default, each part settable, at most 1 ms.
+        assert_eq!(
+            Config::parse("", "node.toml").unwrap().timing_noise,
+            TimingNoise::H200
+        );
+        let c = Config::parse("[gpus]\nwait_noise_us = 0\n", "node.toml").unwrap();
+        assert_eq!(
+            c.timing_noise,
+            TimingNoise {
+                wait_us: 0,
+                stretch_us: 60
+            }
+        );
+        let c = Config::parse("[gpus]\nwait_noise_us = 80\nstretch_noise_us = 0\n", "n").unwrap();
+        assert_eq!((c.timing_noise.wait_us, c.timing_noise.stretch_us), (80, 0));
+        let e = error_of("[gpus]\nstretch_noise_us = 1001\n");
+        assert!(
+            e.starts_with("node.toml:2:")
+                && e.contains("stretch_noise_us")
+                && e.contains("wait_jitter"),
+            "{e}"
+        );
+        assert!(error_of("[gpus]\nwait_noise_us = -5\n").contains("wait_noise_us"));
         let c = Config::parse("[gpus]\ncontext_switch_us = 250\n", "node.toml").unwrap();
         assert_eq!(c.context_switch_ns, 250_000);
         let e = error_of("[gpus]\ncontext_switch_us = 20000\n");

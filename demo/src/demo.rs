@@ -494,10 +494,17 @@ fn start_arbiter(node: &Node, out: &Path, a: &DemoArgs) -> Result<ArbiterProc> {
     std::fs::write(
         &cfg,
         format!(
-            "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 100\n\n[gpus]\ncontext_switch_us = {}\n\n[policy]\nname = {:?}\ntheta_train = {}\ndefer = {}\nturns = {}\n",
+            "[arbiter]\nsocket = {:?}\nstate_dir = {:?}\nreconcile_ms = 100\n\n[gpus]\ncontext_switch_us = {}\n{}\n[policy]\nname = {:?}\ntheta_train = {}\ndefer = {}\nturns = {}\n",
             socket,
             out.join("state"),
             a.charge_switch_us()?,
+            // The simulated GPU's event timestamps are exact: no timing-noise allowance. A real
+            // GPU gets the node's default (docs/harvest.md, "Timing noise").
+            if a.gpu {
+                ""
+            } else {
+                "wait_noise_us = 0\nstretch_noise_us = 0\n"
+            },
             a.policy,
             a.theta_train,
             a.defer.as_config(),

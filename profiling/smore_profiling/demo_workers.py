@@ -3,7 +3,7 @@
 They print exactly the lines the simulated clients print, so the demo reads both the same way:
 
     python3 -m smore_profiling.demo_workers trainer --model resnet50 --batch 32 --seconds 60
-        -> `iter=<i> ms=<x>` per iteration (unless --quiet), then
+        -> `iter=<i> gpu_us=<y> ms=<x>` per iteration (unless --quiet), then
            `trainer iters=<n> mean_ms=<x> p50_ms=<x> p99_ms=<x> iters_per_s=<x>`
     python3 -m smore_profiling.demo_workers function --model mobilenet_v2 --batch 1 --seconds 2
         -> `function requests=<n> p50_ms=<x> p99_ms=<x> mean_ms=<x> requests_per_s=<x>`
@@ -120,14 +120,23 @@ def build(a, training):
 def trainer(a):
     step = build(a, training=True)
     times, start, i = [], time.perf_counter(), 0
+    # An event pair around the step: its span on the GPU's timeline, from the first kernel's
+    # start to the last one's end, is the busy phase `smore demo` splits requests by (the
+    # simulated trainer prints the same field; docs/demo.md). The step synchronises, so the
+    # pair has ended when it returns.
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     while time.perf_counter() - start < a.seconds:
         t = time.perf_counter()
+        begin.record()
         step()
+        end.record()
+        end.synchronize()
+        gpu_us = begin.elapsed_time(end) * 1e3
         if a.host_ms > 0:
             time.sleep(a.host_ms / 1e3)
         ms = (time.perf_counter() - t) * 1e3
         if not a.quiet:
-            print(f"iter={i} ms={ms:.3f}", flush=True)
+            print(f"iter={i} gpu_us={gpu_us:.1f} ms={ms:.3f}", flush=True)
         times.append(ms)
         i += 1
     total = time.perf_counter() - start

@@ -24,12 +24,73 @@ pub const PAGE_MAGIC: u64 = 0x4d49_4c45_524f_4d53;
 pub const CONTENTION_HORIZON_NS: u64 = 1_000_000_000;
 /// Layout version of [`GrantPage`]. 2: `DeviceGrant::contention_ppm` (was padding). 3:
 /// `GrantPage::slot_uuid` (the GPU each slot describes). 4: `DeviceGrant::defer_until_ns`. 5:
-/// `DeviceGrant::switch_ns`. 6: `DeviceGrant::turn_key_ns`, `DeviceGrant::turn_seat`.
-pub const PAGE_VERSION: u32 = 6;
+/// `DeviceGrant::switch_ns`. 6: `DeviceGrant::turn_key_ns`, `DeviceGrant::turn_seat`. 7:
+/// `DeviceGrant::timing_noise` (was reserved, zero).
+pub const PAGE_VERSION: u32 = 7;
 /// Largest context-switch charge a page may carry: 10 ms (ns). Reasoning: a real H200's trainer
 /// lost 0.1–0.35 ms per overlap, two switches (docs/real-gpu.md, section 9); a value beyond a
 /// few timeslices is a typo, and the shim never trusts foreign memory past it.
 pub const MAX_SWITCH_NS: u64 = 10_000_000;
+/// Largest timing-noise allowance a page may carry, for a wait and for a stretch each: 1 ms
+/// (µs). Reasoning: a wait for a trainer's time slice lasts milliseconds (beside the demo's
+/// PyTorch trainer on an H200: p90 1.1 ms, docs/real-gpu.md, section 10); an allowance past one
+/// would hide the very waits it is to tell from noise, and the shim never trusts foreign memory
+/// past it.
+pub const MAX_TIMING_NOISE_US: u32 = 1_000;
+
+/// How far the shim's event-pair timing strays on a GPU with nothing to wait for: what a sample's
+/// wait and its stretch past its solo cost must pass before any of them counts as a collision
+/// (docs/harvest.md, "Timing noise"). A node's property, set by the arbiter from `[gpus]
+/// wait_noise_us` / `stretch_noise_us`, never by the process whose collisions it judges.
+/// Each part at most [`MAX_TIMING_NOISE_US`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct TimingNoise {
+    /// A start event's wait above the smallest offset seen, with nothing to wait for, µs.
+    pub wait_us: u32,
+    /// A kernel's duration above its floor, with nothing beside it, µs.
+    pub stretch_us: u32,
+}
+
+impl TimingNoise {
+    /// No allowance: exact timestamps (the simulated GPU's, docs/simgpu.md).
+    pub const NONE: TimingNoise = TimingNoise {
+        wait_us: 0,
+        stretch_us: 0,
+    };
+    /// What an NVIDIA H200 measured (`tests/gpu/wait_jitter.py`, docs/real-gpu.md, section 10):
+    /// a tiny kernel's start event on an idle stream of an idle GPU read 47 / 88 / 122 µs
+    /// (p50 / p90 / p99) above the smallest offset seen, 4 % of them 100 µs or more, the same
+    /// with every CPU busy; its duration strayed 24 / 44 / 57 µs above its floor. The wait
+    /// allowance is about the p96, the stretch's about the p99. The default of a node.
+    pub const H200: TimingNoise = TimingNoise {
+        wait_us: 100,
+        stretch_us: 60,
+    };
+
+    /// The allowance for a wait, ns (clamped to [`MAX_TIMING_NOISE_US`]).
+    pub fn wait_ns(self) -> u64 {
+        u64::from(self.wait_us.min(MAX_TIMING_NOISE_US)) * 1_000
+    }
+
+    /// The allowance for a stretch, ns (clamped to [`MAX_TIMING_NOISE_US`]).
+    pub fn stretch_ns(self) -> u64 {
+        u64::from(self.stretch_us.min(MAX_TIMING_NOISE_US)) * 1_000
+    }
+
+    /// The page's word: the wait's µs in the low half, the stretch's in the high, each clamped.
+    fn word(self) -> u32 {
+        self.wait_us.min(MAX_TIMING_NOISE_US) | (self.stretch_us.min(MAX_TIMING_NOISE_US) << 16)
+    }
+
+    /// What a page's word says, each part clamped (the page may be foreign memory).
+    fn from_word(w: u32) -> TimingNoise {
+        TimingNoise {
+            wait_us: (w & 0xffff).min(MAX_TIMING_NOISE_US),
+            stretch_us: (w >> 16).min(MAX_TIMING_NOISE_US),
+        }
+    }
+}
+
 /// Now on the clock of `DeviceGrant::defer_until_ns`: CLOCK_MONOTONIC, ns. Every process of the
 /// machine reads the same clock (the shim's launch path reads it with its own `clock_gettime`).
 pub fn monotonic_ns() -> u64 {
@@ -77,8 +138,9 @@ pub struct DeviceGrant {
     /// runs without turns). Assigned by the arbiter per instance, so every process of the grant
     /// — fork children, exec'd descendants, in any pid namespace — takes turns as one function.
     pub turn_seat: AtomicU32,
-    /// Zero.
-    pub reserved: u32,
+    /// Harvest: the node's [`TimingNoise`] allowance, as [`TimingNoise::word`] packs it (0: none).
+    /// Set by the arbiter at each write of the grant.
+    pub timing_noise: AtomicU32,
 }
 
 /// The page: header plus [`MAX_DEVICES`] grants and slot UUIDs. 8 + 4 + 4 + 16 × 56 + 16 × 16 =
@@ -122,7 +184,7 @@ impl GrantPage {
                 switch_ns: AtomicU64::new(0),
                 turn_key_ns: AtomicU64::new(0),
                 turn_seat: AtomicU32::new(0),
-                reserved: 0,
+                timing_noise: AtomicU32::new(0),
             }),
             slot_uuid: std::array::from_fn(|_| [AtomicU64::new(0), AtomicU64::new(0)]),
         }
@@ -248,6 +310,23 @@ impl GrantPage {
         self.devices
             .get(dev)
             .map_or(0, |d| d.switch_ns.load(Relaxed).min(MAX_SWITCH_NS))
+    }
+
+    /// Owner-side: the node's timing-noise allowance for `dev`'s samples (each part clamped to
+    /// [`MAX_TIMING_NOISE_US`]). Not a grant change: the generation is not bumped (the shim reads
+    /// it at each settled sample).
+    pub fn set_timing_noise(&self, dev: usize, noise: TimingNoise) {
+        if let Some(d) = self.devices.get(dev) {
+            d.timing_noise.store(noise.word(), Relaxed);
+        }
+    }
+
+    /// The timing-noise allowance for `dev`'s samples ([`TimingNoise::NONE`] for untracked
+    /// devices; each part never more than [`MAX_TIMING_NOISE_US`], whatever the page holds).
+    pub fn timing_noise(&self, dev: usize) -> TimingNoise {
+        self.devices.get(dev).map_or(TimingNoise::NONE, |d| {
+            TimingNoise::from_word(d.timing_noise.load(Relaxed))
+        })
     }
 
     /// Until when `dev`'s launches may be deferred (CLOCK_MONOTONIC ns; 0 = not at all, also for
@@ -389,6 +468,51 @@ mod tests {
         assert_eq!(p.switch(4), MAX_SWITCH_NS);
         p.set_switch(99, 5); // out of range: ignored
         assert_eq!(p.switch(99), 0);
+    }
+
+    #[test]
+    fn a_timing_noise_allowance_is_per_device_clamped_and_changes_no_grant() {
+        let p = GrantPage::unlimited();
+        assert_eq!(p.timing_noise(2), TimingNoise::NONE);
+        p.set_timing_noise(2, TimingNoise::H200);
+        assert_eq!(p.timing_noise(2), TimingNoise::H200);
+        assert_eq!(
+            (p.timing_noise(2).wait_ns(), p.timing_noise(2).stretch_ns()),
+            (100_000, 60_000)
+        );
+        assert_eq!(p.timing_noise(3), TimingNoise::NONE);
+        assert_eq!(p.generation(2), 0);
+        assert_eq!(p.throttled_mask.load(Relaxed), 0);
+        // Each part is clamped on the way in and on the way out (a page written by someone else).
+        p.set_timing_noise(
+            2,
+            TimingNoise {
+                wait_us: u32::MAX,
+                stretch_us: 7,
+            },
+        );
+        assert_eq!(
+            p.timing_noise(2),
+            TimingNoise {
+                wait_us: MAX_TIMING_NOISE_US,
+                stretch_us: 7
+            }
+        );
+        p.devices[2].timing_noise.store(u32::MAX, Relaxed);
+        let t = p.timing_noise(2);
+        assert_eq!(
+            (t.wait_us, t.stretch_us),
+            (MAX_TIMING_NOISE_US, MAX_TIMING_NOISE_US)
+        );
+        assert_eq!(t.wait_ns(), 1_000_000);
+        // A value built by hand is clamped where it is used.
+        let wild = TimingNoise {
+            wait_us: 5_000,
+            stretch_us: 5_000,
+        };
+        assert_eq!((wild.wait_ns(), wild.stretch_ns()), (1_000_000, 1_000_000));
+        p.set_timing_noise(99, TimingNoise::H200); // out of range: ignored
+        assert_eq!(p.timing_noise(99), TimingNoise::NONE);
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //! off: the raw share alone applies).
 
 use crate::gate::{Gate, PPM};
+pub use smore_protocol::grant::TimingNoise;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 
 /// Horizon of the contention bucket (1 s; the reasoning is with its definition, shared with the
@@ -69,6 +70,33 @@ const CALIBRATION_RISE_MAX: u64 = 2;
 /// pairs, a few to tens of µs; with a configured switch of 1–100 µs half a switch would take
 /// that jitter for preemptions and every sample for a whole collision).
 const PREEMPTION_WAIT_MIN_NS: u64 = 50_000;
+
+/// What a sample measured beyond the node's timing noise ([`TimingNoise`]): its duration `d_ns`
+/// less the stretch allowance of any stretch past its solo cost `d0_ns`, its wait less the wait
+/// allowance, and its chained wait's other work less the same (one pair of timestamps, each as
+/// noisy as a wait). Every collision the shim counts is judged on these. On an NVIDIA H200 the
+/// jitter taken for waits and stretches made every 10–50 µs PyTorch kernel a whole collision
+/// (docs/harvest.md, "Timing noise"); on the simulated GPU, whose timestamps are exact, the
+/// node's allowance is 0 and this changes nothing.
+pub fn beyond_noise(
+    d_ns: u64,
+    d0_ns: u64,
+    wait_ns: Option<u64>,
+    chained: Option<Chained>,
+    noise: TimingNoise,
+) -> (u64, Option<u64>, Option<Chained>) {
+    let d = if d_ns > d0_ns {
+        d_ns.saturating_sub(noise.stretch_ns()).max(d0_ns)
+    } else {
+        d_ns
+    };
+    let wait = wait_ns.map(|w| w.saturating_sub(noise.wait_ns()));
+    let chained = chained.map(|c| Chained {
+        others_ns: c.others_ns.saturating_sub(noise.wait_ns()),
+        ..c
+    });
+    (d, wait, chained)
+}
 
 /// The collision time of a launch that measured `d_ns` with solo cost `d0_ns`:
 /// `min(d0, max(0, d − d0))`.
@@ -1006,6 +1034,57 @@ mod tests {
         assert!(shows_handover(30 * US, 30 * US, Some(50 * US), 10 * US));
         // Free switches (MPS, or none configured): never.
         assert!(!shows_handover(30 * US, 30 * US, Some(5_000 * US), 0));
+    }
+
+    #[test]
+    fn timing_noise_is_no_collision_and_a_slice_wait_still_is() {
+        let p = Collision::default();
+        // The H200's jitter on a 30 µs kernel with nothing to wait for: a 90 µs wait and 50 µs
+        // over its floor counted as a whole collision before; beyond the noise, none.
+        let h200 = TimingNoise::H200;
+        let (d, w, _) = beyond_noise(80 * US, 30 * US, Some(90 * US), None, h200);
+        assert_eq!((d, w), (30 * US, Some(0)));
+        assert_eq!(p.observe(T, d, 30 * US, w, 0), 0);
+        assert_eq!(p.ppm(), 0);
+        // A wait for a trainer's 2 ms slice is still a whole collision.
+        let (d, w, _) = beyond_noise(30 * US, 30 * US, Some(2 * MS), None, h200);
+        assert_eq!(w, Some(2 * MS - 100 * US));
+        assert_eq!(p.observe(T, d, 30 * US, w, 0), 30 * US);
+        // A stretch past the noise counts what is beyond it; a short run is left as it is.
+        assert_eq!(
+            beyond_noise(500 * US, 300 * US, None, None, h200).0,
+            440 * US
+        );
+        assert_eq!(
+            beyond_noise(320 * US, 300 * US, None, None, h200).0,
+            300 * US
+        );
+        assert_eq!(
+            beyond_noise(200 * US, 300 * US, None, None, h200).0,
+            200 * US
+        );
+        // Exact timestamps (the simulated GPU's): nothing is taken off.
+        let none = TimingNoise::NONE;
+        assert_eq!(
+            beyond_noise(80 * US, 30 * US, Some(90 * US), None, none),
+            (80 * US, Some(90 * US), None)
+        );
+        // A chained wait's other work loses one wait's noise; what it paid is kept.
+        let c = Chained {
+            others_ns: 150 * US,
+            own_ns: 40 * US,
+            paid_ns: 7,
+        };
+        let (_, w, c) = beyond_noise(40 * US, 40 * US, None, Some(c), h200);
+        assert_eq!(w, None);
+        assert_eq!(
+            c,
+            Some(Chained {
+                others_ns: 50 * US,
+                own_ns: 40 * US,
+                paid_ns: 7
+            })
+        );
     }
 
     #[test]

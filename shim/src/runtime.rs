@@ -743,6 +743,15 @@ impl Runtime {
         self.device_slot(dev).map_or(0, |s| self.limits().switch(s))
     }
 
+    /// The node's timing-noise allowance for CUDA ordinal `dev`'s samples (its slot's; none off
+    /// the grant).
+    pub fn timing_noise(&self, dev: usize) -> harvest::TimingNoise {
+        self.device_slot(dev)
+            .map_or(harvest::TimingNoise::NONE, |s| {
+                self.limits().timing_noise(s)
+            })
+    }
+
     /// What to do when an allocation cannot be accounted (device unknown).
     fn unaccountable(&self, call: impl FnOnce() -> (u32, u64)) -> u32 {
         match self.config.policy {
@@ -1601,6 +1610,11 @@ impl Runtime {
             return None;
         }
         let d0 = solo?;
+        // Collisions are judged on what the sample measured beyond the timing's noise: a few
+        // tens of µs of jitter on a real GPU, which made every short kernel a whole collision
+        // (docs/harvest.md, "Timing noise").
+        let (ns, wait, chained) =
+            harvest::beyond_noise(ns, d0, wait, chained, self.timing_noise(dev));
         let wait = wait.or_else(|| chained.map(|c| c.share_of(d0)));
         let switch_ns = self.switch_ns(dev);
         // The evidence is as old as what it measured ([`harvest::ran_until`]).

@@ -9,7 +9,7 @@ use super::watchdog::{ShareDebt, SmOveruse};
 use crate::grantpage::PageHandle;
 use crate::harvest::{self, RequestPacer, UsageLedger};
 use serde::Serialize;
-use smore_protocol::grant::MAX_DEVICES;
+use smore_protocol::grant::{TimingNoise, MAX_DEVICES};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -63,6 +63,9 @@ pub struct Instance {
     /// Harvest: what one context switch costs on its GPU, ns, as written to its page (0: free,
     /// harvest off, or an MPS GPU).
     pub switch_ns: u64,
+    /// Harvest: the node's timing-noise allowance, as written to its page (`[gpus]
+    /// wait_noise_us`, `stretch_noise_us`).
+    pub timing_noise: TimingNoise,
     /// Harvest: collision time it used over the last 3 s (`harvest::USE_WINDOW_S`), ppm of wall
     /// time.
     pub contention_used_ppm: u32,
@@ -143,6 +146,7 @@ impl Instance {
             shim_loaded: None,
             contention_ppm: 0,
             switch_ns: 0,
+            timing_noise: TimingNoise::NONE,
             contention_used_ppm: 0,
             gpu_used_ppm: 0,
             miss_rate: None,
@@ -289,6 +293,7 @@ impl Instance {
                         page.set_contention(d, self.contention_ppm);
                     }
                     page.set_switch(d, self.switch_ns);
+                    page.set_timing_noise(d, self.timing_noise);
                     page.set(d, self.page_cap(), self.page_share());
                 } else if page.cap(d) != 0 {
                     // Devices the instance was not admitted to: no memory at all.

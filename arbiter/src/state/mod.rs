@@ -594,13 +594,19 @@ impl State {
             BTreeMap::new()
         };
         let switch_ns = switch_charge(harvesting, g.sharing, self.cfg.context_switch_ns);
+        let noise = self.cfg.timing_noise;
         for (id, share) in shares {
             if let Some(i) = self.instances.get_mut(&id) {
                 let ppm = budgets.get(&id).copied().unwrap_or(0);
-                if i.rec.share != share || i.contention_ppm != ppm || i.switch_ns != switch_ns {
+                if i.rec.share != share
+                    || i.contention_ppm != ppm
+                    || i.switch_ns != switch_ns
+                    || i.timing_noise != noise
+                {
                     i.rec.share = share;
                     i.contention_ppm = ppm;
                     i.switch_ns = switch_ns;
+                    i.timing_noise = noise;
                     i.write_page();
                     self.dirty = true;
                 }
@@ -2181,6 +2187,42 @@ mod tests {
         }
         assert_eq!(page.page().contention(slot), 0);
         assert_eq!(page.page().switch(slot), 0);
+    }
+
+    #[test]
+    fn every_function_page_carries_the_nodes_timing_noise_and_a_reload_changes_it() {
+        use smore_protocol::grant::TimingNoise;
+        let mut s = harvest_state();
+        assert_eq!(s.cfg.timing_noise, TimingNoise::H200, "the default");
+        let (g, page) = s.register(me(), args(1 << 30)).unwrap();
+        let slot = s.instances[&g.instance].rec.slot as usize;
+        // At registration, before any training is seen or any budget split.
+        assert_eq!(page.page().timing_noise(slot), TimingNoise::H200);
+        for _ in 0..HARVEST_EVERY {
+            s.reconcile(&[(g.gpu_index, training_sample(50, &[]))]);
+        }
+        assert!(page.page().contention(slot) > 0, "harvest on");
+        assert_eq!(page.page().timing_noise(slot), TimingNoise::H200);
+        // A reload changes it on the page at once.
+        let base = s.cfg.clone();
+        let exact = Config {
+            timing_noise: TimingNoise::NONE,
+            ..base.clone()
+        };
+        let out = s
+            .reload(&base, &exact, |_| unreachable!("θ did not change"))
+            .unwrap();
+        assert_eq!(out.applied.len(), 1, "{out:?}");
+        assert!(out.applied[0].starts_with("timing_noise: "), "{out:?}");
+        assert!(out.need_restart.is_empty(), "{out:?}");
+        assert_eq!(page.page().timing_noise(slot), TimingNoise::NONE);
+        // Without training (no harvest) the page still says it: the shim judges nothing by it
+        // then, and it is right the moment a trainer arrives.
+        for _ in 0..HARVEST_EVERY {
+            s.reconcile(&[(g.gpu_index, GpuSample::default())]);
+        }
+        assert_eq!(page.page().contention(slot), 0);
+        assert_eq!(page.page().timing_noise(slot), TimingNoise::NONE);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! Owns: the list of keys that change live ([`LIVE_KEYS`]), applying them to the state (θ_train
 //! into every GPU's harvest ledger and the policy, the watchdog action, the prewarm policy,
-//! harvest, deferral and turns on/off, the context-switch charge into every harvesting function's page), and building the prewarm manager from its config string (one
+//! harvest, deferral and turns on/off, the context-switch charge and the timing-noise allowance into every function's page), and building the prewarm manager from its config string (one
 //! implementation for start and reload).
 //!
 //! Must never: half-apply a config (the caller validates the whole file first: a file that does
@@ -15,7 +15,7 @@ use crate::policy::Policy;
 
 /// Config keys (as serialized) a running arbiter takes over on SIGHUP. Everything else — the
 /// socket, the state directory, the GPUs, the policy kind and its model … — is fixed at start.
-pub const LIVE_KEYS: [&str; 7] = [
+pub const LIVE_KEYS: [&str; 8] = [
     "theta_train",
     "watchdog_action",
     "prewarm_policy",
@@ -23,6 +23,7 @@ pub const LIVE_KEYS: [&str; 7] = [
     "defer",
     "turns",
     "context_switch_ns",
+    "timing_noise",
 ];
 
 /// What a reload did.
@@ -101,6 +102,7 @@ impl State {
         // Turns follow at once (the boards' `enabled` words).
         merged.turns = new.turns;
         merged.context_switch_ns = new.context_switch_ns;
+        merged.timing_noise = new.timing_noise;
         let changes = changed_keys(&self.cfg, &merged);
         if changes.is_empty() {
             return Ok(out);
@@ -119,11 +121,13 @@ impl State {
             .into_iter()
             .map(|(k, a, b)| format!("{k}: {a} -> {b}"))
             .collect();
-        let switch_changed = merged.context_switch_ns != self.cfg.context_switch_ns;
+        // The switch charge and the timing noise go into every function's page now, not at the
+        // next budget split.
+        let switch_changed = merged.context_switch_ns != self.cfg.context_switch_ns
+            || merged.timing_noise != self.cfg.timing_noise;
         self.cfg = merged;
         self.set_turns();
         if switch_changed {
-            // Into every harvesting function's page now, not at the next budget split.
             let gpus: Vec<u32> = self.gpus.iter().map(|g| g.info.index).collect();
             for gpu in gpus {
                 self.reshare(gpu);

@@ -51,6 +51,18 @@ impl Arbiter {
         } else {
             "reconcile_ms = 50\n"
         };
+        // The simulated GPU's event timestamps are exact: no timing-noise allowance, which a
+        // real node's default takes off every wait and stretch (docs/harvest.md, "Timing
+        // noise"). Into the test's own `[gpus]` table when it has one; not where the test sets
+        // an allowance itself.
+        const EXACT: &str = "wait_noise_us = 0\nstretch_noise_us = 0\n";
+        let extra = if extra.contains("_noise_us") {
+            extra.to_string()
+        } else if extra.contains("[gpus]\n") {
+            extra.replacen("[gpus]\n", &format!("[gpus]\n{EXACT}"), 1)
+        } else {
+            format!("{extra}\n\n[gpus]\n{EXACT}")
+        };
         std::fs::write(
             &cfg,
             format!(
