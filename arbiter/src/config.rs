@@ -673,9 +673,10 @@ impl Config {
                     v.span(),
                     key,
                     format!(
-                        "{us} µs is more than {MAX_TIMING_NOISE_US} µs: a wait for a trainer's time \
-                         slice lasts about that long, and an allowance past it hides them; measure \
-                         the node's noise with tests/gpu/wait_jitter.py (docs/real-gpu.md, section 10)"
+                        "{us} µs is more than {MAX_TIMING_NOISE_US} µs: waits for a trainer's time \
+                         slice are that short and longer, and an allowance past it hides them; \
+                         measure the node's noise with tests/gpu/wait_jitter.py (docs/real-gpu.md, \
+                         section 10)"
                     ),
                 ));
             }
@@ -1043,7 +1044,7 @@ mod tests {
         );
         let c = Config::parse("[gpus]\nwait_noise_us = 80\nstretch_noise_us = 0\n", "n").unwrap();
         assert_eq!((c.timing_noise.wait_us, c.timing_noise.stretch_us), (80, 0));
-        let e = error_of("[gpus]\nstretch_noise_us = 1001\n");
+        let e = error_of("[gpus]\nstretch_noise_us = 301\n");
         assert!(
             e.starts_with("node.toml:2:")
                 && e.contains("stretch_noise_us")

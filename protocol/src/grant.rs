@@ -31,18 +31,20 @@ pub const PAGE_VERSION: u32 = 7;
 /// lost 0.1–0.35 ms per overlap, two switches (docs/real-gpu.md, section 9); a value beyond a
 /// few timeslices is a typo, and the shim never trusts foreign memory past it.
 pub const MAX_SWITCH_NS: u64 = 10_000_000;
-/// Largest timing-noise allowance a page may carry, for a wait and for a stretch each: 1 ms
-/// (µs). Reasoning: a wait for a trainer's time slice lasts milliseconds (beside the demo's
-/// PyTorch trainer on an H200: p90 1.1 ms, docs/real-gpu.md, section 10); an allowance past one
-/// would hide the very waits it is to tell from noise, and the shim never trusts foreign memory
-/// past it.
-pub const MAX_TIMING_NOISE_US: u32 = 1_000;
+/// Largest timing-noise allowance a page may carry, for a wait and for a stretch each: 300 µs.
+/// Reasoning: about 2.5 × the H200's p99 jitter (122 µs for a wait, docs/real-gpu.md, section
+/// 10), while the waits it is to tell from noise are longer — in the demo's co-located runs on
+/// that GPU a sampled launch's wait was 285–414 µs at the median and 1.1–1.7 ms at p90; an
+/// allowance of a millisecond would hide most of them. A part past it on a page is foreign or
+/// corrupt memory and is read as 0: no allowance counts every collision, the side that protects
+/// training.
+pub const MAX_TIMING_NOISE_US: u32 = 300;
 
 /// How far the shim's event-pair timing strays on a GPU with nothing to wait for: what a sample's
 /// wait and its stretch past its solo cost must pass before any of them counts as a collision
 /// (docs/harvest.md, "Timing noise"). A node's property, set by the arbiter from `[gpus]
 /// wait_noise_us` / `stretch_noise_us`, never by the process whose collisions it judges.
-/// Each part at most [`MAX_TIMING_NOISE_US`].
+/// Each part at most [`MAX_TIMING_NOISE_US`]; a part past it counts as 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct TimingNoise {
     /// A start event's wait above the smallest offset seen, with nothing to wait for, µs.
@@ -67,27 +69,39 @@ impl TimingNoise {
         stretch_us: 60,
     };
 
-    /// The allowance for a wait, ns (clamped to [`MAX_TIMING_NOISE_US`]).
+    /// The allowance for a wait, ns (0 for a part past [`MAX_TIMING_NOISE_US`]).
     pub fn wait_ns(self) -> u64 {
-        u64::from(self.wait_us.min(MAX_TIMING_NOISE_US)) * 1_000
+        u64::from(in_bounds(self.wait_us)) * 1_000
     }
 
-    /// The allowance for a stretch, ns (clamped to [`MAX_TIMING_NOISE_US`]).
+    /// The allowance for a stretch, ns (0 for a part past [`MAX_TIMING_NOISE_US`]).
     pub fn stretch_ns(self) -> u64 {
-        u64::from(self.stretch_us.min(MAX_TIMING_NOISE_US)) * 1_000
+        u64::from(in_bounds(self.stretch_us)) * 1_000
     }
 
-    /// The page's word: the wait's µs in the low half, the stretch's in the high, each clamped.
+    /// The page's word: the wait's µs in the low half, the stretch's in the high, a part past
+    /// [`MAX_TIMING_NOISE_US`] as 0.
     fn word(self) -> u32 {
-        self.wait_us.min(MAX_TIMING_NOISE_US) | (self.stretch_us.min(MAX_TIMING_NOISE_US) << 16)
+        in_bounds(self.wait_us) | (in_bounds(self.stretch_us) << 16)
     }
 
-    /// What a page's word says, each part clamped (the page may be foreign memory).
+    /// What a page's word says, a part past [`MAX_TIMING_NOISE_US`] as 0 (the page may be
+    /// foreign memory).
     fn from_word(w: u32) -> TimingNoise {
         TimingNoise {
-            wait_us: (w & 0xffff).min(MAX_TIMING_NOISE_US),
-            stretch_us: (w >> 16).min(MAX_TIMING_NOISE_US),
+            wait_us: in_bounds(w & 0xffff),
+            stretch_us: in_bounds(w >> 16),
         }
+    }
+}
+
+/// A timing-noise part as used: itself up to [`MAX_TIMING_NOISE_US`], 0 past it (less
+/// allowance counts more collisions: the side that protects training).
+fn in_bounds(us: u32) -> u32 {
+    if us > MAX_TIMING_NOISE_US {
+        0
+    } else {
+        us
     }
 }
 
@@ -312,9 +326,9 @@ impl GrantPage {
             .map_or(0, |d| d.switch_ns.load(Relaxed).min(MAX_SWITCH_NS))
     }
 
-    /// Owner-side: the node's timing-noise allowance for `dev`'s samples (each part clamped to
-    /// [`MAX_TIMING_NOISE_US`]). Not a grant change: the generation is not bumped (the shim reads
-    /// it at each settled sample).
+    /// Owner-side: the node's timing-noise allowance for `dev`'s samples (a part past
+    /// [`MAX_TIMING_NOISE_US`] is written as 0). Not a grant change: the generation is not
+    /// bumped (the shim reads it at each settled sample).
     pub fn set_timing_noise(&self, dev: usize, noise: TimingNoise) {
         if let Some(d) = self.devices.get(dev) {
             d.timing_noise.store(noise.word(), Relaxed);
@@ -322,7 +336,7 @@ impl GrantPage {
     }
 
     /// The timing-noise allowance for `dev`'s samples ([`TimingNoise::NONE`] for untracked
-    /// devices; each part never more than [`MAX_TIMING_NOISE_US`], whatever the page holds).
+    /// devices; a part past [`MAX_TIMING_NOISE_US`] on the page reads as 0).
     pub fn timing_noise(&self, dev: usize) -> TimingNoise {
         self.devices.get(dev).map_or(TimingNoise::NONE, |d| {
             TimingNoise::from_word(d.timing_noise.load(Relaxed))
@@ -483,7 +497,8 @@ mod tests {
         assert_eq!(p.timing_noise(3), TimingNoise::NONE);
         assert_eq!(p.generation(2), 0);
         assert_eq!(p.throttled_mask.load(Relaxed), 0);
-        // Each part is clamped on the way in and on the way out (a page written by someone else).
+        // A part past the bound is no allowance, on the way in and on the way out (a page
+        // written by someone else): the side that counts every collision.
         p.set_timing_noise(
             2,
             TimingNoise {
@@ -494,23 +509,35 @@ mod tests {
         assert_eq!(
             p.timing_noise(2),
             TimingNoise {
-                wait_us: MAX_TIMING_NOISE_US,
+                wait_us: 0,
                 stretch_us: 7
             }
         );
+        let at_bound = TimingNoise {
+            wait_us: MAX_TIMING_NOISE_US,
+            stretch_us: MAX_TIMING_NOISE_US + 1,
+        };
+        p.set_timing_noise(2, at_bound);
+        assert_eq!(p.timing_noise(2).wait_ns(), 300_000);
+        assert_eq!(p.timing_noise(2).stretch_ns(), 0);
         p.devices[2].timing_noise.store(u32::MAX, Relaxed);
-        let t = p.timing_noise(2);
+        assert_eq!(p.timing_noise(2), TimingNoise::NONE);
+        p.devices[2]
+            .timing_noise
+            .store(200 | (0x8000 << 16), Relaxed);
         assert_eq!(
-            (t.wait_us, t.stretch_us),
-            (MAX_TIMING_NOISE_US, MAX_TIMING_NOISE_US)
+            p.timing_noise(2),
+            TimingNoise {
+                wait_us: 200,
+                stretch_us: 0
+            }
         );
-        assert_eq!(t.wait_ns(), 1_000_000);
-        // A value built by hand is clamped where it is used.
+        // A value built by hand is bounded where it is used.
         let wild = TimingNoise {
             wait_us: 5_000,
             stretch_us: 5_000,
         };
-        assert_eq!((wild.wait_ns(), wild.stretch_ns()), (1_000_000, 1_000_000));
+        assert_eq!((wild.wait_ns(), wild.stretch_ns()), (0, 0));
         p.set_timing_noise(99, TimingNoise::H200); // out of range: ignored
         assert_eq!(p.timing_noise(99), TimingNoise::NONE);
     }

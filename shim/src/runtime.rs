@@ -415,6 +415,7 @@ fn init() -> &'static Runtime {
             let closed = limits::standalone(&[0; MAX_DEVICES], &shares, &budgets, 0);
             for d in 0..MAX_DEVICES {
                 closed.set_switch(d, page.switch(d));
+                closed.set_timing_noise(d, page.timing_noise(d));
                 if let Some(u) = page.slot_uuid(d) {
                     closed.set_slot_uuid(d, u);
                 }

@@ -93,6 +93,7 @@ fn closed_page(last: &GrantPage) -> &'static GrantPage {
         page.set(d, 0, last.share(d).clamp(1, 100));
         page.set_contention(d, last.contention(d));
         page.set_switch(d, last.switch(d));
+        page.set_timing_noise(d, last.timing_noise(d));
         if let Some(u) = last.slot_uuid(d) {
             page.set_slot_uuid(d, u);
         }

@@ -53,15 +53,24 @@ impl Arbiter {
         };
         // The simulated GPU's event timestamps are exact: no timing-noise allowance, which a
         // real node's default takes off every wait and stretch (docs/harvest.md, "Timing
-        // noise"). Into the test's own `[gpus]` table when it has one; not where the test sets
-        // an allowance itself.
-        const EXACT: &str = "wait_noise_us = 0\nstretch_noise_us = 0\n";
-        let extra = if extra.contains("_noise_us") {
+        // noise"). Each key the test does not set itself, into its own `[gpus]` table when it
+        // has one (a table header on a line of its own).
+        let exact: String = ["wait_noise_us", "stretch_noise_us"]
+            .iter()
+            .filter(|k| !extra.contains(*k))
+            .map(|k| format!("{k} = 0\n"))
+            .collect();
+        let extra = if exact.is_empty() {
             extra.to_string()
-        } else if extra.contains("[gpus]\n") {
-            extra.replacen("[gpus]\n", &format!("[gpus]\n{EXACT}"), 1)
+        } else if let Some(at) = extra.find("[gpus]\n") {
+            let at = at + "[gpus]\n".len();
+            format!("{}{exact}{}", &extra[..at], &extra[at..])
         } else {
-            format!("{extra}\n\n[gpus]\n{EXACT}")
+            assert!(
+                !extra.contains("[gpus]") && !extra.contains("gpus."),
+                "put `[gpus]` on a line of its own in the test's config: {extra}"
+            );
+            format!("{extra}\n\n[gpus]\n{exact}")
         };
         std::fs::write(
             &cfg,
