@@ -301,7 +301,8 @@ pub struct Config {
     /// Harvest: how far the shims' event timing strays on this node's GPUs with nothing to wait
     /// for — what a sample's wait and stretch must pass before any of them counts as a collision
     /// (`[gpus] wait_noise_us`, `stretch_noise_us`; default: what an NVIDIA H200 measured,
-    /// docs/harvest.md "Timing noise"). Written to every function's page.
+    /// docs/harvest.md "Timing noise"). Written to the page of every function on a time-sliced
+    /// GPU (none under MPS or before the GPU's mode is known).
     pub timing_noise: TimingNoise,
     /// The placement policy.
     pub policy: PolicyKind,
@@ -1029,7 +1030,7 @@ mod tests {
     #[test]
     fn a_context_switch_cost_is_microseconds_up_to_the_page_bound() {
         assert_eq!(Config::parse("", "node.toml").unwrap().context_switch_ns, 0);
-        // Timing noise: the H200's by default, each part settable, at most 1 ms.
+        // Timing noise: the H200's by default, each part settable, at most 300 µs.
         assert_eq!(
             Config::parse("", "node.toml").unwrap().timing_noise,
             TimingNoise::H200
@@ -1044,6 +1045,8 @@ mod tests {
         );
         let c = Config::parse("[gpus]\nwait_noise_us = 80\nstretch_noise_us = 0\n", "n").unwrap();
         assert_eq!((c.timing_noise.wait_us, c.timing_noise.stretch_us), (80, 0));
+        let c = Config::parse("[gpus]\nwait_noise_us = 300\n", "n").unwrap();
+        assert_eq!(c.timing_noise.wait_us, 300, "the bound itself is accepted");
         let e = error_of("[gpus]\nstretch_noise_us = 301\n");
         assert!(
             e.starts_with("node.toml:2:")

@@ -33,8 +33,9 @@ pub const PAGE_VERSION: u32 = 7;
 pub const MAX_SWITCH_NS: u64 = 10_000_000;
 /// Largest timing-noise allowance a page may carry, for a wait and for a stretch each: 300 µs.
 /// Reasoning: about 2.5 × the H200's p99 jitter (122 µs for a wait, docs/real-gpu.md, section
-/// 10), while the waits it is to tell from noise are longer — in the demo's co-located runs on
-/// that GPU a sampled launch's wait was 285–414 µs at the median and 1.1–1.7 ms at p90; an
+/// 10). The waits it is to tell from noise are comparable or longer — in the demo's co-located
+/// runs on that GPU a sampled launch's wait was 285–414 µs at the median and 1.1–1.7 ms at p90 —
+/// and the allowance is taken off each wait, not a threshold under which a wait is dropped; an
 /// allowance of a millisecond would hide most of them. A part past it on a page is foreign or
 /// corrupt memory and is read as 0: no allowance counts every collision, the side that protects
 /// training.
@@ -152,8 +153,9 @@ pub struct DeviceGrant {
     /// runs without turns). Assigned by the arbiter per instance, so every process of the grant
     /// — fork children, exec'd descendants, in any pid namespace — takes turns as one function.
     pub turn_seat: AtomicU32,
-    /// Harvest: the node's [`TimingNoise`] allowance, as [`TimingNoise::word`] packs it (0: none).
-    /// Set by the arbiter at each write of the grant.
+    /// Harvest: the node's [`TimingNoise`] allowance, as [`TimingNoise::word`] packs it (0: none,
+    /// as under MPS or before the GPU's mode is known). Set by the arbiter at each write of the
+    /// grant.
     pub timing_noise: AtomicU32,
 }
 
@@ -485,7 +487,7 @@ mod tests {
     }
 
     #[test]
-    fn a_timing_noise_allowance_is_per_device_clamped_and_changes_no_grant() {
+    fn a_timing_noise_allowance_is_per_device_bounded_and_changes_no_grant() {
         let p = GrantPage::unlimited();
         assert_eq!(p.timing_noise(2), TimingNoise::NONE);
         p.set_timing_noise(2, TimingNoise::H200);

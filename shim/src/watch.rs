@@ -86,7 +86,7 @@ pub fn spawn(
 }
 
 /// A process-local page refusing every allocation, with the shares, contention budgets,
-/// context-switch costs and GPU names (slot UUIDs) of `last`.
+/// context-switch costs, timing-noise allowances and GPU names (slot UUIDs) of `last`.
 fn closed_page(last: &GrantPage) -> &'static GrantPage {
     let page: &'static GrantPage = Box::leak(Box::new(GrantPage::unlimited()));
     for d in 0..MAX_DEVICES {

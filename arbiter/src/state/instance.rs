@@ -64,7 +64,8 @@ pub struct Instance {
     /// harvest off, or an MPS GPU).
     pub switch_ns: u64,
     /// Harvest: the node's timing-noise allowance, as written to its page (`[gpus]
-    /// wait_noise_us`, `stretch_noise_us`).
+    /// wait_noise_us`, `stretch_noise_us` on a time-sliced GPU; none under MPS or while the GPU's
+    /// mode is not known).
     pub timing_noise: TimingNoise,
     /// Harvest: collision time it used over the last 3 s (`harvest::USE_WINDOW_S`), ppm of wall
     /// time.

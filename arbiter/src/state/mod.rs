@@ -1512,11 +1512,17 @@ impl State {
                     self.cfg.harvest,
                     self.cfg.context_switch_ns,
                 );
-                g.sharing = Some(sharing);
                 // The switch charge and the timing noise on the pages follow the mode (a re-split
                 // is also a growth step of the budget split: only when a page would change).
-                let follows = (self.cfg.harvest && self.cfg.context_switch_ns > 0)
-                    || self.cfg.timing_noise != TimingNoise::NONE;
+                let (csw, noise) = (self.cfg.context_switch_ns, self.cfg.timing_noise);
+                let pages = |m: Option<Sharing>| {
+                    (
+                        switch_charge(self.cfg.harvest, m, csw),
+                        timing_noise(m, noise),
+                    )
+                };
+                let follows = pages(g.sharing) != pages(Some(sharing));
+                g.sharing = Some(sharing);
                 if follows && !reshare.contains(index) {
                     reshare.push(*index);
                 }
@@ -1558,7 +1564,7 @@ impl State {
                 growths.push((*index, growth, g.memory.peak(), has_functions));
             }
             g.training = std::mem::take(&mut split.training);
-            if appeared || g.estimate.drifted() {
+            if (appeared || g.estimate.drifted()) && !reshare.contains(index) {
                 reshare.push(*index);
             }
             for inst in self.instances.values_mut().filter(|i| i.rec.gpu == *index) {
@@ -2071,7 +2077,8 @@ fn switch_charge(harvesting: bool, sharing: Option<Sharing>, configured_ns: u64)
 /// stretch is the whole signal of a collision and no GPU's jitter has been measured; on the
 /// simulated GPU's MPS model the H200's allowance cut the estimate from 3.4 to 1.8 % against a
 /// true 4.6–5.0 % (docs/harvest.md, "Timing noise") — and none before the mode is known (the
-/// side that counts every collision; it is known from the first sample with training on it).
+/// side that counts every collision; it is known from the first sample that shows a compute
+/// process on the GPU, a function's own included).
 fn timing_noise(sharing: Option<Sharing>, configured: TimingNoise) -> TimingNoise {
     if sharing == Some(Sharing::TimeSliced) {
         configured

@@ -67,7 +67,7 @@ impl Arbiter {
             format!("{}{exact}{}", &extra[..at], &extra[at..])
         } else {
             assert!(
-                !extra.contains("[gpus]") && !extra.contains("gpus."),
+                !extra.contains("[gpus]"),
                 "put `[gpus]` on a line of its own in the test's config: {extra}"
             );
             format!("{extra}\n\n[gpus]\n{exact}")
