@@ -14,19 +14,80 @@ archive, `traces.tar.gz` (the device tool brings back a few files, not one per p
 the demo's summary.json, whether or not the demo succeeded. `--sim` runs the same on the
 simulated GPU (no `--gpu`), to check the script where there is no GPU.
 
+Beside the demo it polls `smore status --json` of the demo's arbiter every 0.5 s (docs/cli.md):
+what holds the functions on that GPU (docs/harvest.md, "Timing noise"). The RESULT's `status`
+says, per function, the requests its shims reported, request admission's paced refusals, the
+time it waited for turns and was throttled, and its collision time per request against its GPU
+time per request (the last figures seen); and how often the arbiter read the trainer's phase,
+with the busy and idle lengths it read. The timeline goes to `--out` as `status.jsonl.gz`.
+
     python3 tests/gpu/demo_trace.py --smore target-gpu/release/smore --workdir /tmp/w --out /tmp/res
 """
 import argparse
+import glob
+import gzip
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit, log  # noqa: E402
 from trace_overlap import analyse  # noqa: E402
+
+# How often the status is polled: s.
+POLL_S = 0.5
+
+
+def poll_status(smore, root, stop, timeline):
+    """Appends `(seconds since start, status json)` of every arbiter socket under `root` to
+    `timeline` every POLL_S until `stop` is set."""
+    t0 = time.time()
+    while not stop.wait(POLL_S):
+        for sock in glob.glob(os.path.join(root, "**", "arbiter.sock"), recursive=True):
+            env = dict(os.environ, SMORE_ARBITER_SOCKET=sock)
+            try:
+                r = subprocess.run([smore, "status", "--json"], env=env, capture_output=True,
+                                   text=True, timeout=2)
+                timeline.append((round(time.time() - t0, 2), json.loads(r.stdout)))
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass  # the arbiter is not up yet, or gone
+
+
+def summarise_status(timeline):
+    """What the timeline says of GPU 0: per function (by instance id) its last figures, and the
+    trainer phase the arbiter read."""
+    fns, phases = {}, []
+    for _, st in timeline:
+        gpus = st.get("gpus") or []
+        if not gpus:
+            continue
+        g = gpus[0]
+        phases.append((g.get("harvest") or {}).get("trainer_phase"))
+        for f in g.get("functions") or []:
+            rec = fns.setdefault(str(f.get("id")), {"function": f.get("function")})
+            for k in ("requests", "paced_refusals", "refusals", "timing_noise"):
+                if f.get(k) is not None:
+                    rec[k] = f[k]
+            for k, out in (("turn_waited_ns", "turn_waited_ms"),
+                           ("throttled_ns", "throttled_ms"),
+                           ("collision_per_request_ns", "collision_per_request_ms"),
+                           ("gpu_per_request_ns", "gpu_per_request_ms")):
+                if f.get(k) is not None:
+                    rec[out] = round(f[k] / 1e6, 3)
+    read = [p for p in phases if p]
+    span = lambda key: [min(p[key] for p in read), max(p[key] for p in read)] if read else None
+    return {"polls": len(phases),
+            "phase": {"predicted": len(read),
+                      "busy": sum(1 for p in read if p.get("now") == "busy"),
+                      "idle": sum(1 for p in read if p.get("now") == "idle"),
+                      "busy_ms": span("busy_ms"), "idle_ms": span("idle_ms")},
+            "functions": fns}
+
 
 # Beyond the replay: the trainer alone (5 s), each function alone, and on a GPU the warm-up of
 # every instance (up to 180 s, `smore demo`'s WARMUP_TIMEOUT) and the trainer's start (up to
@@ -58,6 +119,10 @@ def main():
     # started go too.
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
+    stop, timeline = threading.Event(), []
+    poller = threading.Thread(target=poll_status, args=(a.smore, demo_out, stop, timeline),
+                              daemon=True)
+    poller.start()
     try:
         stdout, stderr = p.communicate(timeout=a.seconds + OVERHEAD_S)
         sys.stderr.write(stderr[-4000:])
@@ -68,10 +133,16 @@ def main():
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
         errors.append(f"smore demo ran past {a.seconds + OVERHEAD_S} s")
+    stop.set()
+    poller.join(timeout=5)
+    result["status"] = summarise_status(timeline)
     # Whatever happened, keep what there is: the traces help most when the run failed.
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         shutil.make_archive(os.path.join(a.out, "traces"), "gztar", traces)
+        with gzip.open(os.path.join(a.out, "status.jsonl.gz"), "wt") as f:
+            for t, st in timeline:
+                f.write(json.dumps({"t": t, "status": st}) + "\n")
         if os.path.exists(os.path.join(demo_out, "summary.json")):
             shutil.copy(os.path.join(demo_out, "summary.json"),
                         os.path.join(a.out, "demo_trace_summary.json"))

@@ -154,7 +154,28 @@ def trace_md(r):
             f"{dash(o.get('collision_s'))} s ({dash(o.get('collision_unknown_wait_s'))} s with no "
             f"known wait)",
             f"- collision time that overlapped another process's sampled kernel: "
-            f"{pc(o.get('overlapping_share'))}"]
+            f"{pc(o.get('overlapping_share'))}"] + status_md(r.get("status") or {})
+
+
+def status_md(st):
+    """The demo's `smore status --json` timeline, as demo_trace.py summarised it."""
+    if not st:
+        return []
+    dash = lambda x: "—" if x is None else x  # noqa: E731
+    noise = lambda n: f"{n.get('wait_us')} / {n.get('stretch_us')}" if n else "—"  # noqa: E731
+    ph = st.get("phase") or {}
+    md = ["", f"`smore status --json` polled {st.get('polls')} times; the trainer's phase was read "
+          f"at {ph.get('predicted')} ({ph.get('busy')} busy, {ph.get('idle')} idle; busy "
+          f"{ph.get('busy_ms')} ms, idle {ph.get('idle_ms')} ms)", "",
+          "| instance | function | requests | paced refusals | turn waits ms | throttled ms | "
+          "collision / request ms | GPU / request ms | timing noise µs (wait / stretch) |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for inst, f in sorted((st.get("functions") or {}).items()):
+        md.append(f"| {inst} | {f.get('function')} | {dash(f.get('requests'))} | "
+                  f"{dash(f.get('paced_refusals'))} | {dash(f.get('turn_waited_ms'))} | "
+                  f"{dash(f.get('throttled_ms'))} | {dash(f.get('collision_per_request_ms'))} | "
+                  f"{dash(f.get('gpu_per_request_ms'))} | {noise(f.get('timing_noise'))} |")
+    return md
 
 
 def main():
