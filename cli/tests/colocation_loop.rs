@@ -49,6 +49,9 @@ struct Run {
     served: f64,
     /// The arbiter's training-slowdown estimates seen while the functions ran.
     estimates: Vec<f64>,
+    /// How long each function's shim held its launches (status `throttled_ns`, as its shim
+    /// reported it near the end of its run), ms.
+    held_ms: Vec<f64>,
 }
 
 /// One loop at a time: each runs a trainer, two functions and an arbiter, and the trainer's
@@ -128,6 +131,15 @@ fn run_loop(policy_toml: &str) -> Run {
             estimates.push(e);
         }
     }
+    // What the shims reported holding, near the end of the functions' 5 s.
+    let held_ms: Vec<f64> = arb.status()["gpus"][0]["functions"]
+        .as_array()
+        .map(|fs| {
+            fs.iter()
+                .map(|f| f["throttled_ns"].as_u64().unwrap_or(0) as f64 / 1e6)
+                .collect()
+        })
+        .unwrap_or_default();
     let mut served = 0.0;
     for f in fns {
         let out = f.wait_with_output().unwrap();
@@ -159,6 +171,7 @@ fn run_loop(policy_toml: &str) -> Run {
         training_share,
         served,
         estimates,
+        held_ms,
     }
 }
 
@@ -168,16 +181,23 @@ fn the_fit_policy_keeps_the_trainer_within_theta_while_functions_run() {
         slowdown,
         shares,
         served,
+        held_ms,
         ..
     } = run_loop("name = \"fit\"\nharvest = false");
     eprintln!(
-        "fit: trainer slowdown {:.1} %, shares {shares:?}, function requests served {served}",
+        "fit: trainer slowdown {:.1} %, shares {shares:?}, held {held_ms:?} ms, function requests \
+         served {served}",
         slowdown * 100.0
     );
     assert_eq!(shares.len(), 2, "both functions admitted");
     assert!(
         shares.iter().all(|&s| s < 100),
         "a training job is present: shares are bounded {shares:?}"
+    );
+    // Greedy functions under a share below 100 wait for their gate, and their shims say so.
+    assert!(
+        held_ms.len() == 2 && held_ms.iter().all(|&h| h > 0.0),
+        "both shims report the time their launches were held: {held_ms:?} ms"
     );
     assert!(
         served > 100.0,

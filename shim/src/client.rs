@@ -490,7 +490,7 @@ impl Reporter {
         let r = c.call(Request::Report {
             latencies_ms: Vec::new(),
             used_bytes: None,
-            throttled_ns: None,
+            throttled_ns: Some(usage.held_ns),
             refusals: None,
             gpu_ns: Some(usage.gpu_ns),
             contention_ns: Some(usage.contention_ns),

@@ -718,6 +718,9 @@ pub struct Usage {
     pub deferred_ns: u64,
     /// Time launches waited for their turn on the GPU, ns ([`crate::turns`]).
     pub turn_waited_ns: u64,
+    /// Time launches were held for the raw share's gate, the contention bucket or the backlog
+    /// bound, ns (deferral and turns are counted apart). Reported as `throttled_ns`.
+    pub held_ns: u64,
     /// Launches that gave up waiting for their turn ([`crate::turns::MAX_WAIT_NS`]) and went
     /// without one.
     pub turns_given_up: u64,
@@ -891,6 +894,7 @@ pub struct UsageCounters {
     contention_ns: AtomicU64,
     deferred_ns: AtomicU64,
     turn_waited_ns: AtomicU64,
+    held_ns: AtomicU64,
     turns_given_up: AtomicU64,
     /// The part of `contention_ns` charged at admission (`cost × p`), without corrections.
     admitted_contention_ns: AtomicU64,
@@ -930,6 +934,15 @@ impl UsageCounters {
         self.deferred_ns.fetch_add(ns, Relaxed);
     }
 
+    /// Adds a hold for the raw share's gate, the contention bucket or the backlog bound (the
+    /// launch path after it slept: never on the unthrottled fast path).
+    #[inline]
+    pub fn add_held(&self, ns: u64) {
+        if ns > 0 {
+            self.held_ns.fetch_add(ns, Relaxed);
+        }
+    }
+
     /// Adds a wait for a turn on the GPU ([`crate::turns`]); `gave_up`: the launch went without
     /// one.
     #[inline]
@@ -947,6 +960,7 @@ impl UsageCounters {
             contention_ns: self.contention_ns.load(Relaxed),
             deferred_ns: self.deferred_ns.load(Relaxed),
             turn_waited_ns: self.turn_waited_ns.load(Relaxed),
+            held_ns: self.held_ns.load(Relaxed),
             turns_given_up: self.turns_given_up.load(Relaxed),
             contention_ahead_ns: 0,
         }
@@ -1675,6 +1689,9 @@ mod tests {
         u.add_deferred(4_000);
         u.add_turn_wait(300, false);
         u.add_turn_wait(700, true);
+        u.add_held(2_500);
+        u.add_held(0);
+        u.add_held(500);
         assert_eq!(
             u.get(),
             Usage {
@@ -1682,6 +1699,7 @@ mod tests {
                 contention_ns: 20,
                 deferred_ns: 4_000,
                 turn_waited_ns: 1_000,
+                held_ns: 3_000,
                 turns_given_up: 1,
                 contention_ahead_ns: 0,
             }

@@ -1213,6 +1213,7 @@ impl Runtime {
             let horizon = self.contention[dev].backlog_horizon(now, budget, evidence);
             if let Some(t) = self.backlog[dev].reserve(now, cost, horizon) {
                 os::sleep_until(t);
+                self.usage[dev].add_held(t.saturating_sub(now));
                 // Another thread's unmeasured launch or blocking probe may have gone meanwhile.
                 if self.unmeasured.load(Acquire) > 0 || self.probing.load(Acquire) > 0 {
                     self.wait_unmeasured();
@@ -1272,6 +1273,7 @@ impl Runtime {
         }
         if let Some(deadline) = deadline {
             os::sleep_until(deadline);
+            self.usage[dev].add_held(deadline.saturating_sub(now));
             now = deadline;
         }
         // Turns (docs/shim.md, "Turns"): after every hold of its own, so that no turn is held

@@ -17,7 +17,8 @@ simulated GPU (no `--gpu`), to check the script where there is no GPU.
 Beside the demo it polls `smore status --json` of the demo's arbiter every 0.5 s (docs/cli.md):
 what holds the functions on that GPU (docs/harvest.md, "Timing noise"). The RESULT's `status`
 says, per function, the requests its shims reported, request admission's paced refusals, the
-time it waited for turns and was throttled, and its collision time per request against its GPU
+time it waited for turns and was held by its shim (share, collision budget, backlog), its
+timing-noise allowance, and its collision time per request against its GPU
 time per request (the last figures seen); and how often the arbiter read the trainer's phase,
 with the busy and idle lengths it read. The timeline goes to `--out` as `status.jsonl.gz`.
 
@@ -74,7 +75,7 @@ def summarise_status(timeline):
                 if f.get(k) is not None:
                     rec[k] = f[k]
             for k, out in (("turn_waited_ns", "turn_waited_ms"),
-                           ("throttled_ns", "throttled_ms"),
+                           ("throttled_ns", "held_ms"),
                            ("collision_per_request_ns", "collision_per_request_ms"),
                            ("gpu_per_request_ns", "gpu_per_request_ms")):
                 if f.get(k) is not None:

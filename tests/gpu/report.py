@@ -167,13 +167,13 @@ def status_md(st):
     md = ["", f"`smore status --json` polled {st.get('polls')} times; the trainer's phase was read "
           f"at {ph.get('predicted')} ({ph.get('busy')} busy, {ph.get('idle')} idle; busy "
           f"{ph.get('busy_ms')} ms, idle {ph.get('idle_ms')} ms)", "",
-          "| instance | function | requests | paced refusals | turn waits ms | throttled ms | "
+          "| instance | function | requests | paced refusals | turn waits ms | held ms | "
           "collision / request ms | GPU / request ms | timing noise µs (wait / stretch) |",
           "|---|---|---|---|---|---|---|---|---|"]
     for inst, f in sorted((st.get("functions") or {}).items()):
         md.append(f"| {inst} | {f.get('function')} | {dash(f.get('requests'))} | "
                   f"{dash(f.get('paced_refusals'))} | {dash(f.get('turn_waited_ms'))} | "
-                  f"{dash(f.get('throttled_ms'))} | {dash(f.get('collision_per_request_ms'))} | "
+                  f"{dash(f.get('held_ms'))} | {dash(f.get('collision_per_request_ms'))} | "
                   f"{dash(f.get('gpu_per_request_ms'))} | {noise(f.get('timing_noise'))} |")
     return md
 
