@@ -126,6 +126,9 @@ pub struct ShimUsage {
     pub deferred_ns: u64,
     /// Time launches waited for their turn on the GPU, ns.
     pub turn_waited_ns: u64,
+    /// Time launches were held for the share's gate, the contention bucket or the backlog
+    /// bound, ns (the report's `throttled_ns`).
+    pub held_ns: u64,
 }
 
 /// How far back a function's use and deadline misses are averaged for the split: 3 s.
@@ -180,6 +183,7 @@ impl UsageLedger {
             contention_ns: delta(now.contention_ns, prev.contention_ns),
             deferred_ns: delta(now.deferred_ns, prev.deferred_ns),
             turn_waited_ns: delta(now.turn_waited_ns, prev.turn_waited_ns),
+            held_ns: delta(now.held_ns, prev.held_ns),
         };
         self.first.get_or_insert(t);
         self.added.push_back((t, d));

@@ -648,7 +648,11 @@ fn handle(
                 if let Some(i) = st.instances.get(&id) {
                     metrics::observe_latencies(&i.rec.function, &latencies_ms);
                 }
-                st.report(id, &latencies_ms, used_bytes, throttled_ns, refusals);
+                // A shim's hold time is per process and goes through the usage ledger with its
+                // other counters (summed over the instance's workers); a report without them
+                // (an older reporter) sets it as it is.
+                let held_alone = throttled_ns.filter(|_| gpu_ns.is_none());
+                st.report(id, &latencies_ms, used_bytes, held_alone, refusals);
                 if let (Some(gpu_ns), Some(contention_ns)) = (gpu_ns, contention_ns) {
                     st.report_usage(
                         id,
@@ -658,6 +662,7 @@ fn handle(
                             contention_ns,
                             deferred_ns: deferred_ns.unwrap_or(0),
                             turn_waited_ns: turn_waited_ns.unwrap_or(0),
+                            held_ns: throttled_ns.unwrap_or(0),
                         },
                     );
                 }

@@ -49,8 +49,8 @@ struct Run {
     served: f64,
     /// The arbiter's training-slowdown estimates seen while the functions ran.
     estimates: Vec<f64>,
-    /// How long each function's shim held its launches (status `throttled_ns`, as its shim
-    /// reported it near the end of its run), ms.
+    /// How long each function's shims held its launches (status `throttled_ns`, the most seen
+    /// while the functions ran), ms.
     held_ms: Vec<f64>,
 }
 
@@ -125,21 +125,21 @@ fn run_loop(policy_toml: &str) -> Run {
     let training_share = harvest["training_share"].as_f64().unwrap_or(1.0);
     // The estimate over the functions' run (10 s window: it includes ~2 s before they came).
     let mut estimates = Vec::new();
+    // What each function's shims reported holding, the most seen (by instance id).
+    let mut held: std::collections::BTreeMap<u64, u64> = Default::default();
     for _ in 0..6 {
         std::thread::sleep(Duration::from_millis(500));
-        if let Some(e) = arb.status()["gpus"][0]["harvest"]["slowdown_estimate"].as_f64() {
+        let st = arb.status();
+        if let Some(e) = st["gpus"][0]["harvest"]["slowdown_estimate"].as_f64() {
             estimates.push(e);
         }
+        for f in st["gpus"][0]["functions"].as_array().into_iter().flatten() {
+            let (id, t) = (f["id"].as_u64().unwrap_or(0), f["throttled_ns"].as_u64());
+            let most = held.entry(id).or_default();
+            *most = (*most).max(t.unwrap_or(0));
+        }
     }
-    // What the shims reported holding, near the end of the functions' 5 s.
-    let held_ms: Vec<f64> = arb.status()["gpus"][0]["functions"]
-        .as_array()
-        .map(|fs| {
-            fs.iter()
-                .map(|f| f["throttled_ns"].as_u64().unwrap_or(0) as f64 / 1e6)
-                .collect()
-        })
-        .unwrap_or_default();
+    let held_ms: Vec<f64> = held.values().map(|&ns| ns as f64 / 1e6).collect();
     let mut served = 0.0;
     for f in fns {
         let out = f.wait_with_output().unwrap();

@@ -1211,6 +1211,7 @@ impl State {
         let added = i.usage.record(pid, usage, self.clock.now());
         i.deferred_ns = i.deferred_ns.saturating_add(added.deferred_ns);
         i.turn_waited_ns = i.turn_waited_ns.saturating_add(added.turn_waited_ns);
+        i.throttled_ns = i.throttled_ns.saturating_add(added.held_ns);
         let gpu = i.rec.gpu;
         let with_training = (added.contention_ns as f64 * i.training_share).round() as u64;
         if let Some(g) = self.gpus.iter_mut().find(|g| g.info.index == gpu) {
@@ -2214,6 +2215,27 @@ mod tests {
     }
 
     #[test]
+    fn the_time_an_instances_shims_held_launches_sums_its_processes() {
+        let mut s = harvest_state();
+        let (g, _page) = s.register(me(), args(1 << 30)).unwrap();
+        let held = |ms: u64| ShimUsage {
+            held_ns: ms * 1_000_000,
+            ..Default::default()
+        };
+        s.report_usage(g.instance, 10, held(300));
+        // Another worker of the function, with its own counters.
+        s.report_usage(g.instance, 11, held(50));
+        s.report_usage(g.instance, 10, held(400));
+        // A new worker that has held nothing yet takes nothing away.
+        s.report_usage(g.instance, 12, held(0));
+        assert_eq!(s.instances[&g.instance].throttled_ns, 450_000_000);
+        assert_eq!(
+            s.snapshot()["gpus"][0]["functions"][0]["throttled_ns"],
+            450_000_000u64
+        );
+    }
+
+    #[test]
     fn a_time_sliced_gpus_function_pages_carry_the_nodes_timing_noise_and_a_reload_changes_it() {
         let mut s = harvest_state();
         assert_eq!(s.cfg.timing_noise, TimingNoise::H200, "the default");
@@ -2626,6 +2648,7 @@ mod tests {
                     contention_ns: sec * 1_000_000,
                     deferred_ns: sec * 2_000_000,
                     turn_waited_ns: sec * 500_000,
+                    held_ns: sec * 3_000_000,
                 },
             );
             s.report(g.instance, &[2.5; 20], None, None, None);
@@ -2639,6 +2662,7 @@ mod tests {
         let f = &s.snapshot()["gpus"][0]["functions"][0];
         assert_eq!(f["deferred_ns"].as_u64(), Some(8_000_000), "{f}");
         assert_eq!(f["turn_waited_ns"].as_u64(), Some(2_000_000), "{f}");
+        assert_eq!(f["throttled_ns"].as_u64(), Some(12_000_000), "{f}");
         // A request that waited 3 ms: the SLO less the wait and the reserve for 2 ms of GPU time.
         let before = smore_protocol::grant::monotonic_ns();
         assert!(s.admit_request(g.instance, 3.0).admitted);
