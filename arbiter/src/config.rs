@@ -53,10 +53,12 @@ pub enum DeferMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TurnsMode {
-    /// On the GPUs NVML does not show running MPS (the default): under MPS kernels of different
-    /// processes run at once, and that concurrency is what the GPU offers.
+    /// smore's measured default, today the same as `On`: every GPU, MPS included. Under MPS
+    /// the functions' kernels slow each other as the trainer slows them, and a shim cannot tell
+    /// the two apart; without turns the collision budget paid for their mutual slowing
+    /// (docs/harvest.md, "The calibrated floor under MPS").
     Auto,
-    /// On every GPU, MPS included.
+    /// On every GPU, whatever smore's default becomes.
     On,
     /// Nowhere: functions' kernels meet on the GPU as the driver schedules them.
     Off,

@@ -126,8 +126,8 @@ pub struct DemoArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub defer: PolicyMode,
     /// The arbiter's turns (`[policy] turns`, docs/harvest.md "Serializing the functions"): auto
-    /// (the harvesting functions of a GPU without MPS take turns, as on a node by default), on,
-    /// or off — to compare.
+    /// (the harvesting functions of every GPU take turns, MPS included, as on a node by default),
+    /// on, or off — to compare.
     #[arg(long, value_enum, default_value = "auto")]
     pub turns: PolicyMode,
     /// The arbiter's `[watchdog] action` for the demo's node (default: the arbiter's, sigterm).
@@ -468,7 +468,7 @@ fn function_argv(
 /// `--defer` and `--turns`: the arbiter's `[policy] defer` and `turns` for the demo's node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PolicyMode {
-    /// The arbiter's default: by the GPU's sharing mode (deferral under MPS, turns without).
+    /// The arbiter's default (deferral where the GPU runs MPS; turns on every GPU).
     Auto,
     /// On every GPU.
     On,

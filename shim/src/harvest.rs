@@ -4,7 +4,8 @@
 //! GPU time a function uses while the training job is idle costs the trainer nothing; what slows
 //! training is function GPU time that *collides* with training work. From each sampled event pair
 //! the shim knows the launch's measured duration `d` and its solo cost `d0` (the cost table's
-//! floor, calibrated), and how long it waited for the GPU before starting when that is known. The
+//! floor or its calibrated figure, whichever is smaller: docs/harvest.md "The calibrated floor
+//! under MPS"), and how long it waited for the GPU before starting when that is known. The
 //! collision time of that launch is estimated as `min(d0, wait) + min(d0, max(0, d − d0))`: under
 //! time-slicing a kernel that waited behind or was interleaved with the trainer's slices delayed
 //! the trainer by about its own GPU time; under MPS (concurrent kernels slowing each other
@@ -169,7 +170,24 @@ impl Collision {
         wait_ns: Option<u64>,
         switch_ns: u64,
     ) -> u64 {
-        if d0_ns == 0 || (wait_ns.is_none() && d_ns <= d0_ns) {
+        self.observe_per(ran_ns, d_ns, d0_ns, d0_ns, wait_ns, switch_ns)
+    }
+
+    /// [`Collision::observe`] with the probability taken per `charged_ns`, what a launch of solo
+    /// cost `d0_ns` is charged in the gate's units (its calibrated cost): `cost × p` at admission
+    /// is then the collision time the sample measured. The two differ where the calibration does
+    /// — under MPS by the slowing beside the trainer, which the driver counts in the process's
+    /// time (docs/harvest.md, "The calibrated floor under MPS").
+    pub fn observe_per(
+        &self,
+        ran_ns: u64,
+        d_ns: u64,
+        d0_ns: u64,
+        charged_ns: u64,
+        wait_ns: Option<u64>,
+        switch_ns: u64,
+    ) -> u64 {
+        if d0_ns == 0 || charged_ns == 0 || (wait_ns.is_none() && d_ns <= d0_ns) {
             return 0;
         }
         let waited = match wait_ns {
@@ -178,7 +196,7 @@ impl Collision {
             None => 0,
         };
         let c = waited + collision_ns(d_ns, d0_ns);
-        let f = (c as u128 * PPM as u128 / d0_ns as u128).min(PPM as u128) as u32;
+        let f = (c as u128 * PPM as u128 / charged_ns as u128).min(PPM as u128) as u32;
         let at = self.at.load(Relaxed);
         if at.saturating_sub(ran_ns) > STALE_NS {
             // It ran more than the staleness age before the newest evidence (samples settle out
@@ -1226,6 +1244,26 @@ mod tests {
         let before = p.ppm();
         assert_eq!(p.observe(T, 100 * US, 100 * US, None, 0), 0);
         assert_eq!(p.ppm(), before);
+    }
+
+    #[test]
+    fn a_stretch_is_judged_against_the_raw_floor_and_the_probability_is_per_charged_cost() {
+        // Under MPS the driver counts a kernel's slowed run time, so the calibration scales a
+        // 100 µs floor to 150 µs beside a trainer that keeps it 1.5× slower. Judged against the
+        // calibrated floor the 150 µs sample showed no stretch at all; against the raw floor it
+        // shows the 50 µs the trainer lost, and a launch charged its calibrated 150 µs × p pays
+        // exactly that.
+        let hidden = Collision::default();
+        assert_eq!(hidden.observe(T, 150 * US, 150 * US, Some(0), 0), 0);
+        let p = Collision::default();
+        assert_eq!(
+            p.observe_per(T, 150 * US, 100 * US, 150 * US, Some(0), 0),
+            50 * US
+        );
+        assert_eq!(p.ppm(), PPM / 3, "the first sample is the whole evidence");
+        assert_eq!(expected_collision(150 * US, PPM / 3), 50 * US);
+        // A zero charged cost is no evidence rather than a division by zero.
+        assert_eq!(p.observe_per(T, 150 * US, 100 * US, 0, Some(0), 0), 0);
     }
 
     #[test]

@@ -1596,11 +1596,8 @@ impl Runtime {
             ran_until,
         } = x;
         let dev = m.dev;
-        // The solo cost before this sample is folded in (the floor the sample is judged against).
-        let solo = self
-            .costs
-            .lookup(m.key)
-            .map(|c| self.calibration[dev].apply(c));
+        // The solo cost before this sample is folded in (the cost table's floor).
+        let floor = self.costs.lookup(m.key);
         self.costs.record(m.key, ns);
         if m.unmeasured {
             let cost = self.calibration[dev].apply(ns);
@@ -1612,7 +1609,21 @@ impl Runtime {
             }
             return None;
         }
-        let d0 = solo?;
+        let floor = floor?;
+        // What a launch of this cost is charged in the gate's units (calibrated GPU time), which
+        // the collision probability is per: a launch charged `cost × p` at admission then pays
+        // the collision in the units it was measured in, the trainer's lost time.
+        let d0_charged = self.calibration[dev].apply(floor);
+        // The solo cost the sample is judged against: the floor or its calibrated figure,
+        // whichever is smaller (the side of training). A calibration above ×1 must not raise it:
+        // under MPS the driver counts the time a kernel ran slowed beside the trainer as the
+        // process's own, so the calibration grows by that slowing, and a calibrated floor hid
+        // the very stretch the trainer pays for (simulated MPS beside a trainer busy 93 %: the
+        // estimate read 0.5 % against a true 2.9 %). One below ×1 says the floor crept above the
+        // kernel's own GPU time (time-sliced spans include the co-runners' slices), and the
+        // calibrated figure is the better solo cost (docs/harvest.md, "The calibrated floor
+        // under MPS").
+        let d0 = floor.min(d0_charged);
         // Collisions are judged on what the sample measured beyond the timing's noise: a few
         // tens of µs of jitter on a real GPU, which made every short kernel a whole collision
         // (docs/harvest.md, "Timing noise").
@@ -1621,7 +1632,8 @@ impl Runtime {
         let wait = wait.or_else(|| chained.map(|c| c.share_of(d0)));
         let switch_ns = self.switch_ns(dev);
         // The evidence is as old as what it measured ([`harvest::ran_until`]).
-        let collided = self.collision[dev].observe(ran_until, ns, d0, wait, switch_ns);
+        let collided =
+            self.collision[dev].observe_per(ran_until, ns, d0, d0_charged, wait, switch_ns);
         // Every function of a GPU with turns posts its samples for the arbiter to read the
         // trainer's phase from (docs/harvest.md, "Phase prediction"): busy when the launch met
         // training work for the share at which the shim takes the trainer for busy. A sample
@@ -1642,7 +1654,8 @@ impl Runtime {
         // it and its stream's previous sample may have collided when the sample itself did not.
         if collided > 0 || chained.is_some() {
             let now = self.usage[dev].get();
-            let rate = (collided as u128 * PPM as u128 / d0.max(1) as u128) as u32;
+            let rate = (collided as u128 * PPM as u128 / d0_charged.max(1) as u128).min(PPM as u128)
+                as u32;
             // Plus, on a time-sliced GPU, the context switches the collision cost the
             // trainer, where the sample shows one (docs/harvest.md, "Context switches").
             handover = harvest::shows_handover(ns, d0, wait, switch_ns);

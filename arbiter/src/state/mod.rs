@@ -933,12 +933,12 @@ impl State {
         }
     }
 
-    /// Writes into every GPU's board whether its functions take turns now (config and the
-    /// GPU's sharing mode): at start, on a change of mode and on a reload.
+    /// Writes into every GPU's board whether its functions take turns now (the config): at
+    /// start, on a change of mode and on a reload.
     pub(crate) fn set_turns(&self) {
         for g in &self.gpus {
             if let Some(b) = &g.board {
-                b.set_enabled(takes_turns(self.cfg.harvest, self.cfg.turns, g.sharing));
+                b.set_enabled(takes_turns(self.cfg.harvest, self.cfg.turns));
             }
         }
     }
@@ -1256,7 +1256,7 @@ impl State {
             // Functions that take turns wait on the GPU behind training (or a process outside
             // smore) only: their collisions are all training's (docs/harvest.md, "Serializing
             // the functions").
-            let in_turns = g.board.is_some() && takes_turns(harvesting, turns, g.sharing);
+            let in_turns = g.board.is_some() && takes_turns(harvesting, turns);
             let on: Vec<&mut Instance> = self
                 .instances
                 .values_mut()
@@ -1371,7 +1371,7 @@ impl State {
             .and_then(|g| g.sharing);
         let defer = self.cfg.harvest && training && defers(self.cfg.defer, sharing);
         let in_turns =
-            self.board_of(gpu).is_some() && takes_turns(self.cfg.harvest, self.cfg.turns, sharing);
+            self.board_of(gpu).is_some() && takes_turns(self.cfg.harvest, self.cfg.turns);
         // The trainer's phase as the functions' samples show it, where they take turns
         // (docs/harvest.md, "Phase prediction").
         let mono_now = smore_protocol::grant::monotonic_ns();
@@ -1530,7 +1530,7 @@ impl State {
             }
             // Every round, not only on a change: the board is the functions' to write.
             if let Some(b) = &g.board {
-                b.set_enabled(takes_turns(self.cfg.harvest, self.cfg.turns, g.sharing));
+                b.set_enabled(takes_turns(self.cfg.harvest, self.cfg.turns));
                 let mut owners = [0u64; BOARD_MEMBERS];
                 for i in self.instances.values().filter(|i| i.rec.gpu == *index) {
                     if let Some(s) = i.turn_seat {
@@ -1941,7 +1941,7 @@ impl State {
     /// `{"now": "busy"|"idle", "ms_left", "busy_ms", "idle_ms"}`; null where the GPU's functions
     /// do not take turns, without a training job, or before the samples show whole phases.
     fn phase_status(&self, g: &Gpu) -> serde_json::Value {
-        let turns = takes_turns(self.cfg.harvest, self.cfg.turns, g.sharing);
+        let turns = takes_turns(self.cfg.harvest, self.cfg.turns);
         let now = smore_protocol::grant::monotonic_ns();
         let Some(p) = g
             .board
@@ -2049,16 +2049,13 @@ fn defers(mode: DeferMode, sharing: Option<Sharing>) -> bool {
     }
 }
 
-/// Whether the harvesting functions of a GPU shared as `sharing` (None: not known yet) take
-/// turns under `mode` (docs/harvest.md, "Serializing the functions"). An unknown mode is taken
-/// for time-sliced, the driver's default.
-fn takes_turns(harvesting: bool, mode: TurnsMode, sharing: Option<Sharing>) -> bool {
-    harvesting
-        && match mode {
-            TurnsMode::On => true,
-            TurnsMode::Off => false,
-            TurnsMode::Auto => sharing != Some(Sharing::Mps),
-        }
+/// Whether the harvesting functions of a GPU take turns under `mode` (docs/harvest.md,
+/// "Serializing the functions"), whatever the GPU's sharing mode: under MPS too, a shim cannot
+/// tell a kernel slowed beside another function from one slowed beside the trainer, and without
+/// turns the budget paid for the functions' slowing of each other (docs/harvest.md, "The
+/// calibrated floor under MPS").
+fn takes_turns(harvesting: bool, mode: TurnsMode) -> bool {
+    harvesting && mode != TurnsMode::Off
 }
 
 /// What the shims on a GPU shared as `sharing` (None: not known yet) charge per context switch,
@@ -2316,7 +2313,7 @@ mod tests {
         assert!((ms("busy_ms") - 12.0).abs() <= 3.0, "{p}");
         assert!((ms("idle_ms") - 40.0).abs() <= 3.0, "{p}");
         assert!(p["now"] == "busy" || p["now"] == "idle", "{p}");
-        // Where the functions do not take turns (MPS) their samples are not read, fresh or not.
+        // Under MPS the functions take turns too, and their samples are read.
         post();
         s.reconcile(&[(
             g.gpu_index,
@@ -2325,11 +2322,15 @@ mod tests {
                 ..training_sample(25, &[])
             },
         )]);
-        assert!(phase(&s).is_null(), "MPS: no turns, no phase");
+        assert!(!phase(&s).is_null(), "MPS: turns, so a phase");
+        // Where the functions do not take turns their samples are not read, fresh or not.
+        s.cfg.turns = TurnsMode::Off;
+        post();
+        assert!(phase(&s).is_null(), "no turns, no phase");
     }
 
     #[test]
-    fn a_gpu_without_mps_hands_its_turn_board_and_counts_its_functions_collisions_whole() {
+    fn a_harvesting_gpu_hands_its_turn_board_and_counts_its_functions_collisions_whole() {
         let mut s = harvest_state();
         let (g, _page) = s.register(me(), args(1 << 30)).unwrap();
         assert!(g.board, "a harvesting grant says its board follows");
@@ -2340,13 +2341,15 @@ mod tests {
                 .enabled
                 .load(std::sync::atomic::Ordering::Relaxed)
         };
-        assert_eq!(enabled(), 1, "unknown mode: taken for time-sliced");
+        assert_eq!(enabled(), 1, "unknown mode: turns");
         let told = |m: Option<Sharing>| GpuSample {
             sharing: m,
             ..training_sample(50, &[])
         };
+        // Under MPS too: a shim cannot tell a kernel slowed beside another function from one
+        // slowed beside the trainer (docs/harvest.md, "The calibrated floor under MPS").
         s.reconcile(&[(g.gpu_index, told(Some(Sharing::Mps)))]);
-        assert_eq!(enabled(), 0, "MPS: no turns");
+        assert_eq!(enabled(), 1, "MPS: turns");
         s.reconcile(&[(g.gpu_index, told(Some(Sharing::TimeSliced)))]);
         assert_eq!(enabled(), 1);
         // With turns, a function's waits are behind training only: its share is 1 whatever
@@ -2435,8 +2438,9 @@ mod tests {
         assert!(s.board_of(g.gpu_index).is_none());
         assert!(!s.grant_of(g.instance).board);
         // Harvest off: no turns either.
-        assert!(!takes_turns(false, TurnsMode::On, None));
-        assert!(takes_turns(true, TurnsMode::On, Some(Sharing::Mps)));
+        assert!(!takes_turns(false, TurnsMode::On));
+        assert!(takes_turns(true, TurnsMode::Auto));
+        assert!(!takes_turns(true, TurnsMode::Off));
     }
 
     /// A sample with a training process (pid 1, never ours) busy `util` % and `fns` (pid, SM %).
