@@ -72,9 +72,8 @@ pub struct TurnBoard {
     pub magic: AtomicU64,
     /// [`BOARD_VERSION`].
     pub version: AtomicU32,
-    /// 1 = the GPU's functions take turns; 0 = they do not (an MPS GPU, where kernels of
-    /// different processes run at once and concurrency is what the GPU offers). Written by the
-    /// arbiter.
+    /// 1 = the GPU's functions take turns; 0 = they do not (`[policy] turns = "off"`, or
+    /// harvest off). Written by the arbiter.
     pub enabled: AtomicU32,
     /// Zero.
     pub reserved: AtomicU64,

@@ -99,10 +99,11 @@ pub fn beyond_noise(
     (d, wait, chained)
 }
 
-/// The collision time of a launch that measured `d_ns` with solo cost `d0_ns`:
-/// `min(d0, max(0, d − d0))`.
-pub fn collision_ns(d_ns: u64, d0_ns: u64) -> u64 {
-    d_ns.saturating_sub(d0_ns).min(d0_ns)
+/// The stretch of a launch that measured `d_ns` with solo cost `d0_ns`, bounded by `cap_ns` —
+/// what the launch is charged, at least `d0_ns` ([`Collision::observe_per`] has why):
+/// `min(cap, max(0, d − d0))`.
+pub fn collision_ns(d_ns: u64, d0_ns: u64, cap_ns: u64) -> u64 {
+    d_ns.saturating_sub(d0_ns).min(cap_ns.max(d0_ns))
 }
 
 /// The current collision probability of one device's launches, in parts per million.
@@ -177,7 +178,11 @@ impl Collision {
     /// cost `d0_ns` is charged in the gate's units (its calibrated cost): `cost × p` at admission
     /// is then the collision time the sample measured. The two differ where the calibration does
     /// — under MPS by the slowing beside the trainer, which the driver counts in the process's
-    /// time (docs/harvest.md, "The calibrated floor under MPS").
+    /// time (docs/harvest.md, "The calibrated floor under MPS"). The wait and the stretch
+    /// beyond `d0_ns` are each bounded by the larger of the two: a function that poisons its
+    /// cost floor low (a launch kept short when sampled, long otherwise) raises its calibration,
+    /// and parts bounded by the poisoned floor but divided by the calibrated cost would read a
+    /// whole collision as a fraction of one, below the hold threshold.
     pub fn observe_per(
         &self,
         ran_ns: u64,
@@ -190,12 +195,13 @@ impl Collision {
         if d0_ns == 0 || charged_ns == 0 || (wait_ns.is_none() && d_ns <= d0_ns) {
             return 0;
         }
+        let cap = charged_ns.max(d0_ns);
         let waited = match wait_ns {
-            Some(w) if switch_ns > 0 && w >= preemption_threshold(switch_ns) => d0_ns,
-            Some(w) => w.min(d0_ns),
+            Some(w) if switch_ns > 0 && w >= preemption_threshold(switch_ns) => cap,
+            Some(w) => w.min(cap),
             None => 0,
         };
-        let c = waited + collision_ns(d_ns, d0_ns);
+        let c = waited + collision_ns(d_ns, d0_ns, cap);
         let f = (c as u128 * PPM as u128 / charged_ns as u128).min(PPM as u128) as u32;
         let at = self.at.load(Relaxed);
         if at.saturating_sub(ran_ns) > STALE_NS {
@@ -517,13 +523,16 @@ impl Chained {
     }
 
     /// The collision time of the work between the samples and of the later sample (measured
-    /// `d_ns`, solo `d0_ns`): the other work the queued work waited for, up to its own cost (on
-    /// a time-sliced GPU the other contexts waited for its slices about as long), and the
-    /// sample's own stretch ([`collision_ns`]).
-    pub fn collided_with(self, d_ns: u64, d0_ns: u64) -> u64 {
+    /// `d_ns`, solo `d0_ns`, charged `cost_ns` — its calibrated cost, ≥ `d0_ns` where the
+    /// runtime judges it): the other work the queued work waited for, up to its own cost (on a
+    /// time-sliced GPU the other contexts waited for its slices about as long), and the sample's
+    /// own stretch beyond `d0_ns`, each bounded by what the work is charged
+    /// ([`Collision::observe_per`] has why).
+    pub fn collided_with(self, d_ns: u64, d0_ns: u64, cost_ns: u64) -> u64 {
+        let cap = cost_ns.max(d0_ns);
         self.others_ns
-            .min(self.own_ns.saturating_add(d0_ns))
-            .saturating_add(collision_ns(d_ns, d0_ns))
+            .min(self.own_ns.saturating_add(cap))
+            .saturating_add(collision_ns(d_ns, d0_ns, cap))
     }
 }
 
@@ -1006,10 +1015,10 @@ mod tests {
 
     #[test]
     fn collision_is_the_inflation_capped_at_the_solo_cost() {
-        assert_eq!(collision_ns(100 * US, 100 * US), 0);
-        assert_eq!(collision_ns(90 * US, 100 * US), 0);
-        assert_eq!(collision_ns(130 * US, 100 * US), 30 * US);
-        assert_eq!(collision_ns(2 * MS, 100 * US), 100 * US);
+        assert_eq!(collision_ns(100 * US, 100 * US, 100 * US), 0);
+        assert_eq!(collision_ns(90 * US, 100 * US, 100 * US), 0);
+        assert_eq!(collision_ns(130 * US, 100 * US, 100 * US), 30 * US);
+        assert_eq!(collision_ns(2 * MS, 100 * US, 100 * US), 100 * US);
     }
 
     #[test]
@@ -1261,9 +1270,31 @@ mod tests {
             50 * US
         );
         assert_eq!(p.ppm(), PPM / 3, "the first sample is the whole evidence");
-        assert_eq!(expected_collision(150 * US, PPM / 3), 50 * US);
+        // What 150 µs of launches charged at that rate pay: the 50 µs, to the nanosecond the
+        // integer ppm allows.
+        assert!(expected_collision(150 * US, PPM / 3).abs_diff(50 * US) <= 1);
         // A zero charged cost is no evidence rather than a division by zero.
         assert_eq!(p.observe_per(T, 150 * US, 100 * US, 0, Some(0), 0), 0);
+    }
+
+    #[test]
+    fn a_poisoned_floor_does_not_shrink_a_whole_collision() {
+        // A function that keeps its sampled launches short (a 10 µs floor) and the rest long
+        // has its calibration raised ×100: its launches are charged 1 ms each. A sample that
+        // waited a whole 2 ms timeslice, or one preempted through a 250 µs switch, is a whole
+        // collision of what the launch is charged, not 10 µs of it.
+        let p = Collision::default();
+        assert_eq!(p.observe_per(T, 10 * US, 10 * US, MS, Some(2 * MS), 0), MS);
+        assert_eq!(p.ppm(), PPM);
+        let q = Collision::default();
+        assert_eq!(
+            q.observe_per(T, 10 * US, 10 * US, MS, Some(200 * US), 250 * US),
+            MS
+        );
+        assert_eq!(q.ppm(), PPM);
+        // Stretched past its floor by 3 ms: the stretch counts up to the charged cost.
+        let r = Collision::default();
+        assert_eq!(r.observe_per(T, 3 * MS, 10 * US, MS, Some(0), 0), MS);
     }
 
     #[test]
@@ -1363,9 +1394,9 @@ mod tests {
         // The wait spread over 2 ms of work and the 0.5 ms sample: a fifth falls to the sample.
         assert_eq!(c3.share_of(MS / 2), 3 * MS / 5);
         // Collided: the others' 3 ms, capped at the 2.5 ms of own work it waited for.
-        assert_eq!(c3.collided_with(MS / 2, MS / 2), 2 * MS + MS / 2);
+        assert_eq!(c3.collided_with(MS / 2, MS / 2, MS / 2), 2 * MS + MS / 2);
         // A stretched sample adds its stretch.
-        assert_eq!(c3.collided_with(MS, MS / 2), 3 * MS);
+        assert_eq!(c3.collided_with(MS, MS / 2, MS / 2), 3 * MS);
     }
 
     #[test]

@@ -1629,14 +1629,17 @@ impl Runtime {
         // (docs/harvest.md, "Timing noise").
         let (ns, wait, chained) =
             harvest::beyond_noise(ns, d0, wait, chained, self.timing_noise(dev));
-        let wait = wait.or_else(|| chained.map(|c| c.share_of(d0)));
+        // The chain's own work is in calibrated units, and so is the sample's part of it.
+        let wait = wait.or_else(|| chained.map(|c| c.share_of(d0_charged)));
         let switch_ns = self.switch_ns(dev);
         // The evidence is as old as what it measured ([`harvest::ran_until`]).
         let collided =
             self.collision[dev].observe_per(ran_until, ns, d0, d0_charged, wait, switch_ns);
         // Every function of a GPU with turns posts its samples for the arbiter to read the
         // trainer's phase from (docs/harvest.md, "Phase prediction"): busy when the launch met
-        // training work for the share at which the shim takes the trainer for busy. A sample
+        // training work for at least the share of its solo cost at which the shim takes the
+        // trainer for busy (the hold compares `p`, per the charged cost: under MPS it holds a
+        // little later than the ring says busy, the side of training). A sample
         // without a known wait that shows no stretch says nothing (it may have waited before its
         // start event) and is not posted.
         if d0 > 0 && (wait.is_some() || ns > d0) {
@@ -1668,7 +1671,7 @@ impl Runtime {
                 // The sample stands for its stream's work since the previous sample, in the
                 // order it ran: what of it collided is measured, and what it was charged at
                 // admission is known.
-                Some(c) => (c.collided_with(ns, d0) + switches, c.paid_ns),
+                Some(c) => (c.collided_with(ns, d0, d0_charged) + switches, c.paid_ns),
                 // The sample stands for the launches admitted since the last settled one (a
                 // batch submitted together waited together): they collided at its rate, and
                 // whatever they were charged below that is charged now.

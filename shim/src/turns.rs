@@ -164,7 +164,7 @@ impl<'a> Seat<'a> {
         self.slot
     }
 
-    /// Whether the GPU's functions take turns now (the arbiter's switch: off under MPS).
+    /// Whether the GPU's functions take turns now (the arbiter's switch, `[policy] turns`).
     #[inline]
     pub fn enabled(&self) -> bool {
         self.board.enabled.load(Relaxed) != 0
