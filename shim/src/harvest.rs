@@ -6,9 +6,10 @@
 //! the shim knows the launch's measured duration `d` and its solo cost `d0` (the cost table's
 //! floor or its calibrated figure, whichever is smaller: docs/harvest.md "The calibrated floor
 //! under MPS"), and how long it waited for the GPU before starting when that is known. The
-//! collision time of that launch is estimated as `min(d0, wait) + min(d0, max(0, d − d0))`: under
-//! time-slicing a kernel that waited behind or was interleaved with the trainer's slices delayed
-//! the trainer by about its own GPU time; under MPS (concurrent kernels slowing each other
+//! collision time of that launch is estimated as `min(c, wait) + min(c, max(0, d − d0))`, `c`
+//! being what the launch is charged (its calibrated cost, at least `d0`): under time-slicing a
+//! kernel that waited behind or was interleaved with the trainer's slices delayed the trainer by
+//! about its own GPU time; under MPS (concurrent kernels slowing each other
 //! symmetrically) the trainer lost about the function's inflation `d − d0` (docs/shim.md,
 //! "Harvest").
 //!

@@ -282,7 +282,9 @@ fn beside_a_busy_trainer_under_mps() -> (f64, f64) {
 /// scaled the solo cost each sample was judged against up by the slowing, and the estimate read
 /// a seventh of the truth here (0.7 % against 4.9 %; the demo's `busy` scenario 0.5 % against
 /// 2.9 %; docs/harvest.md, "The calibrated floor under MPS"). Since, 2.9 % against 4.9 % (two
-/// runs, 2026-11-28): at least 30 % of the truth is asserted, and no more than 2 pp over it.
+/// runs, 2026-11-28): at least 30 % of the truth is asserted (the old code read 14 %; 30 % and
+/// not 50 % leaves the figure room to fall on a loaded CI machine, where the shims' host-time
+/// measurements move), and no more than 2 pp over it.
 #[test]
 fn the_estimate_sees_the_slowing_beside_a_busy_trainer_under_mps() {
     let (est, truth) = beside_a_busy_trainer_under_mps();
