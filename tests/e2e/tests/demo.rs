@@ -344,7 +344,8 @@ fn every_scenario_keeps_the_trainer_within_theta_in_both_interference_models() {
                 ),
                 _ => {}
             }
-            // Turns are `auto` too: on without MPS. Time-sliced `harvest`'s bursts of three
+            // Turns are `auto` too: on every GPU, MPS included since 2026-11-28 (docs/harvest.md,
+            // "The calibrated floor under MPS"). Time-sliced `harvest`'s bursts of three
             // functions wait for their turns.
             let turns = x["turn_waited_ms"].as_f64().unwrap();
             eprintln!("{mode} {name}: waited for turns {turns:.0} ms");
