@@ -196,6 +196,10 @@ pub struct Runtime {
     /// known ([`Runtime::device_slot`]).
     dev_uuid: [[AtomicU64; 2]; MAX_DEVICES],
     dev_uuid_known: [AtomicBool; MAX_DEVICES],
+    /// Per CUDA ordinal: the GPU ran MPS at the last calibration (NVML's MPS process list, read
+    /// on the sampled path at most once per [`CALIBRATION_PERIOD_NS`]; false until then, and
+    /// without NVML). Turns' cut-ins apply there only ([`turns::Urgency`]).
+    runs_mps: [AtomicBool; MAX_DEVICES],
 }
 
 #[derive(Default)]
@@ -236,6 +240,9 @@ struct PendingMeta {
     /// A probe after a capped contention hold or a deferral (further launches wait for its
     /// measurement).
     probe: bool,
+    /// It went beside another function's turn (a cut-in, [`turns::Take::CutIn`]): what it
+    /// waited may be behind that function, so its sample says nothing of the trainer's phase.
+    without_turn: bool,
 }
 
 struct Pending {
@@ -674,6 +681,7 @@ impl Runtime {
             deferral: Default::default(),
             backlog: Default::default(),
             last_stream: std::array::from_fn(|_| AtomicU64::new(0)),
+            runs_mps: std::array::from_fn(|_| AtomicBool::new(false)),
             stream_changes: std::array::from_fn(|_| AtomicU64::new(0)),
             dev_uuid: std::array::from_fn(|_| [AtomicU64::new(0), AtomicU64::new(0)]),
             dev_uuid_known: std::array::from_fn(|_| AtomicBool::new(false)),
@@ -1278,6 +1286,9 @@ impl Runtime {
         }
         // Turns (docs/shim.md, "Turns"): after every hold of its own, so that no turn is held
         // through one; a launch that waited for its turn moves its backlog's end like a hold.
+        // A launch that cut in runs beside another function's work: its sample is not posted
+        // for the trainer's phase.
+        let mut without_turn = false;
         if reserved {
             if let Some(seat) = self.turns.get() {
                 // The page must still give the function this seat: a process that outlived its
@@ -1286,15 +1297,25 @@ impl Runtime {
                     && seat.enabled()
                     && page.turn_seat(slot) == Some(seat.member())
                 {
-                    let key = turns::key(page.turn_key(slot), now);
-                    if let Take::WaitUntil(t) = seat.try_take(now, self.backlog[dev].end(), key) {
-                        let waited_from = now;
-                        now = self.wait_for_turn(seat, dev, (now, key), t, cost);
-                        // What was decided above rests on evidence the wait made stale: this
-                        // launch probes (docs/harvest.md, "Enforcement on stale evidence").
-                        if now.saturating_sub(waited_from) > harvest::STALE_NS {
-                            probe = true;
-                            blocking = true;
+                    let deadline = turns::request_deadline(page.turn_key(slot), now);
+                    let key = deadline.unwrap_or(now);
+                    let urgent =
+                        turns::Urgency::on(self.runs_mps[dev].load(Relaxed), cost, deadline);
+                    match seat.try_take(now, self.backlog[dev].end(), key, urgent) {
+                        Take::Go => {}
+                        Take::CutIn => without_turn = true,
+                        Take::WaitUntil(t) => {
+                            let waited_from = now;
+                            let (went, cut_in) =
+                                self.wait_for_turn(seat, dev, (now, key, urgent), t, cost);
+                            now = went;
+                            without_turn = cut_in;
+                            // What was decided above rests on evidence the wait made stale: this
+                            // launch probes (docs/harvest.md, "Enforcement on stale evidence").
+                            if now.saturating_sub(waited_from) > harvest::STALE_NS {
+                                probe = true;
+                                blocking = true;
+                            }
                         }
                     }
                 }
@@ -1318,6 +1339,7 @@ impl Runtime {
             charged: cost,
             unmeasured: known.is_none(),
             probe: probe && blocking,
+            without_turn,
         };
         if known.is_none() || probe {
             // A probe nothing waits for is still sampled, at once (its measurement judges the
@@ -1350,10 +1372,10 @@ impl Runtime {
         &self,
         seat: &Seat,
         dev: usize,
-        (start, key): (u64, u64),
+        (start, key, urgent): (u64, u64, Option<turns::Urgency>),
         first: u64,
         cost: u64,
-    ) -> u64 {
+    ) -> (u64, bool) {
         let give_up = start.saturating_add(turns::MAX_WAIT_NS);
         let mut next = first;
         // Whether the turn passed from one function to another while this launch waited: a
@@ -1368,12 +1390,16 @@ impl Runtime {
                 let gave_up = now >= give_up;
                 seat.leave_line_at((start, now), gave_up, moved);
                 self.usage[dev].add_turn_wait(now - start, gave_up);
-                return now;
+                return (now, false);
             }
-            match seat.try_take(now, self.backlog[dev].end(), key) {
+            match seat.try_take(now, self.backlog[dev].end(), key, urgent) {
                 Take::Go => {
                     self.usage[dev].add_turn_wait(now - start, false);
-                    return now;
+                    return (now, false);
+                }
+                Take::CutIn => {
+                    self.usage[dev].add_turn_wait(now - start, false);
+                    return (now, true);
                 }
                 Take::WaitUntil(t) => next = t,
             }
@@ -1642,7 +1668,7 @@ impl Runtime {
         // little later than the ring says busy, the side of training). A sample
         // without a known wait that shows no stretch says nothing (it may have waited before its
         // start event) and is not posted.
-        if d0 > 0 && (wait.is_some() || ns > d0) {
+        if d0 > 0 && !m.without_turn && (wait.is_some() || ns > d0) {
             let board = self
                 .device_slot(dev)
                 .and_then(|slot| self.turn_board(slot, self.limits(), ran_until));
@@ -1718,6 +1744,8 @@ impl Runtime {
             return;
         }
         s.calibrate_next[dev] = now + CALIBRATION_PERIOD_NS;
+        let mps = driver::nvml_runs_mps(dev) == Some(true);
+        self.runs_mps[dev].store(mps, Relaxed);
         let mark = s.calibrated[dev];
         let estimated = self.estimated[dev].load(Relaxed);
         let since = mark.map_or(0, |(_, _, ts)| ts);
@@ -1757,7 +1785,6 @@ impl Runtime {
         // On a time-sliced device a process's NVML figure is not its own GPU time once another
         // context has work (measured on an H200, docs/real-gpu.md, section 8: ~9 % of the GPU
         // read 60–99 % beside a trainer): the window bounds it instead ([`calibration_target`]).
-        let mps = driver::nvml_runs_mps(dev) == Some(true);
         let others = window_sum_ppm(&buf[..n], ts0, last).saturating_sub(measured_ppm);
         let device = if mps || others == 0 {
             None

@@ -15,7 +15,8 @@
 //! time between one request's launches — so a turn lasts while its holder keeps work on the GPU
 //! and lapses soon after (no synchronization is hooked). Another function's launch waits, on the
 //! host, until the lease runs out and it is first in line, then takes the turn with one
-//! compare-and-swap. The line is in deadline order: a launch's key is the deadline of its
+//! compare-and-swap — or, on a GPU that runs MPS, goes at once beside the holder when the wait
+//! would make its request miss its deadline (a cut-in, [`Urgency`]). The line is in deadline order: a launch's key is the deadline of its
 //! function's current request, which the arbiter writes into the grant page at the request's
 //! admission (`DeviceGrant::turn_key_ns`), or the time it came if none is known.
 //!
@@ -87,11 +88,14 @@ pub const KEY_MAX_AGE_NS: u64 = 1_000_000_000;
 /// known) while at most [`KEY_MAX_AGE_NS`] old, else when it came (`now`).
 #[inline]
 pub fn key(deadline: u64, now: u64) -> u64 {
-    if deadline > 0 && deadline.saturating_add(KEY_MAX_AGE_NS) >= now {
-        deadline
-    } else {
-        now
-    }
+    request_deadline(deadline, now).unwrap_or(now)
+}
+
+/// The deadline of the function's current request from the grant page (`deadline`, 0 = none
+/// known) while at most [`KEY_MAX_AGE_NS`] old at `now`.
+#[inline]
+pub fn request_deadline(deadline: u64, now: u64) -> Option<u64> {
+    (deadline > 0 && deadline.saturating_add(KEY_MAX_AGE_NS) >= now).then_some(deadline)
 }
 
 /// What a launch does about the GPU's turn.
@@ -103,6 +107,57 @@ pub enum Take {
     /// Another function holds the turn or is first in line: look again at this time
     /// (CLOCK_MONOTONIC ns).
     WaitUntil(u64),
+    /// Another function holds the turn, and waiting for its lease to end would leave this
+    /// launch's request no time to run before its deadline: launch now, beside the holder's
+    /// work, without taking the turn (docs/shim.md, "Turns": a cut-in).
+    CutIn,
+}
+
+/// How much GPU time a launch reckons its request still needs when it decides whether to cut
+/// in ([`Urgency::cuts_in`]): 4 × its own. Reasoning: a request is a few launches (the demo's
+/// mobilenet three of 200 µs) and under MPS each runs slowed beside the trainer (β 0.5: 1.5 ×),
+/// so one launch's time alone cuts in too late. Measured (simulated MPS `harvest`, seed 8, one
+/// run each, within the ±1.5 pp the runs spread by; docs/harvest.md, "Cut-ins under MPS"): DSR
+/// 95.1 / 95.4 / 95.9 / 92.1 % at × 1 / 2 / 4 / 8 — at × 8 so many launches cut in that the
+/// functions slow each other as without turns.
+pub const CUT_IN_LAUNCHES: u64 = 4;
+
+/// What a launch may cut in for: its own GPU time and its request's deadline (both ns, the
+/// deadline on CLOCK_MONOTONIC). Only on a GPU that runs MPS ([`Urgency::on`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Urgency {
+    cost_ns: u64,
+    deadline_ns: u64,
+}
+
+impl Urgency {
+    /// A launch of `cost_ns` for a request due at `deadline` (none known: no cut-in), on a GPU
+    /// that runs MPS (`mps`; on a time-sliced GPU a cut-in would put two functions in the
+    /// GPU's round robin, and the one that cut in would wait out the holder's slice anyway and
+    /// pay for it as a collision: docs/harvest.md, "Cut-ins under MPS").
+    #[inline]
+    pub fn on(mps: bool, cost_ns: u64, deadline: Option<u64>) -> Option<Urgency> {
+        deadline.filter(|_| mps).map(|deadline_ns| Urgency {
+            cost_ns,
+            deadline_ns,
+        })
+    }
+
+    /// Whether this launch, at `now`, cuts in beside a lease that ends at `until_ns`: it can
+    /// still finish by its request's deadline, and waiting for the lease would leave its request
+    /// less than [`CUT_IN_LAUNCHES`] × its GPU time (all ns). Reasoning: the line is there so
+    /// that the functions do not wait on the GPU behind each other; under MPS, where kernels
+    /// of different processes run at once, a request that would miss its deadline after the
+    /// wait is served better beside the holder, both slowed a little. A request already past
+    /// hope (its launch cannot finish in time) waits its turn: it would only slow the holder.
+    /// The wait reckoned is the holder's lease alone; waiters ahead of this launch add theirs,
+    /// and it looks again at each lease's end.
+    #[inline]
+    pub fn cuts_in(&self, now: u64, until_ns: u64) -> bool {
+        let need = self.cost_ns.saturating_mul(CUT_IN_LAUNCHES);
+        now.saturating_add(self.cost_ns) <= self.deadline_ns
+            && until_ns.saturating_add(need) > self.deadline_ns
+    }
 }
 
 /// A process's seat on a GPU's board — its function's, given by the arbiter — for the device of
@@ -173,9 +228,10 @@ impl<'a> Seat<'a> {
     /// One attempt at the turn at `now` for a launch of place `key` in line (its request's
     /// deadline, or `now` when none is known; smaller goes first) after which this process's
     /// queued work ends at `work_end` (ns): the lease becomes `work_end` + [`TURN_GAP_NS`], at
-    /// most [`MAX_LEASE_NS`] ahead.
+    /// most [`MAX_LEASE_NS`] ahead. A launch with an `urgent` request that would miss its
+    /// deadline waiting for another's lease cuts in ([`Urgency::cuts_in`]).
     #[inline]
-    pub fn try_take(&self, now: u64, work_end: u64, key: u64) -> Take {
+    pub fn try_take(&self, now: u64, work_end: u64, key: u64, urgent: Option<Urgency>) -> Take {
         if now < self.skip_until.load(Relaxed) {
             // Without turns for now: not in anyone's way either.
             self.leave_line();
@@ -216,6 +272,10 @@ impl<'a> Seat<'a> {
                 continue;
             }
             if honoured {
+                if urgent.is_some_and(|u| u.cuts_in(now, until * 1_000)) {
+                    self.leave_line();
+                    return Take::CutIn;
+                }
                 self.stand_in_line(now, key);
                 return Take::WaitUntil((until * 1_000).min(now + RECHECK_NS));
             }
@@ -348,23 +408,26 @@ mod tests {
         let b = board();
         let (a, c) = (seat(b, 0), seat(b, 1));
         let t0 = 1_000 * MS;
-        assert_eq!(a.try_take(t0, t0 + 2 * MS, t0), Take::Go);
+        assert_eq!(a.try_take(t0, t0 + 2 * MS, t0, None), Take::Go);
         // The other waits until the lease (work + gap) runs out.
-        match c.try_take(t0 + MS, t0 + 2 * MS, t0 + MS) {
+        match c.try_take(t0 + MS, t0 + 2 * MS, t0 + MS, None) {
             Take::WaitUntil(t) => assert!(t > t0 + MS && t <= t0 + 2 * MS + TURN_GAP_NS, "{t}"),
             other => panic!("{other:?}"),
         }
         // The holder's next launch extends it.
-        assert_eq!(a.try_take(t0 + 2 * MS, t0 + 4 * MS, t0 + 2 * MS), Take::Go);
+        assert_eq!(
+            a.try_take(t0 + 2 * MS, t0 + 4 * MS, t0 + 2 * MS, None),
+            Take::Go
+        );
         assert!(matches!(
-            c.try_take(t0 + 3 * MS, 0, t0 + MS),
+            c.try_take(t0 + 3 * MS, 0, t0 + MS, None),
             Take::WaitUntil(_)
         ));
         // Once it lapses, the waiter takes it; the old holder now waits.
         let later = t0 + 4 * MS + TURN_GAP_NS + 1_000;
-        assert_eq!(c.try_take(later, later + MS, t0 + MS), Take::Go);
+        assert_eq!(c.try_take(later, later + MS, t0 + MS, None), Take::Go);
         assert!(matches!(
-            a.try_take(later, later + MS, later),
+            a.try_take(later, later + MS, later, None),
             Take::WaitUntil(_)
         ));
         assert!(
@@ -378,31 +441,34 @@ mod tests {
         let b = board();
         let (h, early, late) = (seat(b, 0), seat(b, 1), seat(b, 2));
         let t0 = 1_000 * MS;
-        assert_eq!(h.try_take(t0, t0 + MS, t0), Take::Go);
+        assert_eq!(h.try_take(t0, t0 + MS, t0, None), Take::Go);
         assert!(matches!(
-            early.try_take(t0 + 100, 0, t0 + 100),
+            early.try_take(t0 + 100, 0, t0 + 100, None),
             Take::WaitUntil(_)
         ));
         assert!(matches!(
-            late.try_take(t0 + 200, 0, t0 + 200),
+            late.try_take(t0 + 200, 0, t0 + 200, None),
             Take::WaitUntil(_)
         ));
         let free = t0 + MS + TURN_GAP_NS + 1_000;
         // The later waiter finds the turn free but someone ahead of it.
         assert!(matches!(
-            late.try_take(free, free, t0 + 200),
+            late.try_take(free, free, t0 + 200, None),
             Take::WaitUntil(_)
         ));
-        assert_eq!(early.try_take(free, free + MS, t0 + 100), Take::Go);
+        assert_eq!(early.try_take(free, free + MS, t0 + 100, None), Take::Go);
         let b = board();
         let (h, gone, next) = (seat(b, 0), seat(b, 1), seat(b, 2));
-        assert_eq!(h.try_take(t0, t0, t0), Take::Go);
+        assert_eq!(h.try_take(t0, t0, t0, None), Take::Go);
         assert!(matches!(
-            gone.try_take(t0 + 100, 0, t0 + 100),
+            gone.try_take(t0 + 100, 0, t0 + 100, None),
             Take::WaitUntil(_)
         ));
         let much_later = t0 + WAITER_STALE_NS + MS;
-        assert_eq!(next.try_take(much_later, much_later, much_later), Take::Go);
+        assert_eq!(
+            next.try_take(much_later, much_later, much_later, None),
+            Take::Go
+        );
     }
 
     #[test]
@@ -410,32 +476,35 @@ mod tests {
         let b = board();
         let (h, relaxed, urgent) = (seat(b, 0), seat(b, 1), seat(b, 2));
         let t0 = 1_000 * MS;
-        assert_eq!(h.try_take(t0, t0 + MS, t0 + 50 * MS), Take::Go);
+        assert_eq!(h.try_take(t0, t0 + MS, t0 + 50 * MS, None), Take::Go);
         // The relaxed request came first, deadline 40 ms out; the urgent one later, 5 ms out.
         assert!(matches!(
-            relaxed.try_take(t0 + 100, 0, t0 + 40 * MS),
+            relaxed.try_take(t0 + 100, 0, t0 + 40 * MS, None),
             Take::WaitUntil(_)
         ));
         assert!(matches!(
-            urgent.try_take(t0 + 200, 0, t0 + 5 * MS),
+            urgent.try_take(t0 + 200, 0, t0 + 5 * MS, None),
             Take::WaitUntil(_)
         ));
         let free = t0 + MS + TURN_GAP_NS + 1_000;
         assert!(matches!(
-            relaxed.try_take(free, free, t0 + 40 * MS),
+            relaxed.try_take(free, free, t0 + 40 * MS, None),
             Take::WaitUntil(_)
         ));
-        assert_eq!(urgent.try_take(free, free + MS, t0 + 5 * MS), Take::Go);
+        assert_eq!(
+            urgent.try_take(free, free + MS, t0 + 5 * MS, None),
+            Take::Go
+        );
         // A newcomer with an earlier deadline than every waiter takes a free turn at once.
         let b = board();
         let (waiter, newcomer, h) = (seat(b, 0), seat(b, 1), seat(b, 2));
-        assert_eq!(h.try_take(t0, t0, t0), Take::Go);
+        assert_eq!(h.try_take(t0, t0, t0, None), Take::Go);
         assert!(matches!(
-            waiter.try_take(t0 + 100, 0, t0 + 40 * MS),
+            waiter.try_take(t0 + 100, 0, t0 + 40 * MS, None),
             Take::WaitUntil(_)
         ));
         let free = t0 + TURN_GAP_NS + 1_000;
-        assert_eq!(newcomer.try_take(free, free, t0 + 2 * MS), Take::Go);
+        assert_eq!(newcomer.try_take(free, free, t0 + 2 * MS, None), Take::Go);
         assert_eq!(key(0, t0), t0, "no deadline known: by when it came");
         assert_eq!(key(t0 - MS, t0), t0 - MS, "a late request goes first");
         let late = 5 * KEY_MAX_AGE_NS;
@@ -449,7 +518,7 @@ mod tests {
         let t0 = 1_000 * MS;
         // A lease an hour ahead is not honoured; a holder's own lease is capped.
         b.turn.store(turn_word(5, us(t0 + 3_600_000 * MS)), SeqCst);
-        assert_eq!(c.try_take(t0, t0 + 3_600_000 * MS, t0), Take::Go);
+        assert_eq!(c.try_take(t0, t0 + 3_600_000 * MS, t0, None), Take::Go);
         let (_, until) = split_turn(b.turn.load(SeqCst));
         assert!(until <= us(t0 + MAX_LEASE_NS));
         // A seat the arbiter never gave, and one that claims to look in the future, stand in no
@@ -460,27 +529,30 @@ mod tests {
         b.members[7].seen_ns.store(t1, SeqCst);
         b.members[9].key.store(1, SeqCst);
         b.members[9].seen_ns.store(u64::MAX, SeqCst);
-        assert_eq!(d.try_take(t1, t1 + 5 * MS, t1), Take::Go);
+        assert_eq!(d.try_take(t1, t1 + 5 * MS, t1, None), Take::Go);
         // After a give-up the function goes without turns for the back-off, then takes them
         // again.
         let t2 = t1 + MS;
-        assert!(matches!(c.try_take(t2, t2, t2), Take::WaitUntil(_)));
+        assert!(matches!(c.try_take(t2, t2, t2, None), Take::WaitUntil(_)));
         c.leave_line_at((t2 - MS, t2), true, false);
-        assert_eq!(c.try_take(t2 + MS, t2, t2), Take::Go);
+        assert_eq!(c.try_take(t2 + MS, t2, t2, None), Take::Go);
         assert_eq!(c.holder(), Some(1), "it went without taking the turn");
         // In a line that moved, a first give-up sends only that launch without a turn; a
         // second within the back-off (a board made to look as if it moved) the function.
         let b = board();
         let (e, f) = (seat(b, 0), seat(b, 1));
         let t3 = 10_000 * MS;
-        assert_eq!(f.try_take(t3, t3 + 5 * MS, t3), Take::Go);
+        assert_eq!(f.try_take(t3, t3 + 5 * MS, t3, None), Take::Go);
         e.leave_line_at((t3 - MS, t3), true, true);
-        assert!(matches!(e.try_take(t3 + MS, t3, t3), Take::WaitUntil(_)));
+        assert!(matches!(
+            e.try_take(t3 + MS, t3, t3, None),
+            Take::WaitUntil(_)
+        ));
         e.leave_line_at((t3 + MS, t3 + 2 * MS), true, true);
-        assert_eq!(e.try_take(t3 + 3 * MS, t3, t3), Take::Go);
+        assert_eq!(e.try_take(t3 + 3 * MS, t3, t3, None), Take::Go);
         // After the back-off it takes turns again.
         let after = t2 + GIVE_UP_BACKOFF_NS + MS;
-        assert_eq!(c.try_take(after, after + MS, after), Take::Go);
+        assert_eq!(c.try_take(after, after + MS, after, None), Take::Go);
         assert_eq!(c.holder(), Some(0));
     }
 
@@ -493,20 +565,20 @@ mod tests {
             let (a, c) = (seat(b, 0), seat(b, 1));
             let t0 = 1_000 * MS;
             let key = |t: u64| holder_key.unwrap_or(t);
-            assert_eq!(a.try_take(t0, t0 + MS, key(t0)), Take::Go);
+            assert_eq!(a.try_take(t0, t0 + MS, key(t0), None), Take::Go);
             let mut t = t0;
             // Launching every 0.2 ms, always 1 ms of work queued: it keeps the turn up to
             // TURN_MAX_NS, then its lease is cut to the gap and never extended.
             while t < t0 + TURN_MAX_NS {
                 t += MS / 5;
-                let _ = c.try_take(t, t, t0 + MS);
-                assert_eq!(a.try_take(t, t + MS, key(t)), Take::Go);
+                let _ = c.try_take(t, t, t0 + MS, None);
+                assert_eq!(a.try_take(t, t + MS, key(t), None), Take::Go);
             }
             let mut passed = None;
             while t < t0 + TURN_MAX_NS + 5 * MS {
                 t += MS / 5;
-                let _ = a.try_take(t, t + MS, key(t));
-                if c.try_take(t, t + MS, t0 + MS) == Take::Go {
+                let _ = a.try_take(t, t + MS, key(t), None);
+                if c.try_take(t, t + MS, t0 + MS, None) == Take::Go {
                     passed = Some(t);
                     break;
                 }
@@ -514,8 +586,68 @@ mod tests {
             let passed = passed.unwrap_or_else(|| panic!("{holder_key:?}: the turn passed on"));
             assert!(passed <= t0 + TURN_MAX_NS + MS + TURN_GAP_NS, "{passed}");
             assert_eq!(c.holder(), Some(1));
-            assert!(matches!(a.try_take(t, t + MS, key(t)), Take::WaitUntil(_)));
+            assert!(matches!(
+                a.try_take(t, t + MS, key(t), None),
+                Take::WaitUntil(_)
+            ));
         }
+    }
+
+    #[test]
+    fn a_launch_that_would_miss_its_deadline_waiting_cuts_in_and_the_turn_stays() {
+        let b = board();
+        let (h, w) = (seat(b, 0), seat(b, 1));
+        let t0 = 1_000 * MS;
+        let cost = 200_000;
+        // The holder's lease: 3 ms of work and the gap.
+        assert_eq!(h.try_take(t0, t0 + 3 * MS, t0 + 50 * MS, None), Take::Go);
+        let lease_end = t0 + 3 * MS + TURN_GAP_NS;
+        let word = b.turn.load(SeqCst);
+        let now = t0 + 100;
+        // With slack after the lease (due 10 ms out), it waits in line.
+        let slack = Urgency::on(true, cost, Some(t0 + 10 * MS));
+        assert!(matches!(
+            w.try_take(now, now, t0 + 10 * MS, slack),
+            Take::WaitUntil(_)
+        ));
+        assert_ne!(b.members[1].key.load(SeqCst), 0, "it stands in line");
+        // Due 3.7 ms out: the lease's end leaves less than 4 × 0.2 ms, so it cuts in.
+        let due = now + 3_700_000;
+        let urgent = Urgency::on(true, cost, Some(due));
+        assert_eq!(w.try_take(now, now, due, urgent), Take::CutIn);
+        assert_eq!(b.members[1].key.load(SeqCst), 0, "out of the line");
+        assert_eq!(
+            b.turn.load(SeqCst),
+            word,
+            "the turn and its lease are untouched"
+        );
+        // The boundary: exactly 4 × its GPU time left after the lease is enough.
+        let edge = lease_end + CUT_IN_LAUNCHES * cost;
+        assert!(!Urgency::on(true, cost, Some(edge))
+            .unwrap()
+            .cuts_in(now, lease_end));
+        assert!(Urgency::on(true, cost, Some(edge - 1))
+            .unwrap()
+            .cuts_in(now, lease_end));
+        // Not on a time-sliced GPU, not without a deadline (nor one over a second old), and
+        // not for a request past hope: those wait their turn.
+        assert_eq!(Urgency::on(false, cost, Some(due)), None);
+        assert_eq!(Urgency::on(true, cost, None), None);
+        assert_eq!(request_deadline(t0, t0 + KEY_MAX_AGE_NS + 1), None);
+        let hopeless = Urgency::on(true, cost, Some(now + cost - 1));
+        assert!(matches!(
+            w.try_take(now, now, now + cost - 1, hopeless),
+            Take::WaitUntil(_)
+        ));
+        assert_eq!(b.turn.load(SeqCst), word);
+        // The holder's own launches go as before; a free turn is taken, not cut into.
+        assert_eq!(
+            h.try_take(t0 + MS, t0 + 3 * MS, t0 + 50 * MS, None),
+            Take::Go
+        );
+        let free = lease_end + 1_000;
+        assert_eq!(w.try_take(free, free + MS, due, urgent), Take::Go);
+        assert_eq!(h.holder(), Some(1));
     }
 
     #[test]
@@ -525,7 +657,7 @@ mod tests {
         let t0 = 1_000 * MS;
         let mut t = t0;
         while t < t0 + 3 * TURN_MAX_NS {
-            assert_eq!(a.try_take(t, t + MS, t), Take::Go);
+            assert_eq!(a.try_take(t, t + MS, t, None), Take::Go);
             t += MS / 5;
         }
         let (h, until) = split_turn(b.turn.load(SeqCst));
