@@ -126,6 +126,8 @@ pub struct ShimUsage {
     pub deferred_ns: u64,
     /// Time launches waited for their turn on the GPU, ns.
     pub turn_waited_ns: u64,
+    /// Launches that cut in beside another function's turn under MPS.
+    pub turn_cut_ins: u64,
     /// Time launches were held for the share's gate, the contention bucket or the backlog
     /// bound, ns (the report's `throttled_ns`).
     pub held_ns: u64,
@@ -183,6 +185,7 @@ impl UsageLedger {
             contention_ns: delta(now.contention_ns, prev.contention_ns),
             deferred_ns: delta(now.deferred_ns, prev.deferred_ns),
             turn_waited_ns: delta(now.turn_waited_ns, prev.turn_waited_ns),
+            turn_cut_ins: delta(now.turn_cut_ins, prev.turn_cut_ins),
             held_ns: delta(now.held_ns, prev.held_ns),
         };
         self.first.get_or_insert(t);

@@ -642,6 +642,7 @@ fn handle(
             contention_ns,
             deferred_ns,
             turn_waited_ns,
+            turn_cut_ins,
             contention_ahead_ns,
         } => match need(registered) {
             Ok(id) => {
@@ -662,6 +663,7 @@ fn handle(
                             contention_ns,
                             deferred_ns: deferred_ns.unwrap_or(0),
                             turn_waited_ns: turn_waited_ns.unwrap_or(0),
+                            turn_cut_ins: turn_cut_ins.unwrap_or(0),
                             held_ns: throttled_ns.unwrap_or(0),
                         },
                     );

@@ -492,6 +492,7 @@ fn report(inner: &mut Inner) -> SmoreStatus {
         contention_ns: None,
         deferred_ns: None,
         turn_waited_ns: None,
+        turn_cut_ins: None,
         contention_ahead_ns: None,
     }) {
         Ok(Reply::Ok) => SmoreStatus::Ok,

@@ -500,6 +500,7 @@ fn malformed_messages_get_errors_and_do_not_disturb_others() {
             contention_ns: None,
             deferred_ns: None,
             turn_waited_ns: None,
+            turn_cut_ins: None,
             contention_ahead_ns: None,
         })
         .unwrap(),

@@ -203,6 +203,7 @@ fn metrics_parse_under_hostile_function_names_and_follow_the_conventions() {
                 contention_ns: None,
                 deferred_ns: None,
                 turn_waited_ns: None,
+                turn_cut_ins: None,
                 contention_ahead_ns: None,
             })
             .unwrap();

@@ -1224,6 +1224,7 @@ fn poll_shares(
                                     deferred_ms: f["deferred_ns"].as_f64().unwrap_or(0.0) / 1e6,
                                     turn_waited_ms: f["turn_waited_ns"].as_f64().unwrap_or(0.0)
                                         / 1e6,
+                                    turn_cut_ins: f["turn_cut_ins"].as_f64().unwrap_or(0.0),
                                 });
                             }
                         }
@@ -1269,6 +1270,9 @@ struct ShareSample {
     /// How long its shims' launches had waited for their turn on the GPU so far, ms
     /// (cumulative).
     turn_waited_ms: f64,
+    /// How many of its shims' launches had cut in beside another function's turn so far
+    /// (cumulative; under MPS only).
+    turn_cut_ins: f64,
 }
 
 /// Each function's solo service times (measured once per demo, alone on the GPU).
@@ -1362,6 +1366,10 @@ pub struct ScenarioSummary {
     /// "Serializing the functions"), ms in total over the run (the arbiter's last poll of each
     /// instance).
     pub turn_waited_ms: f64,
+    /// How many of the functions' launches cut in beside another function's turn because the
+    /// wait would have made their request late (MPS only; docs/harvest.md, "Cut-ins under
+    /// MPS"), in total over the run (the arbiter's last poll of each instance).
+    pub turn_cut_ins: u64,
     /// `--phase-oracle`'s margin, ms: the functions waited out the trainer's busy phase from the
     /// simulator's ground truth (a study, not smore). `None`: no oracle.
     pub phase_oracle_margin_ms: Option<f64>,
@@ -1705,6 +1713,7 @@ fn run_scenario(
         },
         deferred_ms: total_ms(&shares, |s| s.deferred_ms),
         turn_waited_ms: total_ms(&shares, |s| s.turn_waited_ms),
+        turn_cut_ins: total_ms(&shares, |s| s.turn_cut_ins).round() as u64,
         phase_oracle_margin_ms: sh.phase_oracle,
         phase_oracle_held_ms: sh.oracle_held_ns.load(Ordering::Relaxed) as f64 / 1e6,
         phase_oracle_held_requests: sh.oracle_held_requests.load(Ordering::Relaxed),
@@ -1904,6 +1913,12 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, interference: Option<Interfer
         println!(
             "  turns                     {:5.0} ms  waited in all for a turn on the GPU, one function's work at a time (docs/harvest.md)",
             s.turn_waited_ms
+        );
+    }
+    if s.turn_cut_ins > 0 {
+        println!(
+            "  cut-ins                   {:5}     launches went beside another function's turn, the wait would have made their request late (MPS; docs/harvest.md)",
+            s.turn_cut_ins
         );
     }
     if let Some(o) = s.serialize {
@@ -2171,6 +2186,7 @@ mod tests {
             harvest: true,
             deferred_ms,
             turn_waited_ms: 2.0 * deferred_ms,
+            turn_cut_ins: deferred_ms,
         };
         let deferred_total_ms = |s: &[ShareSample]| total_ms(s, |x| x.deferred_ms);
         assert_eq!(deferred_total_ms(&[]), 0.0);
@@ -2182,6 +2198,7 @@ mod tests {
         ];
         assert_eq!(deferred_total_ms(&polls), 15.0);
         assert_eq!(total_ms(&polls, |x| x.turn_waited_ms), 30.0);
+        assert_eq!(total_ms(&polls, |x| x.turn_cut_ins), 15.0);
     }
 
     #[derive(Parser)]

@@ -106,6 +106,11 @@ pub enum Request {
         /// arbiter before it refuses fields it does not know.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         turn_waited_ns: Option<u64>,
+        /// How many of the reporting process's launches cut in beside another function's turn
+        /// on an MPS GPU (cumulative; docs/harvest.md, "Cut-ins under MPS"). Left out when none,
+        /// like `turn_waited_ns`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_cut_ins: Option<u64>,
         /// How far the reporting process's contention bucket ran ahead of now when it reported,
         /// ns (not cumulative): the arbiter's request admission mirrors that bucket and catches
         /// up with it (docs/harvest.md, "Context switches").
@@ -577,6 +582,7 @@ mod tests {
             contention_ns: Some(1_000_000),
             deferred_ns: Some(2_000_000),
             turn_waited_ns: Some(300_000),
+            turn_cut_ins: Some(7),
             contention_ahead_ns: Some(1_200_000_000),
         }));
         for r in [

@@ -496,6 +496,7 @@ impl Reporter {
             contention_ns: Some(usage.contention_ns),
             deferred_ns: Some(usage.deferred_ns),
             turn_waited_ns: (usage.turn_waited_ns > 0).then_some(usage.turn_waited_ns),
+            turn_cut_ins: (usage.turn_cut_ins > 0).then_some(usage.turn_cut_ins),
             contention_ahead_ns: Some(usage.contention_ahead_ns),
         });
         match r {

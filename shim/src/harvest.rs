@@ -752,6 +752,9 @@ pub struct Usage {
     /// Launches that gave up waiting for their turn ([`crate::turns::MAX_WAIT_NS`]) and went
     /// without one.
     pub turns_given_up: u64,
+    /// Launches that cut in beside another function's turn under MPS
+    /// ([`crate::turns::Take::CutIn`]).
+    pub turn_cut_ins: u64,
     /// Not cumulative: how far the contention bucket ran ahead of now when this was taken, ns
     /// ([`Contention::ahead_ns`]; 0 from the counters alone).
     pub contention_ahead_ns: u64,
@@ -924,6 +927,7 @@ pub struct UsageCounters {
     turn_waited_ns: AtomicU64,
     held_ns: AtomicU64,
     turns_given_up: AtomicU64,
+    turn_cut_ins: AtomicU64,
     /// The part of `contention_ns` charged at admission (`cost × p`), without corrections.
     admitted_contention_ns: AtomicU64,
 }
@@ -981,6 +985,12 @@ impl UsageCounters {
         }
     }
 
+    /// Adds a launch that cut in beside another function's turn ([`crate::turns::Take::CutIn`]).
+    #[inline]
+    pub fn add_turn_cut_in(&self) {
+        self.turn_cut_ins.fetch_add(1, Relaxed);
+    }
+
     /// A snapshot.
     pub fn get(&self) -> Usage {
         Usage {
@@ -990,6 +1000,7 @@ impl UsageCounters {
             turn_waited_ns: self.turn_waited_ns.load(Relaxed),
             held_ns: self.held_ns.load(Relaxed),
             turns_given_up: self.turns_given_up.load(Relaxed),
+            turn_cut_ins: self.turn_cut_ins.load(Relaxed),
             contention_ahead_ns: 0,
         }
     }
@@ -1762,6 +1773,8 @@ mod tests {
         u.add_held(2_500);
         u.add_held(0);
         u.add_held(500);
+        u.add_turn_cut_in();
+        u.add_turn_cut_in();
         assert_eq!(
             u.get(),
             Usage {
@@ -1771,6 +1784,7 @@ mod tests {
                 turn_waited_ns: 1_000,
                 held_ns: 3_000,
                 turns_given_up: 1,
+                turn_cut_ins: 2,
                 contention_ahead_ns: 0,
             }
         );

@@ -1303,7 +1303,10 @@ impl Runtime {
                         turns::Urgency::on(self.runs_mps[dev].load(Relaxed), cost, deadline);
                     match seat.try_take(now, self.backlog[dev].end(), key, urgent) {
                         Take::Go => {}
-                        Take::CutIn => without_turn = true,
+                        Take::CutIn => {
+                            without_turn = true;
+                            self.usage[dev].add_turn_cut_in();
+                        }
                         Take::WaitUntil(t) => {
                             let waited_from = now;
                             let (went, cut_in) =
@@ -1399,6 +1402,7 @@ impl Runtime {
                 }
                 Take::CutIn => {
                     self.usage[dev].add_turn_wait(now - start, false);
+                    self.usage[dev].add_turn_cut_in();
                     return (now, true);
                 }
                 Take::WaitUntil(t) => next = t,

@@ -90,6 +90,9 @@ pub struct Instance {
     /// Harvest: time its shims' launches waited for their turn on the GPU (docs/harvest.md,
     /// "Serializing the functions"), ns, cumulative as reported.
     pub turn_waited_ns: u64,
+    /// Harvest: how many of its shims' launches cut in beside another function's turn on an
+    /// MPS GPU (docs/harvest.md, "Cut-ins under MPS"), cumulative as reported.
+    pub turn_cut_ins: u64,
     /// Harvest: its seat on its GPU's turn board (None: no turns for it), written into its page.
     pub turn_seat: Option<usize>,
     /// Harvest: its shims' reports.
@@ -157,6 +160,7 @@ impl Instance {
             paced_refusals: 0,
             deferred_ns: 0,
             turn_waited_ns: 0,
+            turn_cut_ins: 0,
             turn_seat: None,
             usage: UsageLedger::default(),
             pacer: RequestPacer::default(),

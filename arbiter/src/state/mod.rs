@@ -1211,6 +1211,7 @@ impl State {
         let added = i.usage.record(pid, usage, self.clock.now());
         i.deferred_ns = i.deferred_ns.saturating_add(added.deferred_ns);
         i.turn_waited_ns = i.turn_waited_ns.saturating_add(added.turn_waited_ns);
+        i.turn_cut_ins = i.turn_cut_ins.saturating_add(added.turn_cut_ins);
         i.throttled_ns = i.throttled_ns.saturating_add(added.held_ns);
         let gpu = i.rec.gpu;
         let with_training = (added.contention_ns as f64 * i.training_share).round() as u64;
@@ -2652,6 +2653,7 @@ mod tests {
                     contention_ns: sec * 1_000_000,
                     deferred_ns: sec * 2_000_000,
                     turn_waited_ns: sec * 500_000,
+                    turn_cut_ins: sec * 3,
                     held_ns: sec * 3_000_000,
                 },
             );
@@ -2666,6 +2668,7 @@ mod tests {
         let f = &s.snapshot()["gpus"][0]["functions"][0];
         assert_eq!(f["deferred_ns"].as_u64(), Some(8_000_000), "{f}");
         assert_eq!(f["turn_waited_ns"].as_u64(), Some(2_000_000), "{f}");
+        assert_eq!(f["turn_cut_ins"].as_u64(), Some(12), "{f}");
         assert_eq!(f["throttled_ns"].as_u64(), Some(12_000_000), "{f}");
         // A request that waited 3 ms: the SLO less the wait and the reserve for 2 ms of GPU time.
         let before = smore_protocol::grant::monotonic_ns();

@@ -263,6 +263,7 @@ impl Admission {
                 contention_ns: None,
                 deferred_ns: None,
                 turn_waited_ns: None,
+                turn_cut_ins: None,
                 contention_ahead_ns: None,
             }) {
                 return Err(Preempted {
