@@ -120,8 +120,11 @@ impl ContentionMeter {
 pub struct ShimUsage {
     /// Estimated GPU time, ns.
     pub gpu_ns: u64,
-    /// Estimated collision time with other contexts, ns.
+    /// Estimated collision time with other contexts, ns: what the shim's bucket paid.
     pub contention_ns: u64,
+    /// Collision time as the shim's samples measured it, ns (`None`: a shim that does not
+    /// report it; its `contention_ns` stands in).
+    pub measured_contention_ns: Option<u64>,
     /// Time launches were held by deferral, ns.
     pub deferred_ns: u64,
     /// Time launches waited for their turn on the GPU, ns.
@@ -183,6 +186,9 @@ impl UsageLedger {
         let d = ShimUsage {
             gpu_ns: delta(now.gpu_ns, prev.gpu_ns),
             contention_ns: delta(now.contention_ns, prev.contention_ns),
+            measured_contention_ns: now
+                .measured_contention_ns
+                .map(|m| delta(m, prev.measured_contention_ns.unwrap_or(0))),
             deferred_ns: delta(now.deferred_ns, prev.deferred_ns),
             turn_waited_ns: delta(now.turn_waited_ns, prev.turn_waited_ns),
             turn_cut_ins: delta(now.turn_cut_ins, prev.turn_cut_ins),

@@ -640,6 +640,7 @@ fn handle(
             refusals,
             gpu_ns,
             contention_ns,
+            measured_contention_ns,
             deferred_ns,
             turn_waited_ns,
             turn_cut_ins,
@@ -661,6 +662,7 @@ fn handle(
                         ShimUsage {
                             gpu_ns,
                             contention_ns,
+                            measured_contention_ns,
                             deferred_ns: deferred_ns.unwrap_or(0),
                             turn_waited_ns: turn_waited_ns.unwrap_or(0),
                             turn_cut_ins: turn_cut_ins.unwrap_or(0),

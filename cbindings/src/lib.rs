@@ -493,6 +493,7 @@ fn report(inner: &mut Inner) -> SmoreStatus {
         deferred_ns: None,
         turn_waited_ns: None,
         turn_cut_ins: None,
+        measured_contention_ns: None,
         contention_ahead_ns: None,
     }) {
         Ok(Reply::Ok) => SmoreStatus::Ok,

@@ -501,6 +501,7 @@ fn malformed_messages_get_errors_and_do_not_disturb_others() {
             deferred_ns: None,
             turn_waited_ns: None,
             turn_cut_ins: None,
+            measured_contention_ns: None,
             contention_ahead_ns: None,
         })
         .unwrap(),

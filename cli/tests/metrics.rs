@@ -204,6 +204,7 @@ fn metrics_parse_under_hostile_function_names_and_follow_the_conventions() {
                 deferred_ns: None,
                 turn_waited_ns: None,
                 turn_cut_ins: None,
+                measured_contention_ns: None,
                 contention_ahead_ns: None,
             })
             .unwrap();

@@ -97,6 +97,13 @@ pub enum Request {
         /// ns (cumulative; docs/harvest.md).
         #[serde(default)]
         contention_ns: Option<u64>,
+        /// The reporting process's collision time as its samples measured it, ns (cumulative;
+        /// what it was charged at admission is not refunded in `contention_ns`, and is not
+        /// counted here: docs/harvest.md, "The estimate from what was measured"). The arbiter's
+        /// slowdown estimate counts this when present, `contention_ns` otherwise. Left out when
+        /// none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        measured_contention_ns: Option<u64>,
         /// Time the reporting process's shim held launches to wait out the training job's busy
         /// phase (deferral), ns (cumulative; docs/harvest.md, "Deferral").
         #[serde(default)]
@@ -580,6 +587,7 @@ mod tests {
             refusals: Some(1),
             gpu_ns: Some(5_000_000),
             contention_ns: Some(1_000_000),
+            measured_contention_ns: Some(400_000),
             deferred_ns: Some(2_000_000),
             turn_waited_ns: Some(300_000),
             turn_cut_ins: Some(7),

@@ -494,6 +494,7 @@ impl Reporter {
             refusals: None,
             gpu_ns: Some(usage.gpu_ns),
             contention_ns: Some(usage.contention_ns),
+            measured_contention_ns: Some(usage.measured_contention_ns),
             deferred_ns: Some(usage.deferred_ns),
             turn_waited_ns: (usage.turn_waited_ns > 0).then_some(usage.turn_waited_ns),
             turn_cut_ins: (usage.turn_cut_ins > 0).then_some(usage.turn_cut_ins),

@@ -740,8 +740,14 @@ impl Calibration {
 pub struct Usage {
     /// Estimated GPU time of the admitted launches, ns (calibrated cost estimates).
     pub gpu_ns: u64,
-    /// Estimated collision time, ns (charged at admission as `cost × p`, plus corrections).
+    /// Estimated collision time, ns (charged at admission as `cost × p`, plus corrections): what
+    /// the contention bucket paid, never refunded.
     pub contention_ns: u64,
+    /// Collision time measured on the samples, ns: for each settled sample, the collision of the
+    /// launches it stands for at its measured rate — 0 where it met no training work, however
+    /// much they were charged at admission (docs/harvest.md, "The estimate from what was
+    /// measured"). The arbiter's slowdown estimate counts this.
+    pub measured_contention_ns: u64,
     /// Time launches were held by deferral (waiting out the trainer's busy phase), ns.
     pub deferred_ns: u64,
     /// Time launches waited for their turn on the GPU, ns ([`crate::turns`]).
@@ -923,6 +929,7 @@ pub fn defer(now: u64, evidence: Option<u32>, until: u64, last_probe: u64, worth
 pub struct UsageCounters {
     gpu_ns: AtomicU64,
     contention_ns: AtomicU64,
+    measured_contention_ns: AtomicU64,
     deferred_ns: AtomicU64,
     turn_waited_ns: AtomicU64,
     held_ns: AtomicU64,
@@ -958,6 +965,14 @@ impl UsageCounters {
     #[inline]
     pub fn admitted_contention_ns(&self) -> u64 {
         self.admitted_contention_ns.load(Relaxed)
+    }
+
+    /// Adds what a settled sample measured its launches collided ([`Usage::measured_contention_ns`]).
+    #[inline]
+    pub fn add_measured(&self, ns: u64) {
+        if ns > 0 {
+            self.measured_contention_ns.fetch_add(ns, Relaxed);
+        }
     }
 
     /// Adds a deferral hold.
@@ -996,6 +1011,7 @@ impl UsageCounters {
         Usage {
             gpu_ns: self.gpu_ns.load(Relaxed),
             contention_ns: self.contention_ns.load(Relaxed),
+            measured_contention_ns: self.measured_contention_ns.load(Relaxed),
             deferred_ns: self.deferred_ns.load(Relaxed),
             turn_waited_ns: self.turn_waited_ns.load(Relaxed),
             held_ns: self.held_ns.load(Relaxed),
@@ -1775,11 +1791,14 @@ mod tests {
         u.add_held(500);
         u.add_turn_cut_in();
         u.add_turn_cut_in();
+        u.add_measured(0);
+        u.add_measured(7);
         assert_eq!(
             u.get(),
             Usage {
                 gpu_ns: 150,
                 contention_ns: 20,
+                measured_contention_ns: 7,
                 deferred_ns: 4_000,
                 turn_waited_ns: 1_000,
                 held_ns: 3_000,

@@ -1715,6 +1715,9 @@ impl Runtime {
             };
             let excess = self.contention[dev].correct(m.admitted, paid, due, self.contention(dev));
             self.usage[dev].add(0, excess);
+            // What was measured, whatever was paid: the estimate counts this, the bucket what
+            // it paid (docs/harvest.md, "The estimate from what was measured").
+            self.usage[dev].add_measured(due);
         }
         match chained {
             // What the chain covered ends at this sample's launch: launches admitted since are

@@ -27,7 +27,12 @@
 //! under MPS beside four it reads 6.7–6.8 % against 6.0 % (on the trainer's side: asserted
 //! again; the 2 pp check stays ignored until it has a record on the CI machine), beside
 //! one 8.7 % against 6.0 % (over: the 2 pp check ignored, a 4 pp tracking check asserted), and
-//! beside a trainer busy ~93 % 2.9 % against 4.9 % (0.7 % before). Run every check with
+//! beside a trainer busy ~93 % 2.9 % against 4.9 % (0.7 % before). Since the estimate counts the
+//! collisions the samples measured rather than what the shims' buckets paid (docs/harvest.md,
+//! "The estimate from what was measured"; 2026-11-28, two runs each): beside one function under
+//! MPS 6.2–6.3 % against 6.0 % (the 2 pp check asserted), time-sliced 7.1 % against 9.8–10.0 %;
+//! beside four 5.1–6.2 % against 5.9–6.1 % time-sliced and 6.7–6.9 % against 5.9–6.0 % under MPS;
+//! beside the busy trainer 2.8 % against 4.9 %. Run every check with
 //! `cargo test -p smore-e2e --test harvest_estimate -- --include-ignored --nocapture`.
 //!
 //! The window: the arbiter's estimate covers the last 10 s ([`WINDOW`]); the truth is taken over
@@ -211,7 +216,7 @@ fn within_tolerance(mode: SchedMode, functions: usize) {
 }
 
 #[test]
-#[ignore = "harvest issue target not met time-sliced beside one function (docs/harvest.md): 7.9 % vs 10.0–10.7 % (2026-11-27, seven runs)"]
+#[ignore = "harvest issue target not met time-sliced beside one function (docs/harvest.md): 7.9 % vs 10.0–10.7 % (2026-11-27, seven runs), 7.1 % vs 9.8–10.0 % since the estimate counts what was measured (2026-11-28, two runs)"]
 fn the_estimate_is_within_2_pp_beside_one_function_time_sliced() {
     within_tolerance(SchedMode::TimeSlice, 1);
 }
@@ -236,31 +241,13 @@ fn the_estimate_tracks_the_truth_beside_one_function_time_sliced() {
     );
 }
 
+/// The harvest issue's 2 pp beside one function under MPS: 6.2–6.3 % against 6.0 % in two runs
+/// since the estimate counts what the samples measured (2026-11-28; 8.7 % before, the launches
+/// charged `cost × p` at admission and never refunded; docs/harvest.md, "The estimate from what
+/// was measured").
 #[test]
-#[ignore = "under MPS beside one function the estimate reads over the truth since the calibrated floor (docs/harvest.md, \"The calibrated floor under MPS\"): 8.7 % vs 6.0 % (2026-11-28, two runs)"]
 fn the_estimate_is_within_2_pp_beside_one_function_under_mps() {
     within_tolerance(SchedMode::Mps, 1);
-}
-
-/// How far the estimate under MPS beside one function may be from the truth until it meets the
-/// issue's 2 pp: 4 pp, over the truth only. Reasoning: measured 8.7 % against 6.0 % (two runs,
-/// 2026-11-28) since a sample is judged against the uncalibrated floor — the samples' own
-/// collisions come to the truth within 0.4 pp (a trace of them, docs/harvest.md "The calibrated
-/// floor under MPS"); the rest is launches charged `cost × p` at admission from a probability
-/// that an intermittent collision leaves high, never refunded.
-const TRACKING_MPS: f64 = 0.04;
-
-/// The estimate follows the trainer's true slowdown beside one function under MPS, on the
-/// trainer's side and within [`TRACKING_MPS`] (the 2 pp target is the ignored check above).
-#[test]
-fn the_estimate_tracks_the_truth_beside_one_function_under_mps() {
-    let (est, truth) = measured(SchedMode::Mps, 1);
-    assert!(
-        est >= truth - TOLERANCE && est - truth <= TRACKING_MPS,
-        "Mps, 1 function: estimate {:.1} % vs true {:.1} %",
-        est * 100.0,
-        truth * 100.0
-    );
 }
 
 /// One function offering 10 % of the GPU beside a trainer busy ~93 %, under MPS: (estimate,
@@ -297,7 +284,7 @@ fn the_estimate_sees_the_slowing_beside_a_busy_trainer_under_mps() {
 }
 
 #[test]
-#[ignore = "under MPS beside a busy trainer the estimate reads under the truth: 2.9 % vs 4.9 % (2026-11-28, two runs; the floor rises with each slowed sample, docs/harvest.md \"The calibrated floor under MPS\")"]
+#[ignore = "under MPS beside a busy trainer the estimate reads under the truth: 2.9 % vs 4.9 % (2026-11-28, two runs; 2.8 % vs 4.9 % twice since it counts what was measured; the floor rises with each slowed sample, docs/harvest.md \"The calibrated floor under MPS\")"]
 fn the_estimate_is_within_2_pp_beside_a_busy_trainer_under_mps() {
     let (est, truth) = beside_a_busy_trainer_under_mps();
     assert!(
@@ -319,13 +306,13 @@ fn the_estimate_errs_on_the_trainers_side_beside_several_functions_under_mps() {
 }
 
 #[test]
-#[ignore = "harvest issue target not met time-sliced with several functions (docs/harvest.md): 9.7–14.6 % vs 6.3–6.7 % (2026-11-27)"]
+#[ignore = "time-sliced with several functions the estimate read 9.7–14.6 % vs 6.3–6.7 % (2026-11-27), 8.3–8.7 % vs 5.1–5.6 % with turns, and 6.2 % vs 5.9 % and 5.1 % vs 6.1 % since it counts what was measured (2026-11-28, two runs): within 2 pp, waiting for a record on the CI machine, where host load moves these figures (docs/harvest.md, \"The estimate from what was measured\")"]
 fn the_estimate_is_within_2_pp_beside_several_functions_time_sliced() {
     within_tolerance(SchedMode::TimeSlice, 4);
 }
 
 #[test]
-#[ignore = "under MPS with several functions the estimate read 6.7–6.8 % vs 6.0 % in two runs since they take turns (2026-11-28): within 2 pp, by 1.2 pp; the check above (the trainer's side) is asserted, this one waits for a record on the CI machine, where host load moves these figures (docs/harvest.md \"The calibrated floor under MPS\")"]
+#[ignore = "under MPS with several functions the estimate read 6.7–6.8 % vs 6.0 % in two runs since they take turns, and 6.7 % vs 6.0 % and 6.9 % vs 5.9 % since it counts what was measured (2026-11-28): within 2 pp, by 1.0–1.2 pp; the check above (the trainer's side) is asserted, this one waits for a record on the CI machine, where host load moves these figures (docs/harvest.md \"The calibrated floor under MPS\")"]
 fn the_estimate_is_within_2_pp_beside_several_functions_under_mps() {
     within_tolerance(SchedMode::Mps, 4);
 }

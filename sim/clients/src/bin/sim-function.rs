@@ -264,6 +264,7 @@ impl Admission {
                 deferred_ns: None,
                 turn_waited_ns: None,
                 turn_cut_ins: None,
+                measured_contention_ns: None,
                 contention_ahead_ns: None,
             }) {
                 return Err(Preempted {
