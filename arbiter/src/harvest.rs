@@ -179,9 +179,18 @@ pub struct UsageLedger {
 impl UsageLedger {
     /// Records process `pid`'s cumulative counters, arrived at `t` (s); returns what they added.
     /// A counter that went backwards (a new process image under a recycled pid) counts from zero
-    /// again.
-    pub fn record(&mut self, pid: u32, now: ShimUsage, t: f64) -> ShimUsage {
-        let prev = self.last.insert(pid, now).unwrap_or_default();
+    /// again. The measured collision time is taken at most the collision time paid (a shim's
+    /// samples never measure more than its bucket paid, `paid + max(0, due − paid) ≥ due`; a
+    /// report claiming more is bounded, as one claiming less is by its own use), and a report
+    /// without it leaves the last one standing (the next that carries it counts from there).
+    pub fn record(&mut self, pid: u32, mut now: ShimUsage, t: f64) -> ShimUsage {
+        now.measured_contention_ns = now.measured_contention_ns.map(|m| m.min(now.contention_ns));
+        let prev = self.last.get(&pid).copied().unwrap_or_default();
+        let mut kept = now;
+        if kept.measured_contention_ns.is_none() {
+            kept.measured_contention_ns = prev.measured_contention_ns;
+        }
+        self.last.insert(pid, kept);
         let delta = |cur: u64, old: u64| if cur >= old { cur - old } else { cur };
         let d = ShimUsage {
             gpu_ns: delta(now.gpu_ns, prev.gpu_ns),
@@ -700,6 +709,30 @@ mod tests {
             m.tick(s as f64);
         }
         assert_eq!(m.fraction(), Some(0.0));
+    }
+
+    #[test]
+    fn the_measured_collision_time_is_bounded_by_what_was_paid_and_survives_a_report_without_it() {
+        let mut l = UsageLedger::default();
+        let u = |g: u64, c: u64| ShimUsage {
+            gpu_ns: g * 1_000_000,
+            contention_ns: c * 1_000_000,
+            ..Default::default()
+        };
+        // A report without it leaves the last one standing (Some → None → Some counts each
+        // part once).
+        let m = |g: u64, c: u64, m: Option<u64>| ShimUsage {
+            measured_contention_ns: m.map(|m| m * 1_000_000),
+            ..u(g, c)
+        };
+        assert_eq!(l.record(12, m(100, 20, Some(8)), 0.0), m(100, 20, Some(8)));
+        assert_eq!(l.record(12, m(200, 30, None), 0.0), m(100, 10, None));
+        assert_eq!(l.record(12, m(300, 40, Some(12)), 0.0), m(100, 10, Some(4)));
+        assert_eq!(
+            l.record(12, m(400, 50, Some(90)), 0.0),
+            m(100, 10, Some(38)),
+            "at most what was paid"
+        );
     }
 
     #[test]

@@ -100,8 +100,9 @@ pub enum Request {
         /// The reporting process's collision time as its samples measured it, ns (cumulative;
         /// what it was charged at admission is not refunded in `contention_ns`, and is not
         /// counted here: docs/harvest.md, "The estimate from what was measured"). The arbiter's
-        /// slowdown estimate counts this when present, `contention_ns` otherwise. Left out when
-        /// none.
+        /// slowdown estimate counts this when present, `contention_ns` otherwise. The shim sends
+        /// it with every usage report, so it needs an arbiter that knows the field (`Request`
+        /// refuses unknown fields; docs/protocol.md).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         measured_contention_ns: Option<u64>,
         /// Time the reporting process's shim held launches to wait out the training job's busy
