@@ -280,11 +280,14 @@ fn harvest_keeps_the_trainer_within_theta_and_publishes_an_estimate_of_its_slowd
         !r.estimates.is_empty(),
         "the arbiter publishes its estimate"
     );
-    // The estimate's window (10 s) still holds a little of the time before the functions came,
-    // so it trails the truth slightly; it must be of the truth's size, not of NVML's noise.
+    // The estimate's window (10 s) holds the functions' run only in part — they start ~2 s into
+    // the trainer's 9 s and the last poll comes ~4.5 s after — so it reads about half the truth
+    // here (2026-11-28, debug build: 5.3–5.8 % against 10.3–10.6 %; the estimate's accuracy
+    // over a window the functions fill is `tests/e2e/tests/harvest_estimate.rs`). It must be of
+    // the truth's size: not near zero (blind), and not over it by NVML's noise.
     let last = *r.estimates.last().unwrap();
     assert!(
-        (last - r.slowdown).abs() <= 0.05,
+        last >= 0.3 * r.slowdown && last <= r.slowdown + 0.05,
         "estimate {:.1} % vs the trainer's own {:.1} %",
         last * 100.0,
         r.slowdown * 100.0
