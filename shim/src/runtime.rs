@@ -1628,7 +1628,8 @@ impl Runtime {
         let dev = m.dev;
         // The solo cost before this sample is folded in (the cost table's floor).
         let floor = self.costs.lookup(m.key);
-        self.costs.record(m.key, ns);
+        let solo = self.costs.solo(m.key);
+        self.costs.record(m.key, ns, ran_until);
         if m.unmeasured {
             let cost = self.calibration[dev].apply(ns);
             self.estimated[dev].fetch_add(ns, Relaxed);
@@ -1653,7 +1654,16 @@ impl Runtime {
         // kernel's own GPU time (time-sliced spans include the co-runners' slices), and the
         // calibrated figure is the better solo cost (docs/harvest.md, "The calibrated floor
         // under MPS").
-        let d0 = floor.min(d0_charged);
+        // Under MPS the floor is the solo floor, which slowed samples raise at most one step
+        // per 20 ms (`CostTable::solo`): beside a trainer that hardly idles nearly every sample
+        // is slowed, and the per-sample floor settled well above the solo cost (docs/harvest.md,
+        // "A solo floor that rises with time under MPS").
+        let floor_judged = if self.runs_mps[dev].load(Relaxed) {
+            solo.unwrap_or(floor)
+        } else {
+            floor
+        };
+        let d0 = floor_judged.min(d0_charged);
         // Collisions are judged on what the sample measured beyond the timing's noise: a few
         // tens of µs of jitter on a real GPU, which made every short kernel a whole collision
         // (docs/harvest.md, "Timing noise").
