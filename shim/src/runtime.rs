@@ -1626,7 +1626,9 @@ impl Runtime {
             ran_until,
         } = x;
         let dev = m.dev;
-        // The solo cost before this sample is folded in (the cost table's floor).
+        // The cost table's figures before this sample is folded in: the floor (what a launch is
+        // charged, before calibration, and the solo cost on a time-sliced GPU) and the solo floor
+        // (the solo cost under MPS).
         let floor = self.costs.lookup(m.key);
         let solo = self.costs.solo(m.key);
         self.costs.record(m.key, ns, ran_until);
