@@ -139,7 +139,7 @@ pub struct CostTable {
     solos: Box<[AtomicU64]>,
     /// When each slot's solo floor last rose (CLOCK_MONOTONIC ns; 0: never).
     solo_rose_at: Box<[AtomicU64]>,
-    /// When each slot last had a solo-like sample ([`SOLO_LIKE_DIVISOR`]; CLOCK_MONOTONIC ns).
+    /// When each slot last had a sample at or below its solo floor (CLOCK_MONOTONIC ns).
     solo_seen_at: Box<[AtomicU64]>,
 }
 
@@ -155,23 +155,22 @@ impl Default for CostTable {
 const RISE_DIVISOR: u64 = 32;
 
 /// The solo floor ([`CostTable::solo`]) rises by at most one bounded step (1/32 of itself) per
-/// 20 ms, however many samples above it come meanwhile, as long as solo-like samples keep coming
-/// ([`SOLO_CATCH_UP_NS`]); it falls at every sample below, as the cost does. Reasoning: beside a
+/// 20 ms, however many samples above it come meanwhile, as long as samples at or below it keep
+/// coming ([`SOLO_CATCH_UP_NS`]); it falls at every sample below, as the cost does. Reasoning: beside a
 /// trainer that hardly idles on an MPS GPU nearly every sample is slowed, and rising per sample
 /// the floor settled well above the solo cost (simulated, trainer busy ~93 %: the slowing the
 /// shim measured against it read 2.8 % where the trainer lost 4.9 %, docs/harvest.md "A solo
 /// floor that rises with time under MPS"); paced, the few solo samples hold it near the solo
 /// cost.
 pub const SOLO_RISE_INTERVAL_NS: u64 = 20_000_000;
-/// A sample at most 1/16 above the solo floor counts as a solo run: within the timing's jitter
-/// of it, and well below the slowing an MPS co-runner causes (×1.5 at the simulator's β = 0.5).
-pub const SOLO_LIKE_DIVISOR: u64 = 16;
-/// With no solo-like sample for 100 ms the solo floor rises per sample again, as the cost does:
-/// a kernel whose cost really grew (a larger input under the same handle) has no sample near
-/// its old floor, and paced it would take ~0.8 s to double, every sample meanwhile read as a
-/// collision (found by review: an honest function held for a trainer that was idle). Beside a
-/// trainer busy ~93 % a solo sample comes every ~14 ms of a kernel sampled each millisecond,
-/// well within it.
+/// With no sample at or below the solo floor for 100 ms it rises per sample again, as the cost
+/// does, until one comes: a kernel whose cost really grew (a larger input under the same handle)
+/// has no sample near its old floor, and paced it would take ~0.8 s to double, every sample
+/// meanwhile read as a collision (found by review: an honest function held for a trainer that
+/// was idle). Beside the simulator's busy trainer (10 × 5 ms kernels and 4 ms of host work per
+/// iteration) a kernel sampled each millisecond meets an idle gap every ~54 ms, within it; a
+/// trainer whose busy stretches last longer than 100 ms makes the floor catch up in each of them
+/// (docs/harvest.md, "A solo floor that rises with time under MPS").
 pub const SOLO_CATCH_UP_NS: u64 = 100_000_000;
 
 fn slot_of(key: u64) -> usize {
@@ -226,8 +225,8 @@ impl CostTable {
     }
 
     /// The solo floor of `key`, if it was ever measured: the same samples as [`Self::lookup`]'s,
-    /// rising at most one step per [`SOLO_RISE_INTERVAL_NS`] while solo-like samples keep coming
-    /// ([`SOLO_CATCH_UP_NS`]). What an MPS GPU's samples are judged against for collisions,
+    /// rising at most one step per [`SOLO_RISE_INTERVAL_NS`] while samples at or below it keep
+    /// coming ([`SOLO_CATCH_UP_NS`]). What an MPS GPU's samples are judged against for collisions,
     /// never what is charged: the charge keeps [`Self::lookup`]'s cost, which the calibration
     /// against the driver scales (it cannot bring down a floor that slowed samples raised, as
     /// the driver counts slowed time as the process's own, but it does scale a low one up).
@@ -276,8 +275,10 @@ impl CostTable {
                 let old = self.costs[i].load(Relaxed);
                 self.costs[i].store(ewma(old, sample), Relaxed);
                 let solo = self.solos[i].load(Relaxed);
-                if solo == 0 || sample <= solo + solo / SOLO_LIKE_DIVISOR {
-                    self.solo_seen_at[i].store(now_ns, Relaxed);
+                // Both times only move forward: a sample that settles late (an earlier
+                // `now_ns`) neither starts a catch-up early nor frees a rise.
+                if solo == 0 || sample <= solo {
+                    self.solo_seen_at[i].fetch_max(now_ns, Relaxed);
                 }
                 if solo != 0 && sample > solo {
                     let seen = self.solo_seen_at[i].load(Relaxed);
@@ -289,7 +290,7 @@ impl CostTable {
                     {
                         return;
                     }
-                    self.solo_rose_at[i].store(now_ns.max(1), Relaxed);
+                    self.solo_rose_at[i].fetch_max(now_ns.max(1), Relaxed);
                 }
                 self.solos[i].store(ewma(solo, sample), Relaxed);
                 return;
@@ -561,8 +562,8 @@ mod tests {
     }
 
     #[test]
-    fn a_kernel_whose_cost_really_grew_is_followed_once_no_sample_looks_solo() {
-        // Its cost doubles at 100 ms; every sample after is 2 ×, none near the old floor.
+    fn a_kernel_whose_cost_really_grew_is_followed_once_no_sample_is_solo() {
+        // Its cost doubles at 100 ms; every sample after is 2 ×, none at the old floor.
         let t = CostTable::new();
         for ms in 1..=100u64 {
             t.record(0x7000, 400_000, ms * MS);
@@ -570,25 +571,70 @@ mod tests {
         for ms in 101..=200u64 {
             t.record(0x7000, 800_000, ms * MS);
         }
-        // Paced until no sample has looked solo for 100 ms: six steps (the first at once).
-        let paced = t.solo(0x7000).unwrap();
-        assert!(paced < 490_000, "solo floor {paced} after 100 ms paced");
-        // Then it rises at every sample, as the cost does: past 1.85 × within 60 samples more.
-        for ms in 201..=260u64 {
+        // Paced until no sample has been solo for 100 ms: five steps, the first at once
+        // (101, 121, 141, 161, 181 ms), then the catch-up's first at 200 ms.
+        let mut floor = 400_000u64;
+        for _ in 0..6 {
+            floor += floor.div_ceil(32);
+        }
+        assert_eq!(t.solo(0x7000), Some(floor));
+        // Then it rises at every sample, as the cost does, until it meets the samples.
+        for ms in 201..=400u64 {
             t.record(0x7000, 800_000, ms * MS);
         }
         let solo = t.solo(0x7000).unwrap();
         assert!(
-            solo > 740_000,
-            "solo floor {solo} 160 ms after the cost doubled"
+            solo > 790_000,
+            "solo floor {solo} 300 ms after the cost doubled"
         );
-        // Samples within 1/16 of the floor count as solo: jitter alone never catches up.
+    }
+
+    #[test]
+    fn the_catch_up_starts_100_ms_after_the_last_solo_sample_to_the_ns() {
         let t = CostTable::new();
-        for ms in 1..=1_000u64 {
-            let sample = if ms % 2 == 0 { 400_000 } else { 420_000 };
-            t.record(0x7000, sample, ms * MS);
+        t.record(0x7000, 400_000, MS);
+        // Slowed samples each millisecond: paced rises at 2, 22, 42, 62 and 82 ms.
+        for ms in 2..=100u64 {
+            t.record(0x7000, 600_000, ms * MS);
         }
-        assert!(t.solo(0x7000).unwrap() <= 405_000, "{:?}", t.solo(0x7000));
+        let paced = t.solo(0x7000);
+        // 100 ms less a nanosecond after the solo sample, 19 ms after the last rise: no rise.
+        t.record(0x7000, 600_000, 101 * MS - 1);
+        assert_eq!(t.solo(0x7000), paced);
+        // At 100 ms, within the same interval: the catch-up rises.
+        t.record(0x7000, 600_000, 101 * MS);
+        assert!(t.solo(0x7000) > paced, "{:?} vs {paced:?}", t.solo(0x7000));
+    }
+
+    #[test]
+    fn a_solo_sample_that_settles_late_does_not_start_the_catch_up_early() {
+        let t = CostTable::new();
+        t.record(0x7000, 400_000, MS);
+        t.record(0x7000, 400_000, 50 * MS);
+        // A solo sample from 10 ms settles after the one from 50 ms.
+        t.record(0x7000, 400_000, 10 * MS);
+        // Slowed samples: the first rises, the next waits its interval, 90 ms after the newest
+        // solo sample — the catch-up counts from 50 ms, not 10.
+        t.record(0x7000, 600_000, 130 * MS);
+        let risen = t.solo(0x7000);
+        t.record(0x7000, 600_000, 140 * MS);
+        assert_eq!(t.solo(0x7000), risen);
+        // A slowed sample that settles late frees no rise either.
+        t.record(0x7000, 600_000, 60 * MS);
+        t.record(0x7000, 600_000, 145 * MS);
+        assert_eq!(t.solo(0x7000), risen);
+    }
+
+    #[test]
+    fn jitter_above_the_floor_lifts_it_into_the_jitter_never_past_it() {
+        // Every sample above the first: 405–420 µs, a 400 µs kernel's timing jitter.
+        let t = CostTable::new();
+        t.record(0x7000, 400_000, MS);
+        for ms in 2..=2_000u64 {
+            t.record(0x7000, 405_000 + (ms % 4) * 5_000, ms * MS);
+        }
+        let solo = t.solo(0x7000).unwrap();
+        assert!((405_000..=420_000).contains(&solo), "solo floor {solo}");
     }
 
     #[test]

@@ -3,10 +3,11 @@
 //!
 //! GPU time a function uses while the training job is idle costs the trainer nothing; what slows
 //! training is function GPU time that *collides* with training work. From each sampled event pair
-//! the shim knows the launch's measured duration `d` and its solo cost `d0` (the cost table's
-//! floor — on an MPS GPU its solo floor, whose rise is paced in time, `CostTable::solo` — or its
-//! calibrated figure, whichever is smaller: docs/harvest.md "The calibrated floor under MPS", "A
-//! solo floor that rises with time under MPS"), and how long it waited for the GPU before starting when that is known. The
+//! the shim knows the launch's measured duration `d` and its solo cost `d0` (the smaller of the
+//! cost table's floor — on an MPS GPU its solo floor, whose rise is paced in time,
+//! `CostTable::solo` — and the calibrated cost, the per-sample floor times the calibration:
+//! docs/harvest.md "The calibrated floor under MPS", "A solo floor that rises with time under
+//! MPS"), and how long it waited for the GPU before starting when that is known. The
 //! collision time of that launch is estimated as `min(c, wait) + min(c, max(0, d − d0))`, `c`
 //! being what the launch is charged (its calibrated cost, at least `d0`): under time-slicing a
 //! kernel that waited behind or was interleaved with the trainer's slices delayed the trainer by
