@@ -1,7 +1,8 @@
 //! A stand-in for a serverless inference function: each request launches `--kernels` kernels of
 //! `--kernel-us` and synchronizes. Requests arrive every `--interval-ms` in bursts of `--burst`
 //! (a batch of requests arriving at once, served one after another by this instance, as a
-//! function instance drains its queue). Per request it prints
+//! function instance drains its queue), on a fixed clock or, with `--arrivals poisson`, as a
+//! Poisson process of the same mean rate. Per request it prints
 //! `request=<i> burst=<arrival #> arrival_s=<due, s since start> service_ms=<kernels to sync>
 //! e2e_ms=<arrival to completion, queueing included> latency_ms=<same as service_ms, kept for
 //! existing parsers>`, then a summary `function …` with service P50/P99 (`p50_ms`, `p99_ms`) and
@@ -48,6 +49,15 @@ struct Args {
     /// Time between request arrivals (between bursts with `--burst`), ms (0 = back to back).
     #[arg(long, default_value_t = 0.0)]
     interval_ms: f64,
+    /// How the arrival instants are spaced: `periodic` (every `--interval-ms` exactly) or
+    /// `poisson` (exponential gaps of mean `--interval-ms`, from `--seed`). A periodic function
+    /// beside a periodic trainer can lock phases with it, which requests from many clients do
+    /// not (docs/harvest.md, "The collision no sample sees, measured").
+    #[arg(long, value_enum, default_value_t = Arrivals::Periodic, conflicts_with = "serve")]
+    arrivals: Arrivals,
+    /// Seed of `--arrivals poisson`'s gaps (the same seed, the same arrival instants).
+    #[arg(long, default_value_t = 1, conflicts_with = "serve")]
+    seed: u64,
     /// Requests arriving together at each arrival instant (a batch of requests).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     burst: u64,
@@ -421,6 +431,55 @@ fn serve(a: &Args, s: &Session, f: smore_sim_clients::driver::Ptr) -> Result<()>
     Ok(())
 }
 
+/// How request arrival instants are spaced (`--arrivals`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Arrivals {
+    /// Every `--interval-ms`, on a fixed clock.
+    Periodic,
+    /// A Poisson process: independent exponential gaps of mean `--interval-ms`.
+    Poisson,
+}
+
+/// The arrival instants of bursts 0, 1, 2, …, s after the start: 0 first, then gaps of
+/// `interval_s` (periodic) or exponential gaps of that mean drawn from `seed` (Poisson).
+struct ArrivalClock {
+    arrivals: Arrivals,
+    interval_s: f64,
+    rng: rand::rngs::StdRng,
+    /// The last burst whose instant was computed, and that instant.
+    last: Option<(u64, f64)>,
+}
+
+impl ArrivalClock {
+    fn new(arrivals: Arrivals, interval_ms: f64, seed: u64) -> Self {
+        use rand::SeedableRng;
+        ArrivalClock {
+            arrivals,
+            interval_s: interval_ms / 1e3,
+            rng: rand::rngs::StdRng::seed_from_u64(seed),
+            last: None,
+        }
+    }
+
+    /// When burst `burst` arrives, s after the start. Bursts are asked for in order (the same
+    /// one again, or the next).
+    fn at(&mut self, burst: u64) -> f64 {
+        use rand::Rng;
+        let t = match (self.arrivals, self.last) {
+            (Arrivals::Periodic, _) => burst as f64 * self.interval_s,
+            (Arrivals::Poisson, Some((b, t))) if b == burst => t,
+            (Arrivals::Poisson, None) => 0.0,
+            (Arrivals::Poisson, Some((_, t))) => {
+                // 1 − U is in (0, 1]: its logarithm is finite.
+                let u: f64 = 1.0 - self.rng.gen::<f64>();
+                t - u.ln() * self.interval_s
+            }
+        };
+        self.last = Some((burst, t));
+        t
+    }
+}
+
 fn main() -> Result<()> {
     let a = Args::parse();
     let drv = a.resolve.load(None)?;
@@ -436,6 +495,7 @@ fn main() -> Result<()> {
     let mut lat = Vec::new();
     let mut e2e = Vec::new();
     let mut i = 0u64;
+    let mut clock = ArrivalClock::new(a.arrivals, a.interval_ms, a.seed);
     loop {
         if a.requests.is_some_and(|n| i >= n)
             || (a.requests.is_none() && start.elapsed().as_secs_f64() >= a.seconds)
@@ -447,7 +507,7 @@ fn main() -> Result<()> {
         // arrives when it is issued.
         let burst = i / a.burst;
         let due = if a.interval_ms > 0.0 {
-            start + Duration::from_secs_f64(burst as f64 * a.interval_ms / 1e3)
+            start + Duration::from_secs_f64(clock.at(burst))
         } else {
             Instant::now()
         };
@@ -490,4 +550,43 @@ fn main() -> Result<()> {
         percentile(&e2e_sorted, 99.0),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periodic_arrivals_are_on_the_clock() {
+        let mut c = ArrivalClock::new(Arrivals::Periodic, 3.0, 1);
+        assert_eq!(c.at(0), 0.0);
+        assert_eq!(c.at(0), 0.0);
+        assert!((c.at(1) - 0.003).abs() < 1e-12);
+        assert!((c.at(10) - 0.030).abs() < 1e-12);
+    }
+
+    #[test]
+    fn poisson_arrivals_have_the_mean_rate_and_repeat_by_seed() {
+        let instants = |seed| {
+            let mut c = ArrivalClock::new(Arrivals::Poisson, 3.0, seed);
+            (0..20_000u64).map(|b| c.at(b)).collect::<Vec<_>>()
+        };
+        let a = instants(7);
+        assert_eq!(a[0], 0.0);
+        assert!(a.windows(2).all(|w| w[1] > w[0]), "instants increase");
+        // 20 000 gaps of mean 3 ms: the mean is within 2 % (its standard error is 0.7 %).
+        let mean = a[a.len() - 1] / (a.len() - 1) as f64;
+        assert!((mean / 0.003 - 1.0).abs() < 0.02, "mean gap {mean}");
+        // Not a clock: about e⁻¹ of the gaps are longer than the mean.
+        let long = a.windows(2).filter(|w| w[1] - w[0] > 0.003).count() as f64;
+        let share = long / (a.len() - 1) as f64;
+        assert!((share - (-1.0f64).exp()).abs() < 0.02, "{share}");
+        assert_eq!(a, instants(7), "the same seed, the same instants");
+        assert_ne!(a, instants(8));
+        // A burst asked for again keeps its instant.
+        let mut c = ArrivalClock::new(Arrivals::Poisson, 3.0, 7);
+        c.at(0);
+        let t1 = c.at(1);
+        assert_eq!(c.at(1), t1);
+    }
 }
