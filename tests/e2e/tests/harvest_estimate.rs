@@ -41,7 +41,7 @@
 //! clock divides the trainer's 24 ms of host work, and the trainer's work then arrives just
 //! after a request has taken the GPU, and waits for it unseen, three times as often as chance
 //! would (docs/harvest.md, "The collision no sample sees, measured"). Its requests as a Poisson
-//! process of the same rate read 6.7–6.8 % against 6.5–6.6 % (four runs): that 2 pp check is
+//! process of the same rate read 6.7–6.8 % against 6.4–6.6 % (seven runs): that 2 pp check is
 //! asserted. Run every check with
 //! `cargo test -p smore-e2e --test harvest_estimate -- --include-ignored --nocapture`.
 //!
