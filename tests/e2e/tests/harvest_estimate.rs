@@ -37,10 +37,11 @@
 //! solo floor whose rise is paced in time (docs/harvest.md, "A solo floor that rises with time
 //! under MPS"; 2026-11-28, the final code, two runs each): beside the busy trainer 3.4 % against
 //! 4.9 % (within 2 pp), beside one function under MPS 6.5–6.6 % against 5.8–5.9 %, beside four
-//! 6.8 % against 6.0–6.1 %. The time-sliced case beside one function is phase-locked: its 3 ms
-//! clock divides the trainer's 24 ms of host work, and the trainer's work then arrives just
-//! after a request has taken the GPU, and waits for it unseen, three times as often as chance
-//! would (docs/harvest.md, "The collision no sample sees, measured"). Its requests as a Poisson
+//! 6.8 % against 6.0–6.1 %. In the time-sliced case beside one function the trainer's work
+//! mostly arrives just after a request has taken the GPU, and waits for it unseen, about three
+//! times as long as at random arrivals — most likely a phase lock: the function's 3 ms clock
+//! divides the trainer's 24 ms of host work (docs/harvest.md, "The collision no sample sees,
+//! measured"). Its requests as a Poisson
 //! process of the same rate read 6.7–6.8 % against 6.4–6.6 % (seven runs): that 2 pp check is
 //! asserted. Run every check with
 //! `cargo test -p smore-e2e --test harvest_estimate -- --include-ignored --nocapture`.
@@ -261,16 +262,17 @@ fn within_tolerance(mode: SchedMode, functions: usize) {
 }
 
 #[test]
-#[ignore = "harvest issue target not met time-sliced beside one function (docs/harvest.md): 7.9 % vs 10.0–10.7 % (2026-11-27, seven runs), 7.1 % vs 9.8–10.0 % since the estimate counts what was measured (2026-11-28, two runs), 7.1–7.2 % vs 9.2–10.0 % (seven more runs): the trainer waited 1.7–2.1 % of wall time behind a function that held the GPU before it, which no event of the function sees, three times as often as chance would because the function's 3 ms clock locks phases with the trainer's 24 ms of host work; with Poisson arrivals of the same rate +0.2 to +0.3 pp, asserted below (docs/harvest.md, \"The collision no sample sees, measured\")"]
+#[ignore = "harvest issue target not met time-sliced beside one function (docs/harvest.md): 7.9 % vs 10.0–10.7 % (2026-11-27, seven runs), 7.1 % vs 9.8–10.0 % since the estimate counts what was measured (2026-11-28, two runs), 7.1–7.2 % vs 9.2–10.0 % (seven more runs): the trainer waited 1.7–2.1 % of wall time behind a function that held the GPU before it, which no event of the function sees, about three times as long as at random arrivals, most likely because the function's 3 ms clock locks phases with the trainer's 24 ms of host work; with Poisson arrivals of the same rate +0.2 to +0.3 pp, asserted below (docs/harvest.md, \"The collision no sample sees, measured\")"]
 fn the_estimate_is_within_2_pp_beside_one_function_time_sliced() {
     within_tolerance(SchedMode::TimeSlice, 1);
 }
 
-/// How far the time-sliced estimate beside one function may be from the truth until it meets the
-/// issue's 2 pp: 4 pp. Reasoning: measured 7.9 % against 10.0–10.7 % (2.1–2.8 pp under, seven runs
-/// on two days, 2026-11-27 and CI) — collisions in which the trainer waits behind the function's
-/// running batch are not seen by the function (docs/harvest.md, "The estimate beside several
-/// functions"); a regression of the kind attribution fixed (26 % against 10 %) is far outside it.
+/// How far the time-sliced estimate beside one function on a fixed 3 ms clock may be from the
+/// truth: 4 pp. Reasoning: measured 7.9 % against 10.0–10.7 % (2.1–2.8 pp under, seven runs on two
+/// days, 2026-11-27 and CI), and 7.1–7.2 % against 9.2–10.0 % (2.1–2.9 pp under, 2026-11-28) —
+/// the trainer waits unseen behind the function's requests, and on this clock about three times
+/// as long as at random arrivals (docs/harvest.md, "The collision no sample sees, measured"); a
+/// regression of the kind attribution fixed (26 % against 10 %) is far outside it.
 const TRACKING_TIME_SLICED: f64 = 0.04;
 
 /// The estimate follows the trainer's true slowdown beside one function on a time-sliced GPU,
@@ -286,10 +288,13 @@ fn the_estimate_tracks_the_truth_beside_one_function_time_sliced() {
     );
 }
 
-/// Beside one function whose requests arrive as a Poisson process (the same mean rate as the
-/// periodic one above, 40 % of the GPU): no phase locking with the trainer, and the estimate
-/// within the harvest issue's 2 pp of the truth on a time-sliced GPU.
-fn poisson_beside_one_function_time_sliced() -> (f64, f64) {
+/// The harvest issue's 2 pp beside one function whose requests arrive as a Poisson process (the
+/// same mean rate as the periodic one above, 40 % of the GPU), on a time-sliced GPU: nothing
+/// for the function's clock to lock to the trainer's. Measured 6.7–6.8 % against 6.4–6.6 %
+/// (seven runs, 2026-11-28). Asserted, unlike the other 2 pp checks here: it has 1.7 pp of room
+/// on either side in every run, where those had 0.5–1.4 pp; a failure prints both figures.
+#[test]
+fn the_estimate_is_within_2_pp_beside_one_poisson_function_time_sliced() {
     let (est, truth) = estimate_and_truth_beside(
         Trainer::Low,
         SchedMode::TimeSlice,
@@ -304,12 +309,6 @@ fn poisson_beside_one_function_time_sliced() -> (f64, f64) {
         truth * 100.0
     );
     assert!(truth > 0.005, "the function slowed the trainer ({truth})");
-    (est, truth)
-}
-
-#[test]
-fn the_estimate_is_within_2_pp_beside_one_poisson_function_time_sliced() {
-    let (est, truth) = poisson_beside_one_function_time_sliced();
     assert!(
         (est - truth).abs() <= TOLERANCE,
         "TimeSlice, 1 function, Poisson arrivals: estimate {:.1} % vs true {:.1} %",

@@ -55,7 +55,8 @@ struct Args {
     /// not (docs/harvest.md, "The collision no sample sees, measured").
     #[arg(long, value_enum, default_value_t = Arrivals::Periodic, conflicts_with = "serve")]
     arrivals: Arrivals,
-    /// Seed of `--arrivals poisson`'s gaps (the same seed, the same arrival instants).
+    /// Seed of `--arrivals poisson`'s gaps (the same seed, the same arrival instants); unused
+    /// with `periodic`.
     #[arg(long, default_value_t = 1, conflicts_with = "serve")]
     seed: u64,
     /// Requests arriving together at each arrival instant (a batch of requests).
@@ -462,9 +463,14 @@ impl ArrivalClock {
     }
 
     /// When burst `burst` arrives, s after the start. Bursts are asked for in order (the same
-    /// one again, or the next).
+    /// one again, or the next): a Poisson clock adds one gap per new burst.
     fn at(&mut self, burst: u64) -> f64 {
         use rand::Rng;
+        debug_assert!(
+            self.last
+                .map_or(burst == 0, |(b, _)| burst == b || burst == b + 1),
+            "bursts are asked for in order"
+        );
         let t = match (self.arrivals, self.last) {
             (Arrivals::Periodic, _) => burst as f64 * self.interval_s,
             (Arrivals::Poisson, Some((b, t))) if b == burst => t,
@@ -482,6 +488,12 @@ impl ArrivalClock {
 
 fn main() -> Result<()> {
     let a = Args::parse();
+    if a.arrivals == Arrivals::Poisson && a.interval_ms <= 0.0 {
+        anyhow::bail!(
+            "--arrivals poisson needs a mean gap: give --interval-ms > 0 (0 is a closed loop, \
+             back to back, which has no arrival instants)"
+        );
+    }
     let drv = a.resolve.load(None)?;
     let s = Session::open(drv, a.resolve.device, &[("infer", a.kernel_us)])?;
     let f = s.function("infer")?;
@@ -502,8 +514,9 @@ fn main() -> Result<()> {
         {
             break;
         }
-        // Request i belongs to burst i / burst, which arrives at (i / burst) × interval (open
-        // loop: a late instance queues it). Back to back (interval 0) is a closed loop: a request
+        // Request i belongs to burst i / burst, which arrives at the clock's instant for it
+        // ((i / burst) × interval, or the Poisson process's; open loop: a late instance queues
+        // it). Back to back (interval 0) is a closed loop: a request
         // arrives when it is issued.
         let burst = i / a.burst;
         let due = if a.interval_ms > 0.0 {
@@ -560,9 +573,8 @@ mod tests {
     fn periodic_arrivals_are_on_the_clock() {
         let mut c = ArrivalClock::new(Arrivals::Periodic, 3.0, 1);
         assert_eq!(c.at(0), 0.0);
-        assert_eq!(c.at(0), 0.0);
         assert!((c.at(1) - 0.003).abs() < 1e-12);
-        assert!((c.at(10) - 0.030).abs() < 1e-12);
+        assert!((c.at(2) - 0.006).abs() < 1e-12);
     }
 
     #[test]
@@ -583,10 +595,12 @@ mod tests {
         assert!((share - (-1.0f64).exp()).abs() < 0.02, "{share}");
         assert_eq!(a, instants(7), "the same seed, the same instants");
         assert_ne!(a, instants(8));
-        // A burst asked for again keeps its instant.
+        // The requests of one burst share its instant (`--burst`), and the next burst's gap is
+        // the same one a clock asked once per burst draws.
         let mut c = ArrivalClock::new(Arrivals::Poisson, 3.0, 7);
-        c.at(0);
+        assert_eq!((c.at(0), c.at(0)), (0.0, 0.0));
         let t1 = c.at(1);
-        assert_eq!(c.at(1), t1);
+        assert_eq!((t1, c.at(1), c.at(1)), (a[1], a[1], a[1]));
+        assert_eq!(c.at(2), a[2]);
     }
 }
