@@ -47,7 +47,7 @@ pub const CONSTRAINED_AT: f64 = 0.8;
 /// Headroom over measured use given to an unconstrained function: 50 %, so a growing load is seen
 /// as constrained within one interval rather than throttled for many.
 pub const HEADROOM: f64 = 1.5;
-/// What a constrained function asks for: twice what it holds (or used, if more). Reasoning: it
+/// What a constrained function asks for: twice what it holds. Reasoning: it
 /// would use more, but how much more is unknown; doubling per interval finds any demand within a
 /// few seconds, while a claim without bound let an urgent function that could use little take
 /// budget from busy ones (measured in the demo's `busy` scenario: mobilenet, using 0.8 % of wall
@@ -146,6 +146,33 @@ pub struct ShimUsage {
 /// within 3 s.
 pub const USE_WINDOW_S: f64 = 3.0;
 
+/// How much more than the wall time since its instance began a process's reported time counters
+/// may add up to, ns: 2 s. Reasoning: a shim's counters are cumulative since its process started,
+/// which was after its instance registered, so an honest process's GPU, collision and held time
+/// each stay within that wall time; what they may run ahead is the collision bucket's horizon
+/// (`CONTENTION_HORIZON_NS`, 1 s: a charge made at a launch's admission, before the launch ran)
+/// and a launch's cost charged before it ran, which the second second covers. A report beyond it
+/// is bounded, not trusted: one report of `u64::MAX` ns had stuck the GPU's collision meter at its
+/// saturation, so that the estimate read 0 % for the GPU's life (found by review, 2026-11-28).
+pub const REPORT_SLACK_NS: u64 = 2_000_000_000;
+/// Processes per instance whose last report a ledger keeps: 64. Reasoning: a function's workers
+/// are a few processes; past this the one that reported longest ago is forgotten (should it report
+/// again, its counters count from its first report after that, within [`REPORT_SLACK_NS`] of the
+/// instance's age and the instance's own collision bound), so a function forking short-lived
+/// children that each report once cannot grow the arbiter's memory.
+pub const MAX_REPORTING_PIDS: usize = 64;
+
+/// One process's place in a [`UsageLedger`].
+#[derive(Debug, Default, Clone, Copy)]
+struct PidReport {
+    /// When its last report arrived, s.
+    at: f64,
+    /// Its last cumulative counters, as reported.
+    raw: ShimUsage,
+    /// What its reports were credited in all (each time counter bounded by the instance's age).
+    credited: ShimUsage,
+}
+
 /// What one function instance used and how its requests fared over [`USE_WINDOW_S`].
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct UseRate {
@@ -155,6 +182,9 @@ pub struct UseRate {
     pub contention_ppm: u32,
     /// Share of the window's reported requests that missed the SLO (None without requests).
     pub miss_rate: Option<f64>,
+    /// Processes whose reports added collision time over the window: each enforces the page's
+    /// budget with a bucket of its own, so the page carries the instance's part divided by them.
+    pub paying_processes: u32,
     /// Collision time per reported request over the window, ns (None without requests).
     pub collision_per_request_ns: Option<f64>,
     /// GPU time per reported request over the window (its shims' calibrated solo cost), ns
@@ -165,11 +195,23 @@ pub struct UseRate {
 /// One function instance's usage: the last cumulative report of each of its processes (workers
 /// report separately, each with its own counters), and what accrued over the last
 /// [`USE_WINDOW_S`], stamped with the time each report arrived.
+///
+/// Reports are the function's word. What a report may add is bounded by wall time: each time
+/// counter of a process by the instance's age ([`REPORT_SLACK_NS`] beyond it), and the
+/// instance's collision time across all its processes by the same (its shims share one bucket,
+/// whose rate is at most the whole of wall time).
 #[derive(Debug, Default, Clone)]
 pub struct UsageLedger {
-    last: BTreeMap<u32, ShimUsage>,
-    /// (arrival s, what the report added), oldest first.
-    added: VecDeque<(f64, ShimUsage)>,
+    last: BTreeMap<u32, PidReport>,
+    /// When the instance began, s (`None`: at its first report).
+    origin: Option<f64>,
+    /// Restored after an arbiter restart: a process's first report is its baseline, not what it
+    /// added (its counters hold its whole life before the restart).
+    restored: bool,
+    /// Collision time (paid, measured) credited across the instance's processes, ns.
+    contention_credited: (u64, u64),
+    /// (arrival s, reporting pid, what the report added), oldest first.
+    added: VecDeque<(f64, u32, ShimUsage)>,
     /// (arrival s, requests reported, of which missed the SLO), oldest first.
     requests: VecDeque<(f64, u64, u64)>,
     /// When the first report or latency of the instance arrived, s.
@@ -177,22 +219,52 @@ pub struct UsageLedger {
 }
 
 impl UsageLedger {
+    /// The ledger of an instance that began at `t` (s).
+    pub fn starting_at(t: f64) -> UsageLedger {
+        UsageLedger {
+            origin: Some(t),
+            ..UsageLedger::default()
+        }
+    }
+
+    /// The ledger of an instance restored after an arbiter restart at `t` (s): each process's
+    /// first report after it sets a baseline.
+    pub fn restored_at(t: f64) -> UsageLedger {
+        UsageLedger {
+            restored: true,
+            ..UsageLedger::starting_at(t)
+        }
+    }
+
     /// Records process `pid`'s cumulative counters, arrived at `t` (s); returns what they added.
     /// A counter that went backwards (a new process image under a recycled pid) counts from zero
     /// again. The measured collision time is taken at most the collision time paid (a shim's
     /// samples never measure more than its bucket paid, `paid + max(0, due − paid) ≥ due`; a
     /// report claiming more is bounded, as one claiming less is by its own use), and a report
     /// without it leaves the last one standing (the next that carries it counts from there).
+    /// Time counters are bounded by wall time (the type's docs).
     pub fn record(&mut self, pid: u32, mut now: ShimUsage, t: f64) -> ShimUsage {
         now.measured_contention_ns = now.measured_contention_ns.map(|m| m.min(now.contention_ns));
-        let prev = self.last.get(&pid).copied().unwrap_or_default();
+        let origin = *self.origin.get_or_insert(t);
+        // What wall time allows any one counter to have reached by now, ns.
+        let allowed = ((t - origin).max(0.0) * 1e9).min(u64::MAX as f64) as u64;
+        let allowed = allowed.saturating_add(REPORT_SLACK_NS);
+        let seen = self.last.get(&pid).copied();
+        if seen.is_none() {
+            self.make_room();
+        }
+        let baseline = seen.is_none() && self.restored;
+        let PidReport {
+            raw: prev,
+            credited,
+            ..
+        } = seen.unwrap_or_default();
         let mut kept = now;
         if kept.measured_contention_ns.is_none() {
             kept.measured_contention_ns = prev.measured_contention_ns;
         }
-        self.last.insert(pid, kept);
         let delta = |cur: u64, old: u64| if cur >= old { cur - old } else { cur };
-        let d = ShimUsage {
+        let mut d = ShimUsage {
             gpu_ns: delta(now.gpu_ns, prev.gpu_ns),
             contention_ns: delta(now.contention_ns, prev.contention_ns),
             measured_contention_ns: now
@@ -203,10 +275,74 @@ impl UsageLedger {
             turn_cut_ins: delta(now.turn_cut_ins, prev.turn_cut_ins),
             held_ns: delta(now.held_ns, prev.held_ns),
         };
+        if baseline {
+            d = ShimUsage {
+                measured_contention_ns: d.measured_contention_ns.map(|_| 0),
+                ..ShimUsage::default()
+            };
+        }
+        // Each time counter of the process within wall time; collisions within it across the
+        // instance's processes too.
+        let within = |add: u64, so_far: u64| add.min(allowed.saturating_sub(so_far));
+        d.gpu_ns = within(d.gpu_ns, credited.gpu_ns);
+        d.deferred_ns = within(d.deferred_ns, credited.deferred_ns);
+        d.turn_waited_ns = within(d.turn_waited_ns, credited.turn_waited_ns);
+        d.held_ns = within(d.held_ns, credited.held_ns);
+        d.contention_ns = within(
+            within(d.contention_ns, credited.contention_ns),
+            self.contention_credited.0,
+        );
+        d.measured_contention_ns = d.measured_contention_ns.map(|m| {
+            within(
+                within(m, credited.measured_contention_ns.unwrap_or(0)),
+                self.contention_credited.1,
+            )
+        });
+        let sum = |a: u64, b: u64| a.saturating_add(b);
+        let credited = ShimUsage {
+            gpu_ns: sum(credited.gpu_ns, d.gpu_ns),
+            contention_ns: sum(credited.contention_ns, d.contention_ns),
+            measured_contention_ns: Some(sum(
+                credited.measured_contention_ns.unwrap_or(0),
+                d.measured_contention_ns.unwrap_or(0),
+            )),
+            deferred_ns: sum(credited.deferred_ns, d.deferred_ns),
+            turn_waited_ns: sum(credited.turn_waited_ns, d.turn_waited_ns),
+            turn_cut_ins: sum(credited.turn_cut_ins, d.turn_cut_ins),
+            held_ns: sum(credited.held_ns, d.held_ns),
+        };
+        self.contention_credited.0 = sum(self.contention_credited.0, d.contention_ns);
+        self.contention_credited.1 = sum(
+            self.contention_credited.1,
+            d.measured_contention_ns.unwrap_or(0),
+        );
+        self.last.insert(
+            pid,
+            PidReport {
+                at: t,
+                raw: kept,
+                credited,
+            },
+        );
         self.first.get_or_insert(t);
-        self.added.push_back((t, d));
+        self.added.push_back((t, pid, d));
         self.forget(t);
         d
+    }
+
+    /// Forgets the process that reported longest ago once [`MAX_REPORTING_PIDS`] are kept.
+    fn make_room(&mut self) {
+        while self.last.len() >= MAX_REPORTING_PIDS {
+            let Some(oldest) = self
+                .last
+                .iter()
+                .min_by(|a, b| a.1.at.total_cmp(&b.1.at))
+                .map(|(&pid, _)| pid)
+            else {
+                return;
+            };
+            self.last.remove(&oldest);
+        }
     }
 
     /// Whether any process of the function has reported usage yet.
@@ -232,7 +368,7 @@ impl UsageLedger {
         while self
             .added
             .front()
-            .is_some_and(|&(a, _)| t - a > USE_WINDOW_S)
+            .is_some_and(|&(a, _, _)| t - a > USE_WINDOW_S)
         {
             self.added.pop_front();
         }
@@ -253,7 +389,7 @@ impl UsageLedger {
         let span = self
             .first
             .map_or(USE_WINDOW_S, |f| (t - f).clamp(1.0, USE_WINDOW_S));
-        let (g, c) = self.added.iter().fold((0u64, 0u64), |(g, c), (_, d)| {
+        let (g, c) = self.added.iter().fold((0u64, 0u64), |(g, c), (_, _, d)| {
             (
                 g.saturating_add(d.gpu_ns),
                 c.saturating_add(d.contention_ns),
@@ -268,10 +404,19 @@ impl UsageLedger {
             .requests
             .iter()
             .fold((0, 0), |(n, m), &(_, a, b)| (n + a, m + b));
+        let mut paying: Vec<u32> = self
+            .added
+            .iter()
+            .filter(|(_, _, d)| d.contention_ns > 0)
+            .map(|&(_, pid, _)| pid)
+            .collect();
+        paying.sort_unstable();
+        paying.dedup();
         UseRate {
             gpu_ppm: ppm(g),
             contention_ppm: ppm(c),
             miss_rate: (n > 0).then(|| missed as f64 / n as f64),
+            paying_processes: paying.len() as u32,
             collision_per_request_ns: (n > 0).then(|| c as f64 / n as f64),
             gpu_per_request_ns: (n > 0).then(|| g as f64 / n as f64),
         }
@@ -486,7 +631,10 @@ pub fn split(total_ppm: u32, demands: &[Demand]) -> Vec<u32> {
         .iter()
         .map(|d| {
             if d.constrained() {
-                (d.granted_ppm.max(d.used_ppm) as f64 * GROWTH).max(floor)
+                // What it holds, not what it reports using: a report is the function's word, and
+                // a use reported above the grant would otherwise claim without bound
+                // (docs/arbiter.md, threat model).
+                (d.granted_ppm as f64 * GROWTH).max(floor)
             } else {
                 (d.used_ppm as f64 * HEADROOM).max(floor)
             }
@@ -1115,6 +1263,131 @@ mod tests {
         assert!(out[0] <= 2 * 7_800 + 1, "it claims twice its use: {out:?}");
         assert!(out[1] >= 28_000 && out[2] >= 28_000, "{out:?}");
         assert!(out.iter().map(|&x| x as u64).sum::<u64>() <= total as u64);
+    }
+
+    #[test]
+    fn a_use_reported_above_the_grant_claims_no_more_than_an_honest_one() {
+        // Two constrained functions holding the same: one reports 100 × what it holds.
+        let out = split(
+            100_000,
+            &[d(10_000, 1_000_000, 1.0), d(10_000, 10_000, 1.0)],
+        );
+        assert_eq!(out[0], out[1], "{out:?}");
+    }
+
+    const S: u64 = 1_000_000_000;
+
+    fn huge() -> ShimUsage {
+        ShimUsage {
+            gpu_ns: u64::MAX,
+            contention_ns: u64::MAX,
+            measured_contention_ns: Some(u64::MAX),
+            deferred_ns: u64::MAX,
+            turn_waited_ns: u64::MAX,
+            turn_cut_ins: 3,
+            held_ns: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn a_report_adds_at_most_the_wall_time_since_the_instance_began() {
+        let mut l = UsageLedger::starting_at(10.0);
+        // A second after the instance began: the second and the slack.
+        let d = l.record(7, huge(), 11.0);
+        let most = S + REPORT_SLACK_NS;
+        assert_eq!(
+            (d.gpu_ns, d.contention_ns, d.measured_contention_ns),
+            (most, most, Some(most))
+        );
+        assert_eq!(
+            (d.deferred_ns, d.turn_waited_ns, d.held_ns),
+            (most, most, most)
+        );
+        assert_eq!(d.turn_cut_ins, 3, "a count, not time");
+        // The same counters again a second later: nothing new was reported.
+        assert_eq!(l.record(7, huge(), 12.0).gpu_ns, 0);
+        // Another process of the instance: its own time counters within the instance's age, its
+        // collisions within what the instance has left of that.
+        let d = l.record(8, huge(), 12.0);
+        assert_eq!(d.gpu_ns, 2 * S + REPORT_SLACK_NS);
+        assert_eq!(
+            d.contention_ns, S,
+            "the instance's collisions stay within wall time"
+        );
+        assert_eq!(d.measured_contention_ns, Some(S));
+        // An honest report is counted whole.
+        let mut l = UsageLedger::starting_at(0.0);
+        let u = |ms: u64| ShimUsage {
+            gpu_ns: ms * 1_000_000,
+            contention_ns: ms * 100_000,
+            ..Default::default()
+        };
+        assert_eq!(l.record(7, u(900), 1.0), u(900));
+        assert_eq!(l.record(7, u(1_800), 2.0), u(900));
+    }
+
+    #[test]
+    fn a_report_of_the_largest_counters_does_not_stick_the_slowdown_estimate() {
+        let mut l = UsageLedger::starting_at(0.0);
+        let mut m = ContentionMeter::default();
+        m.tick(0.0);
+        let d = l.record(7, huge(), 1.0);
+        m.add(d.measured_contention_ns.unwrap());
+        m.tick(1.0);
+        // The window passes; then honest collisions of 50 ms a second are seen again.
+        for s in 2..=20 {
+            m.tick(s as f64);
+        }
+        for s in 21..=32 {
+            m.add(S / 20);
+            m.tick(s as f64);
+        }
+        let c = m.fraction().unwrap();
+        assert!((c - 0.05).abs() < 1e-9, "{c}");
+    }
+
+    #[test]
+    fn after_a_restart_a_processs_first_report_is_its_baseline() {
+        let mut l = UsageLedger::restored_at(100.0);
+        let life = ShimUsage {
+            gpu_ns: 3_600 * S,
+            contention_ns: 60 * S,
+            measured_contention_ns: Some(30 * S),
+            ..Default::default()
+        };
+        let d = l.record(7, life, 101.0);
+        assert_eq!((d.gpu_ns, d.contention_ns), (0, 0));
+        assert_eq!(d.measured_contention_ns, Some(0));
+        let later = ShimUsage {
+            gpu_ns: life.gpu_ns + S / 2,
+            contention_ns: life.contention_ns + S / 20,
+            measured_contention_ns: Some(30 * S + S / 40),
+            ..Default::default()
+        };
+        let d = l.record(7, later, 102.0);
+        assert_eq!((d.gpu_ns, d.contention_ns), (S / 2, S / 20));
+        assert_eq!(d.measured_contention_ns, Some(S / 40));
+    }
+
+    #[test]
+    fn a_ledger_keeps_a_bounded_number_of_processes_and_counts_those_that_paid() {
+        let mut l = UsageLedger::starting_at(0.0);
+        let paid = |c: u64| ShimUsage {
+            gpu_ns: 10_000_000,
+            contention_ns: c,
+            ..Default::default()
+        };
+        for pid in 0..1_000u32 {
+            l.record(pid, paid(0), 1.0 + pid as f64 * 1e-4);
+        }
+        assert_eq!(l.last.len(), MAX_REPORTING_PIDS, "the oldest forgotten");
+        assert!(l.last.contains_key(&999) && !l.last.contains_key(&0));
+        let t = 2.0;
+        l.record(5_000, paid(1_000_000), t);
+        l.record(5_001, paid(2_000_000), t);
+        l.record(5_002, paid(0), t);
+        assert_eq!(l.rate(t).paying_processes, 2);
+        assert_eq!(l.rate(t + USE_WINDOW_S + 1.0).paying_processes, 0);
     }
 
     #[test]

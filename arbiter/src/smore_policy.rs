@@ -49,6 +49,12 @@ const SYNTH_TREES: usize = 24;
 /// mode: the arbiter places registrations one at a time, so the queue length is approximated by
 /// the registrations of the last second. Reasoning, not measured.
 const QUEUE_WINDOW: Duration = Duration::from_secs(1);
+/// Instances whose admission instants are kept before the map is swept: 256. Reasoning: more
+/// than a node's instances with requests in flight at once; a sweep costs one pass over the map.
+const ADMISSIONS_KEPT: usize = 256;
+/// How long an instance's last admission is remembered by a sweep: 60 s. Reasoning: the
+/// in-flight window is twice a request's solo latency (milliseconds); a minute is far past any.
+const ADMISSION_MEMORY: Duration = Duration::from_secs(60);
 /// Weights are saved after this many applied observations (and never more often).
 const SAVE_EVERY: u64 = 32;
 /// Multi-way weights are kept under `[arbiter] state_dir` as `smore-weights-<GPU type>.json`.
@@ -788,6 +794,21 @@ impl Policy for SmorePolicy {
         let admitted = exp.admitted();
         if admitted {
             self.admissions.entry(instance).or_default().push_back(now);
+        } else if self
+            .admissions
+            .get(&instance)
+            .is_some_and(VecDeque::is_empty)
+        {
+            self.admissions.remove(&instance);
+        }
+        // Released instances are never named again: forget every instance with nothing in
+        // flight once the map outgrows the GPUs' grants, so it stays as large as the instances
+        // with requests in flight (found by review, 2026-11-28: it only grew).
+        if self.admissions.len() > ADMISSIONS_KEPT {
+            self.admissions.retain(|_, q| {
+                q.back()
+                    .is_some_and(|t| now.duration_since(*t) < ADMISSION_MEMORY)
+            });
         }
         let c = exp.candidates.first();
         Admission {

@@ -33,7 +33,7 @@ use crate::turns::{self, Seat, Take};
 use smore_protocol::board::TurnBoard;
 use smore_protocol::phase;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
-use std::sync::Mutex;
+use std::sync::{Mutex, TryLockError};
 
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
 pub const CUDA_ERROR_OUT_OF_MEMORY: u32 = 2;
@@ -56,6 +56,13 @@ const UNMEASURED_POLL_NS: u64 = 20_000;
 /// accounting: 500 ms (reasoning: NVML's utilization samples are ~1/6 s apart, so a window holds
 /// ~3 of them; a few windows settle the calibration within the first seconds of a run).
 const CALIBRATION_PERIOD_NS: u64 = 500_000_000;
+
+/// A calibration window longer than this is not judged but begins anew: 5 s (10 periods).
+/// Reasoning: a process that launched nothing sampled for longer has NVML samples for the end of
+/// the gap only, and the first would be taken to cover all of it (found by review, 2026-11-28:
+/// after hours idle the sums overflowed, and a shorter gap read as a spurious 2× calibration);
+/// within 5 s the ~1/6 s samples cover the window.
+const CALIBRATION_STALE_NS: u64 = 5_000_000_000;
 
 /// Every process's NVML figures in the window `(ts0, last]` (µs), summed, as ppm of the window:
 /// each sample covers the time since the previous sample of its process (the first one, since
@@ -1164,6 +1171,9 @@ impl Runtime {
             Kind::Context
         };
         self.ledger.release(kind, ctx);
+        let mut s = self.sampler();
+        s.forget_context(primary, ctx);
+        s.recount(&self.unmeasured, &self.probing);
     }
 
     /// The turn board of grant-page slot `slot`'s GPU while this process takes turns there at
@@ -1429,9 +1439,7 @@ impl Runtime {
     fn wait_unmeasured(&self) {
         let give_up = os::now_ns().saturating_add(self.window_ns);
         loop {
-            if let Ok(mut s) = self.sampler.lock() {
-                self.harvest(&mut s);
-            }
+            self.harvest(&mut self.sampler());
             let now = os::now_ns();
             let waiting = self.unmeasured.load(Acquire) + self.probing.load(Acquire);
             if waiting == 0 || now >= give_up {
@@ -1450,9 +1458,13 @@ impl Runtime {
     ) -> u32 {
         // A first (unmeasured) launch waits for the sampler; a periodic sample never does.
         let guard = if meta.unmeasured || meta.probe {
-            self.sampler.lock().ok()
+            Some(self.sampler())
         } else {
-            self.sampler.try_lock().ok()
+            match self.sampler.try_lock() {
+                Ok(g) => Some(g),
+                Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(TryLockError::WouldBlock) => None,
+            }
         };
         let Some(mut s) = guard else {
             return call();
@@ -1473,7 +1485,8 @@ impl Runtime {
         let idle = driver::stream_idle(stream, ptsz) == Some(true);
         let submitted = os::now_ns();
         if !driver::event_record(a, stream, ptsz) {
-            s.give_back(ctx, (a, b));
+            // Not pooled again: an event the driver refuses (its context destroyed, the handle
+            // stale) would be taken again by every sample of the context (leaked, once).
             return call();
         }
         let rc = call();
@@ -1504,10 +1517,20 @@ impl Runtime {
                 paid_after,
                 stream_changes,
             });
-        } else {
+        } else if rc != 0 {
+            // The launch failed and no end was recorded: the pair is as good as new.
             s.give_back(ctx, (a, b));
         }
+        // else the end event was refused: the pair is leaked, as above.
         rc
+    }
+
+    /// The sampler, also after a panic while it was held (the guard of every hook catches the
+    /// panic; the state is a cache of samples, and the in-flight counts are recounted from it by
+    /// [`Runtime::harvest`], so a poisoned lock must not stop sampling — or leave launches
+    /// waiting a window each for a measurement no pending sample stands for).
+    fn sampler(&self) -> std::sync::MutexGuard<'_, Sampler> {
+        self.sampler.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Folds every completed sample into the cost table; a first measurement also charges what
@@ -1597,15 +1620,10 @@ impl Runtime {
                             None => s.give_back(p.ctx, (p.a, p.b)),
                         }
                     }
-                    if p.meta.unmeasured {
-                        self.unmeasured.fetch_sub(1, AcqRel);
-                    }
-                    if p.meta.probe {
-                        self.probing.fetch_sub(1, AcqRel);
-                    }
                 }
             }
         }
+        s.recount(&self.unmeasured, &self.probing);
     }
 }
 
@@ -1792,6 +1810,13 @@ impl Runtime {
             // The baseline: the first window starts once the process is running.
             return;
         };
+        if now.saturating_sub(at) > CALIBRATION_STALE_NS
+            || last.saturating_sub(ts0) > CALIBRATION_STALE_NS / 1000
+        {
+            // The process launched nothing sampled for a while: NVML keeps only its recent
+            // samples, so the first would stand for the whole gap. The window starts anew.
+            return;
+        }
         let mut prev = ts0;
         let mut measured_ns = 0u64;
         for u in &mine {
@@ -1936,6 +1961,43 @@ impl Sampler {
         (Some(wait), None)
     }
 
+    /// Sets the counts of unmeasured and probe launches in flight from the pending samples (under
+    /// the sampler's lock, where every sample is pushed and settled).
+    fn recount(&self, unmeasured: &AtomicU64, probing: &AtomicU64) {
+        let (u, p) = self.pending.iter().fold((0u64, 0u64), |(u, p), x| {
+            (
+                u + u64::from(x.meta.unmeasured),
+                p + u64::from(x.meta.probe),
+            )
+        });
+        unmeasured.store(u, Release);
+        probing.store(p, Release);
+    }
+
+    /// Forgets what it holds of a context the driver destroyed (`primary`: device `key`'s
+    /// primary context, whose handle the release does not give; else the context `key`): its
+    /// pending samples, pooled event pairs and clock reference, whose events died with it. A
+    /// new context may get the same handle, and must not be handed the old one's events. For a
+    /// primary context every context's pool and reference go (the handle is unknown): they are
+    /// rebuilt by the next samples. The events are leaked, not destroyed (their context is gone).
+    fn forget_context(&mut self, primary: bool, key: u64) {
+        let dead = |ctx: usize, dev: usize| {
+            if primary {
+                dev as u64 == key
+            } else {
+                ctx as u64 == key
+            }
+        };
+        self.pending.retain(|p| !dead(p.ctx, p.meta.dev));
+        if primary {
+            self.pools.clear();
+            self.clock_refs.clear();
+        } else {
+            self.pools.retain(|(c, _)| *c as u64 != key);
+            self.clock_refs.retain(|r| r.ctx as u64 != key);
+        }
+    }
+
     fn take_pair(&mut self, ctx: usize) -> Option<(usize, usize)> {
         if let Some((_, pool)) = self.pools.iter_mut().find(|(c, _)| *c == ctx) {
             if let Some(p) = pool.pop() {
@@ -2000,6 +2062,56 @@ impl Drop for FirstMeasurement<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pending(ctx: usize, dev: usize, unmeasured: bool, probe: bool) -> Pending {
+        Pending {
+            meta: PendingMeta {
+                key: 1,
+                dev,
+                admitted: 0,
+                charged: 0,
+                unmeasured,
+                probe,
+                without_turn: false,
+            },
+            ctx,
+            a: 10,
+            b: 11,
+            submitted: 0,
+            idle: true,
+            launched: 0,
+            not_done_at: 0,
+            stream: (0, false),
+            pushed_before: 0,
+            pushed_after: 0,
+            paid_after: 0,
+            stream_changes: 0,
+        }
+    }
+
+    #[test]
+    fn a_destroyed_context_leaves_no_events_to_reuse_and_no_launch_waiting_for_its_samples() {
+        let (unmeasured, probing) = (AtomicU64::new(0), AtomicU64::new(0));
+        let mut s = Sampler::default();
+        s.pending.push(pending(0xa000, 0, true, false));
+        s.pending.push(pending(0xb000, 1, false, true));
+        s.pools.push((0xa000, vec![(1, 2)]));
+        s.pools.push((0xb000, vec![(3, 4)]));
+        s.recount(&unmeasured, &probing);
+        assert_eq!((unmeasured.load(Acquire), probing.load(Acquire)), (1, 1));
+        // cuCtxDestroy of 0xa000: its sample, pool and reference go; 0xb000's stay.
+        s.forget_context(false, 0xa000);
+        s.recount(&unmeasured, &probing);
+        assert_eq!((unmeasured.load(Acquire), probing.load(Acquire)), (0, 1));
+        assert_eq!(s.take_pair(0xb000), Some((3, 4)));
+        assert!(s.pools.iter().all(|(c, _)| *c != 0xa000));
+        // Device 1's primary context released for the last time: its samples and every pool go.
+        s.give_back(0xb000, (3, 4));
+        s.forget_context(true, 1);
+        s.recount(&unmeasured, &probing);
+        assert_eq!(probing.load(Acquire), 0);
+        assert!(s.pending.is_empty() && s.pools.is_empty());
+    }
 
     fn util(pid: u32, ts_us: u64, sm: u32) -> driver::ProcessUtilization {
         driver::ProcessUtilization {

@@ -5,24 +5,35 @@
 //! [`LiveProcs`] over [`crate::proc`]). Must never: be consulted on a path that cannot fail
 //! softly — every fact is an `Option` (the process may vanish mid-read).
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::OnceLock;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-/// Wall-clock time in seconds since the Unix epoch.
+/// Time in seconds since the Unix epoch, never going backwards.
 pub trait Clock: Send {
     /// Now, seconds since the epoch.
     fn now(&self) -> f64;
 }
 
-/// The system clock.
+/// The system clock, stepped by the monotonic clock: the wall time when the daemon first read
+/// it, plus the monotonic time since. Every window of the state (the slowdown estimate, use and
+/// misses, request pacing, the over-use debt, escalation) is a difference of two readings, and a
+/// wall clock stepped back (NTP, an operator) would make them negative or stall them: the request
+/// pacer refused every request for as long as the step (found by review, 2026-11-28). Readings
+/// drift from the wall clock by whatever it is stepped by while the daemon runs.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> f64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0)
+        static ANCHOR: OnceLock<(f64, Instant)> = OnceLock::new();
+        let (wall, at) = ANCHOR.get_or_init(|| {
+            let wall = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            (wall, Instant::now())
+        });
+        wall + at.elapsed().as_secs_f64()
     }
 }
 

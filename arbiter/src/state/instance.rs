@@ -60,6 +60,12 @@ pub struct Instance {
     pub shim_loaded: Option<bool>,
     /// Harvest: its part of the GPU's collision budget, ppm of wall time (0: harvest off).
     pub contention_ppm: u32,
+    /// Harvest: its processes that paid collision time over the last few seconds
+    /// ([`harvest::UseRate::paying_processes`]). Each process's shim enforces the page's budget
+    /// with a bucket of its own, so the page carries `contention_ppm` divided by them: forked
+    /// workers share the instance's part rather than each taking all of it (docs/arbiter.md,
+    /// threat model).
+    pub contention_processes: u32,
     /// Harvest: what one context switch costs on its GPU, ns, as written to its page (0: free,
     /// harvest off, or an MPS GPU).
     pub switch_ns: u64,
@@ -130,6 +136,7 @@ impl Instance {
     /// An instance from its record; `page` None = detached (restored after a restart, waiting
     /// for the process to re-register). Runtime counters start at zero.
     pub fn new(rec: Record, page: Option<Arc<PageHandle>>, rule: String, now: f64) -> Instance {
+        let restored = page.is_none();
         Instance {
             rec,
             attached: page.is_some(),
@@ -149,6 +156,7 @@ impl Instance {
             sm_used_mean: None,
             shim_loaded: None,
             contention_ppm: 0,
+            contention_processes: 1,
             switch_ns: 0,
             timing_noise: TimingNoise::NONE,
             contention_used_ppm: 0,
@@ -162,7 +170,13 @@ impl Instance {
             turn_waited_ns: 0,
             turn_cut_ins: 0,
             turn_seat: None,
-            usage: UsageLedger::default(),
+            // A restored instance's processes report counters that span the restart: their first
+            // report is a baseline (docs/arbiter.md, threat model).
+            usage: if restored {
+                UsageLedger::restored_at(now)
+            } else {
+                UsageLedger::starting_at(now)
+            },
             pacer: RequestPacer::default(),
             latencies: VecDeque::new(),
             escalation: Default::default(),
@@ -286,6 +300,15 @@ impl Instance {
         p.page().set_turn_key(self.rec.slot as usize, key);
     }
 
+    /// The collision budget each of its processes' shims enforces, ppm: its part divided among
+    /// the processes that pay from it (0 stays 0: harvest off; a part stays at least 1 ppm).
+    pub fn page_contention(&self) -> u32 {
+        match self.contention_ppm {
+            0 => 0,
+            ppm => (ppm / self.contention_processes.max(1)).max(1),
+        }
+    }
+
     /// Writes the grant (cap and share) into its slot; other slots get no memory.
     pub fn write_page(&self) {
         if let Some(p) = &self.page {
@@ -294,8 +317,9 @@ impl Instance {
                 if d as u32 == self.rec.slot {
                     // The budget first: a raw share of 100 with no budget yet would be a moment
                     // of no gating at all.
-                    if page.contention(d) != self.contention_ppm {
-                        page.set_contention(d, self.contention_ppm);
+                    let ppm = self.page_contention();
+                    if page.contention(d) != ppm {
+                        page.set_contention(d, ppm);
                     }
                     page.set_switch(d, self.switch_ns);
                     page.set_timing_noise(d, self.timing_noise);

@@ -1302,6 +1302,13 @@ impl State {
             i.gpu_per_request_ns = r.gpu_per_request_ns;
             i.contention_used_ppm = r.contention_ppm;
             i.gpu_used_ppm = r.gpu_ppm;
+            let paying = r.paying_processes.max(1);
+            if i.contention_processes != paying {
+                // Each process's bucket enforces the page's budget: the page carries the part
+                // divided among the processes paying from it (docs/arbiter.md, threat model).
+                i.contention_processes = paying;
+                i.write_page();
+            }
         }
         self.attribute_collisions();
         let observe = self.rounds.is_multiple_of(OBSERVE_EVERY);
@@ -2517,6 +2524,46 @@ mod tests {
             let f = &s.snapshot()["gpus"][0]["functions"][0];
             assert!(f["contention_used_ppm"].as_u64().unwrap() > 40_000, "{f}");
         }
+    }
+
+    #[test]
+    fn the_processes_paying_from_a_budget_share_it_on_the_page() {
+        // Each process's shim enforces the page's budget with a bucket of its own: two forked
+        // workers that both pay collision time get half each, and the whole again once one
+        // stops paying.
+        let mut s = harvest_state();
+        let clock = facts::fake::FakeClock::default();
+        s.clock = Box::new(clock.clone());
+        let (g, page) = s.register(me(), args(1 << 30)).unwrap();
+        let worker = me().pid + 1;
+        let paid = |sec: u64| ShimUsage {
+            gpu_ns: sec * 100_000_000,
+            contention_ns: sec * 10_000_000,
+            ..Default::default()
+        };
+        let step = |s: &mut State| {
+            for _ in 0..HARVEST_EVERY {
+                s.reconcile(&[(g.gpu_index, training_sample(60, &[]))]);
+            }
+            clock.advance(1.0);
+        };
+        step(&mut s);
+        for sec in 1..=3 {
+            s.report_usage(g.instance, me().pid, paid(sec));
+            s.report_usage(g.instance, worker, paid(sec));
+            step(&mut s);
+        }
+        let whole = s.instances[&g.instance].contention_ppm;
+        assert_eq!(s.instances[&g.instance].contention_processes, 2);
+        assert_eq!(page.page().contention(0), whole / 2, "half each");
+        // The worker stops paying (it exited): after the use window the other has it all.
+        for sec in 4..=8 {
+            s.report_usage(g.instance, me().pid, paid(sec));
+            step(&mut s);
+        }
+        let whole = s.instances[&g.instance].contention_ppm;
+        assert_eq!(s.instances[&g.instance].contention_processes, 1);
+        assert_eq!(page.page().contention(0), whole);
     }
 
     /// A harvesting state on a fake clock with one function of a 20 ms SLO that served 20
