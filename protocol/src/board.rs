@@ -33,7 +33,7 @@ pub const ENV_BOARD_FD: &str = "SMORE_BOARD_FD";
 /// `b"SMOREBRD"` — identifies a turn board (checked after mmap).
 pub const BOARD_MAGIC: u64 = 0x4452_4245_524f_4d53;
 /// Layout version of [`TurnBoard`].
-pub const BOARD_VERSION: u32 = 2;
+pub const BOARD_VERSION: u32 = 3;
 /// Functions that can take turns on one GPU: 64. Reasoning: a GPU runs a handful of function
 /// instances; one registered when every seat is taken runs without turns (as without a board),
 /// its waits behind the others charged as collisions: the trainer's side.
@@ -77,9 +77,10 @@ pub struct TurnBoard {
     pub enabled: AtomicU32,
     /// Zero.
     pub reserved: AtomicU64,
-    /// The turn: the holder's member index + 1 in the top 16 bits (0 = none), and the end of its
-    /// lease in µs of CLOCK_MONOTONIC in the low 48 bits (8.9 years of uptime). One word, so
-    /// that taking and extending a turn is one compare-and-swap.
+    /// The turn: the holder's member index + 1 in bits 48–54 (0 = none), the holding process's
+    /// tag ([`process_tag`]) in bits 55–63, and the end of its lease in µs of CLOCK_MONOTONIC in
+    /// the low 48 bits (8.9 years of uptime). One word, so that taking and extending a turn is
+    /// one compare-and-swap.
     pub turn: AtomicU64,
     /// The members.
     pub members: [Member; BOARD_MEMBERS],
@@ -112,15 +113,39 @@ pub fn split_phase(word: u64) -> Option<(u64, bool)> {
     (at != 0).then_some((at, word & 1 == 1))
 }
 
-/// The turn word of member `holder` (an index below [`BOARD_MEMBERS`]) leased until `until_us`.
-pub fn turn_word(holder: usize, until_us: u64) -> u64 {
-    ((holder as u64 + 1) << LEASE_BITS) | (until_us & LEASE_MASK)
+/// Bits of the turn word's holder field that name the member (its index + 1): 7.
+const MEMBER_BITS: u32 = 7;
+const MEMBER_MASK: u64 = (1 << MEMBER_BITS) - 1;
+const _: () = assert!(BOARD_MEMBERS < (1 << MEMBER_BITS));
+/// Bits of the turn word that name the holding process among its function's ([`process_tag`]).
+const TAG_BITS: u32 = 64 - LEASE_BITS - MEMBER_BITS;
+
+/// A process's tag in the turn word: 1 + its pid modulo 511 (9 bits). The seat is the
+/// function's, shared by all its processes; the tag tells which of them holds the turn, so that
+/// a function's worker processes take turns with each other as with other functions (two
+/// processes of one function on a time-sliced GPU wait for each other's slices, and each shim
+/// would charge that as a collision with training). Two processes of one function whose pids
+/// agree modulo 511 share a tag and interleave as without it.
+pub fn process_tag(pid: u32) -> u16 {
+    (pid % ((1 << TAG_BITS) - 1)) as u16 + 1
+}
+
+/// The turn word of member `holder` (an index below [`BOARD_MEMBERS`]), process `tag` of its
+/// function ([`process_tag`]), leased until `until_us`.
+pub fn turn_word(holder: usize, tag: u16, until_us: u64) -> u64 {
+    let tag = u64::from(tag) & ((1 << TAG_BITS) - 1);
+    (((tag << MEMBER_BITS) | (holder as u64 + 1)) << LEASE_BITS) | (until_us & LEASE_MASK)
 }
 
 /// A turn word's holder (member index) and lease end (µs); no holder for a word of none.
 pub fn split_turn(word: u64) -> (Option<usize>, u64) {
-    let h = (word >> LEASE_BITS) as usize;
+    let h = ((word >> LEASE_BITS) & MEMBER_MASK) as usize;
     (h.checked_sub(1), word & LEASE_MASK)
+}
+
+/// A turn word's holding process tag ([`process_tag`]; 0 for a word of none).
+pub fn turn_tag(word: u64) -> u16 {
+    (word >> (LEASE_BITS + MEMBER_BITS)) as u16
 }
 
 impl TurnBoard {
@@ -200,12 +225,22 @@ mod tests {
     }
 
     #[test]
-    fn a_turn_word_carries_its_holder_and_lease() {
+    fn a_turn_word_carries_its_holder_process_and_lease() {
         assert_eq!(split_turn(0), (None, 0));
-        let w = turn_word(0, 1234);
+        assert_eq!(turn_tag(0), 0);
+        let w = turn_word(0, 1, 1234);
         assert_eq!(split_turn(w), (Some(0), 1234));
-        let w = turn_word(BOARD_MEMBERS - 1, LEASE_MASK + 5);
+        assert_eq!(turn_tag(w), 1);
+        let tag = process_tag(u32::MAX);
+        let w = turn_word(BOARD_MEMBERS - 1, tag, LEASE_MASK + 5);
         assert_eq!(split_turn(w), (Some(BOARD_MEMBERS - 1), 4));
+        assert_eq!(turn_tag(w), tag);
+        // Every pid has a tag of 1..=511: never 0 (no holder), never wider than its bits.
+        for pid in [0, 1, 510, 511, 512, 4_194_304, u32::MAX] {
+            let t = process_tag(pid);
+            assert!((1..=511).contains(&t), "{pid}: {t}");
+        }
+        assert_ne!(process_tag(100), process_tag(101));
     }
 
     #[test]

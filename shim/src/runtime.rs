@@ -30,7 +30,7 @@ use crate::shared_ledger::FirstContext;
 use crate::sys::{driver, os};
 use crate::trace::{self, SampleTrace};
 use crate::turns::{self, Seat, Take};
-use smore_protocol::board::TurnBoard;
+use smore_protocol::board::{process_tag, TurnBoard};
 use smore_protocol::phase;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::{Mutex, TryLockError};
@@ -468,7 +468,7 @@ fn set_board(
 ) {
     let seat = board
         .zip(page.turn_seat(slot))
-        .and_then(|(b, member)| Seat::new(b, member, slot));
+        .and_then(|(b, member)| Seat::new(b, member, process_tag(os::pid()), slot));
     match seat {
         Some(seat) => turns.set(Box::leak(Box::new(Some(seat)))),
         None => {

@@ -8,9 +8,12 @@
 //! instead of one after the other. With turns, the waits a shim measures are mostly behind
 //! training (or a process outside smore).
 //!
-//! A turn is a lease on the board's one turn word: the holder's seat and until when (µs). Seats
-//! are the arbiter's: one per instance, in the grant page (`DeviceGrant::turn_seat`), so every
-//! process of a function takes turns as that function. A launch of the holder extends the lease
+//! A turn is a lease on the board's one turn word: the holder's seat, which of its function's
+//! processes holds it (a tag of its pid), and until when (µs). Seats are the arbiter's: one per
+//! instance, in the grant page (`DeviceGrant::turn_seat`), so every process of a function stands
+//! in line as that function; its worker processes take the turn from each other like functions
+//! do (a function's line is its seat's, and a worker waiting on it counts as waiting for the
+//! holder's [`TURN_MAX_NS`]). A launch of the holder extends the lease
 //! to the end of its queued work ([`crate::harvest::Backlog`]) plus [`TURN_GAP_NS`] — the host
 //! time between one request's launches — so a turn lasts while its holder keeps work on the GPU
 //! and lapses soon after (no synchronization is hooked). Another function's launch waits, on the
@@ -34,7 +37,7 @@
 //! is one load and at most one compare-and-swap); leave a launch waiting longer than
 //! [`MAX_WAIT_NS`].
 
-use smore_protocol::board::{split_turn, turn_word, TurnBoard, BOARD_MEMBERS};
+use smore_protocol::board::{split_turn, turn_tag, turn_word, TurnBoard, BOARD_MEMBERS};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
 
@@ -166,6 +169,11 @@ impl Urgency {
 pub struct Seat<'a> {
     board: &'a TurnBoard,
     member: usize,
+    /// This process among its function's ([`smore_protocol::board::process_tag`]).
+    tag: u16,
+    /// The key this process last stood in the seat's line with (0: not in line): a key there
+    /// that is not this is another process's of the function ([`Seat::worker_ahead`]).
+    in_line: AtomicU64,
     slot: usize,
     /// When this process last took the turn, or last found no one waiting while it held it (ns).
     taken_at: AtomicU64,
@@ -180,12 +188,15 @@ fn us(ns: u64) -> u64 {
 }
 
 impl<'a> Seat<'a> {
-    /// The seat `member` (the grant page's `turn_seat`) on `board`, for grant-page slot `slot`;
-    /// none for a seat beyond the board.
-    pub fn new(board: &'a TurnBoard, member: usize, slot: usize) -> Option<Seat<'a>> {
+    /// The seat `member` (the grant page's `turn_seat`) on `board` for the process of `tag`
+    /// ([`smore_protocol::board::process_tag`]), for grant-page slot `slot`; none for a seat
+    /// beyond the board.
+    pub fn new(board: &'a TurnBoard, member: usize, tag: u16, slot: usize) -> Option<Seat<'a>> {
         (member < BOARD_MEMBERS).then(|| Seat {
             board,
             member,
+            tag,
+            in_line: AtomicU64::new(0),
             slot,
             taken_at: AtomicU64::new(0),
             skip_until: AtomicU64::new(0),
@@ -246,13 +257,16 @@ impl<'a> Seat<'a> {
         let mut word = self.board.turn.load(Acquire);
         for _ in 0..CAS_TRIES {
             let (holder, until) = split_turn(word);
+            let mine = holder == Some(self.member) && turn_tag(word) == self.tag;
             let honoured = until > now_us && until <= now_us + us(MAX_LEASE_NS);
-            if holder == Some(self.member) && honoured {
-                // Another thread of the function may have stood in line meanwhile.
+            if mine && honoured {
+                // Held past TURN_MAX_NS while another waits (another function, or a worker of
+                // this one in the seat's line): never extended again, and cut to the gap, so the
+                // turn passes within it.
+                let overstayed = self.overstayed(now);
+                // Another thread of the process may have stood in line meanwhile.
                 self.leave_line();
-                // Held past TURN_MAX_NS while another waits: never extended again, and cut to
-                // the gap, so the turn passes within it.
-                let target = if self.overstayed(now) {
+                let target = if overstayed {
                     until.min(us(now.saturating_add(TURN_GAP_NS)))
                 } else {
                     lease.max(until)
@@ -262,7 +276,7 @@ impl<'a> Seat<'a> {
                 }
                 match self.board.turn.compare_exchange_weak(
                     word,
-                    turn_word(self.member, target),
+                    turn_word(self.member, self.tag, target),
                     SeqCst,
                     Acquire,
                 ) {
@@ -282,16 +296,16 @@ impl<'a> Seat<'a> {
             // Free (no holder, a lease that ran out, or one not honoured): the first in line
             // takes it — but not the holder whose turn just ended for overstaying, whatever its
             // key: its waiters go first.
-            if holder == Some(self.member) && self.overstayed(now) {
+            if mine && self.overstayed(now) {
                 return Take::WaitUntil(now + RECHECK_NS.min(TURN_GAP_NS));
             }
-            if self.someone_ahead(now, key) {
+            if self.someone_ahead(now, key) || self.worker_ahead(now, key) {
                 self.stand_in_line(now, key);
                 return Take::WaitUntil(now + RECHECK_NS.min(TURN_GAP_NS));
             }
             match self.board.turn.compare_exchange_weak(
                 word,
-                turn_word(self.member, lease),
+                turn_word(self.member, self.tag, lease),
                 SeqCst,
                 Acquire,
             ) {
@@ -336,6 +350,7 @@ impl<'a> Seat<'a> {
 
     #[inline]
     fn leave_line(&self) {
+        self.in_line.store(0, Relaxed);
         let m = &self.board.members[self.member];
         if m.key.load(Relaxed) != 0 {
             m.key.store(0, SeqCst);
@@ -346,6 +361,7 @@ impl<'a> Seat<'a> {
         let m = &self.board.members[self.member];
         // Seen first: a waiter is never live with another's stale time.
         m.seen_ns.store(now, SeqCst);
+        self.in_line.store(key, Relaxed);
         if m.key.load(Relaxed) != key {
             m.key.store(key, SeqCst);
         }
@@ -369,15 +385,29 @@ impl<'a> Seat<'a> {
         })
     }
 
-    /// Whether this process has held the turn past [`TURN_MAX_NS`] while a live function waits
-    /// (any: a holder that keeps the GPU this long yields whatever the keys). A holder that finds
-    /// no one waiting starts its count again, so the seats are scanned at most once per
-    /// [`TURN_MAX_NS`] while it holds the turn.
+    /// Whether another process of this function stands in the seat's line before `key`: the
+    /// seat's key is set by a live waiter, smaller, and not the key this process stood with (a
+    /// key another thread of this process stood with counts too: the same function's work goes
+    /// first either way).
+    fn worker_ahead(&self, now: u64, key: u64) -> bool {
+        let m = &self.board.members[self.member];
+        let k = m.key.load(SeqCst);
+        if k == 0 || k >= key || k == self.in_line.load(Relaxed) {
+            return false;
+        }
+        let seen = m.seen_ns.load(SeqCst);
+        seen <= now.saturating_add(RECHECK_NS) && seen.saturating_add(WAITER_STALE_NS) >= now
+    }
+
+    /// Whether this process has held the turn past [`TURN_MAX_NS`] while a live function waits,
+    /// or another process of its own (any: a holder that keeps the GPU this long yields whatever
+    /// the keys). A holder that finds no one waiting starts its count again, so the seats are
+    /// scanned at most once per [`TURN_MAX_NS`] while it holds the turn.
     fn overstayed(&self, now: u64) -> bool {
         if now.saturating_sub(self.taken_at.load(Relaxed)) <= TURN_MAX_NS {
             return false;
         }
-        if self.someone_ahead(now, u64::MAX) {
+        if self.someone_ahead(now, u64::MAX) || self.worker_ahead(now, u64::MAX) {
             return true;
         }
         self.taken_at.store(now, Relaxed);
@@ -400,7 +430,7 @@ mod tests {
     }
 
     fn seat(b: &'static TurnBoard, member: usize) -> Seat<'static> {
-        Seat::new(b, member, 0).unwrap()
+        Seat::new(b, member, 1, 0).unwrap()
     }
 
     #[test]
@@ -431,7 +461,7 @@ mod tests {
             Take::WaitUntil(_)
         ));
         assert!(
-            Seat::new(b, BOARD_MEMBERS, 0).is_none(),
+            Seat::new(b, BOARD_MEMBERS, 1, 0).is_none(),
             "no seat beyond the board"
         );
     }
@@ -517,7 +547,8 @@ mod tests {
         let (c, d) = (seat(b, 0), seat(b, 1));
         let t0 = 1_000 * MS;
         // A lease an hour ahead is not honoured; a holder's own lease is capped.
-        b.turn.store(turn_word(5, us(t0 + 3_600_000 * MS)), SeqCst);
+        b.turn
+            .store(turn_word(5, 1, us(t0 + 3_600_000 * MS)), SeqCst);
         assert_eq!(c.try_take(t0, t0 + 3_600_000 * MS, t0, None), Take::Go);
         let (_, until) = split_turn(b.turn.load(SeqCst));
         assert!(until <= us(t0 + MAX_LEASE_NS));
@@ -648,6 +679,55 @@ mod tests {
         let free = lease_end + 1_000;
         assert_eq!(w.try_take(free, free + MS, due, urgent), Take::Go);
         assert_eq!(h.holder(), Some(1));
+    }
+
+    #[test]
+    fn the_worker_processes_of_one_function_take_turns_with_each_other() {
+        let b = board();
+        // Two processes of the function seated at 2 (tags 7 and 8).
+        let a = Seat::new(b, 2, 7, 0).unwrap();
+        let w = Seat::new(b, 2, 8, 0).unwrap();
+        let t0 = 1_000 * MS;
+        assert_eq!(a.try_take(t0, t0 + 2 * MS, t0 + 50 * MS, None), Take::Go);
+        // The sibling waits for the holder's lease like another function would.
+        let t = t0 + 100;
+        assert!(matches!(
+            w.try_take(t, t + MS, t0 + 40 * MS, None),
+            Take::WaitUntil(_)
+        ));
+        assert_eq!(
+            b.members[2].key.load(SeqCst),
+            t0 + 40 * MS,
+            "in its seat's line"
+        );
+        // Once the lease lapses the holder does not take it back over the sibling in line
+        // (an earlier deadline), and the sibling takes it.
+        let free = t0 + 2 * MS + TURN_GAP_NS + 1_000;
+        assert!(matches!(
+            a.try_take(free, free + MS, t0 + 50 * MS, None),
+            Take::WaitUntil(_)
+        ));
+        assert_eq!(w.try_take(free, free + MS, t0 + 40 * MS, None), Take::Go);
+        assert_eq!(a.holder(), Some(2));
+        assert_eq!(turn_tag(b.turn.load(SeqCst)), 8);
+        // A holder that keeps the GPU past TURN_MAX_NS yields to a waiting sibling too.
+        let mut t = free;
+        let mut passed = false;
+        while t < free + TURN_MAX_NS + 10 * MS {
+            t += MS;
+            // The holder (tag 8) keeps launching; the other (tag 7) stands in line.
+            let _ = a.try_take(t, t + MS, t0 + 30 * MS, None);
+            if w.try_take(t, t + MS, t0 + 40 * MS, None) != Take::Go {
+                passed = true;
+                break;
+            }
+        }
+        assert!(passed, "the turn passed to the waiting sibling");
+        assert!(
+            t <= free + TURN_MAX_NS + MS + TURN_GAP_NS + MS,
+            "{}",
+            t - free
+        );
     }
 
     #[test]
