@@ -146,21 +146,55 @@ pub struct ShimUsage {
 /// within 3 s.
 pub const USE_WINDOW_S: f64 = 3.0;
 
-/// How much more than the wall time since its instance began a process's reported time counters
-/// may add up to, ns: 2 s. Reasoning: a shim's counters are cumulative since its process started,
-/// which was after its instance registered, so an honest process's GPU, collision and held time
-/// each stay within that wall time; what they may run ahead is the collision bucket's horizon
+/// How far a process's reported collision time may run ahead of wall time, ns: 2 s. Reasoning:
+/// a shim's collision counters grow at most as fast as wall time (a launch collides for at most
+/// its own run time), and may run ahead of it by the collision bucket's horizon
 /// (`CONTENTION_HORIZON_NS`, 1 s: a charge made at a launch's admission, before the launch ran)
-/// and a launch's cost charged before it ran, which the second second covers. A report beyond it
-/// is bounded, not trusted: one report of `u64::MAX` ns had stuck the GPU's collision meter at its
+/// and a report's lateness, which the second second covers. What a report adds beyond that is
+/// bounded, not trusted: one report of `u64::MAX` ns had stuck the GPU's collision meter at its
 /// saturation, so that the estimate read 0 % for the GPU's life (found by review, 2026-11-28).
 pub const REPORT_SLACK_NS: u64 = 2_000_000_000;
+/// How fast a process's reported GPU time may grow, × wall time: 4. Reasoning: kernels of one
+/// process on several streams run at once on a real GPU (and under MPS), so an honest estimate
+/// of GPU time can pass wall time; a bound there only keeps a report from being unbounded.
+pub const GPU_TIME_RATE: f64 = 4.0;
 /// Processes per instance whose last report a ledger keeps: 64. Reasoning: a function's workers
 /// are a few processes; past this the one that reported longest ago is forgotten (should it report
-/// again, its counters count from its first report after that, within [`REPORT_SLACK_NS`] of the
-/// instance's age and the instance's own collision bound), so a function forking short-lived
-/// children that each report once cannot grow the arbiter's memory.
+/// again, its counters count from its first report after that, within its new allowance and the
+/// instance's), so a function forking short-lived children that each report once cannot grow the
+/// arbiter's memory.
 pub const MAX_REPORTING_PIDS: usize = 64;
+/// Reports a ledger keeps for its use window: 1 024. Reasoning: 64 processes reporting about
+/// once a second fill 3 s with under 200; past this a report is merged into the newest entry, so a
+/// function flooding the arbiter with reports cannot grow its memory (its own count of paying
+/// processes may then read low: its budget per process only rises).
+const MAX_WINDOW_REPORTS: usize = 1_024;
+
+/// How much time a report may still add: refilled at a rate of wall time up to a cap, taken by
+/// what reports add (a token bucket, ns).
+#[derive(Debug, Default, Clone, Copy)]
+struct Allowance {
+    ns: f64,
+    at: f64,
+}
+
+impl Allowance {
+    /// An allowance at `t` of `ns`.
+    fn at(t: f64, ns: f64) -> Allowance {
+        Allowance { ns, at: t }
+    }
+
+    /// Takes up to `want` ns at `t`: refilled first by `rate` × the wall time since the last
+    /// take, up to `cap` (an allowance above the cap, a new process's, is not cut to it).
+    fn take(&mut self, t: f64, want: u64, rate: f64, cap: f64) -> u64 {
+        let refill = (t - self.at).max(0.0) * 1e9 * rate;
+        self.ns = (self.ns + refill).min(cap.max(self.ns));
+        self.at = self.at.max(t);
+        let got = (want as f64).min(self.ns).max(0.0);
+        self.ns -= got;
+        got as u64
+    }
+}
 
 /// One process's place in a [`UsageLedger`].
 #[derive(Debug, Default, Clone, Copy)]
@@ -169,8 +203,8 @@ struct PidReport {
     at: f64,
     /// Its last cumulative counters, as reported.
     raw: ShimUsage,
-    /// What its reports were credited in all (each time counter bounded by the instance's age).
-    credited: ShimUsage,
+    /// What its GPU, collision (paid) and measured collision time may still add.
+    allow: [Allowance; 3],
 }
 
 /// What one function instance used and how its requests fared over [`USE_WINDOW_S`].
@@ -196,10 +230,14 @@ pub struct UseRate {
 /// report separately, each with its own counters), and what accrued over the last
 /// [`USE_WINDOW_S`], stamped with the time each report arrived.
 ///
-/// Reports are the function's word. What a report may add is bounded by wall time: each time
-/// counter of a process by the instance's age ([`REPORT_SLACK_NS`] beyond it), and the
-/// instance's collision time across all its processes by the same (its shims share one bucket,
-/// whose rate is at most the whole of wall time).
+/// Reports are the function's word. What a report may add to the figures the budget and the
+/// estimate read is bounded by wall time: a process's collision time (paid and measured) grows
+/// at most at wall time's rate, [`REPORT_SLACK_NS`] ahead of it, its GPU time at
+/// [`GPU_TIME_RATE`] × wall time, and the instance's collision time across its processes at wall
+/// time's rate too; a new process's first report may cover the time since its instance began
+/// (its counters are cumulative since it started). The display counters (held, deferred, turn
+/// waits and cut-ins: summed over a process's threads, so they may pass wall time) are not
+/// bounded; they move nothing but the function's own status.
 #[derive(Debug, Default, Clone)]
 pub struct UsageLedger {
     last: BTreeMap<u32, PidReport>,
@@ -208,8 +246,8 @@ pub struct UsageLedger {
     /// Restored after an arbiter restart: a process's first report is its baseline, not what it
     /// added (its counters hold its whole life before the restart).
     restored: bool,
-    /// Collision time (paid, measured) credited across the instance's processes, ns.
-    contention_credited: (u64, u64),
+    /// What the instance's collision time (paid, measured) across its processes may still add.
+    contention_allow: [Allowance; 2],
     /// (arrival s, reporting pid, what the report added), oldest first.
     added: VecDeque<(f64, u32, ShimUsage)>,
     /// (arrival s, requests reported, of which missed the SLO), oldest first.
@@ -246,9 +284,11 @@ impl UsageLedger {
     pub fn record(&mut self, pid: u32, mut now: ShimUsage, t: f64) -> ShimUsage {
         now.measured_contention_ns = now.measured_contention_ns.map(|m| m.min(now.contention_ns));
         let origin = *self.origin.get_or_insert(t);
-        // What wall time allows any one counter to have reached by now, ns.
-        let allowed = ((t - origin).max(0.0) * 1e9).min(u64::MAX as f64) as u64;
-        let allowed = allowed.saturating_add(REPORT_SLACK_NS);
+        let slack = REPORT_SLACK_NS as f64;
+        let age = (t - origin).max(0.0) * 1e9;
+        if self.last.is_empty() && self.contention_allow[0].at == 0.0 {
+            self.contention_allow = [Allowance::at(origin, slack); 2];
+        }
         let seen = self.last.get(&pid).copied();
         if seen.is_none() {
             self.make_room();
@@ -256,9 +296,17 @@ impl UsageLedger {
         let baseline = seen.is_none() && self.restored;
         let PidReport {
             raw: prev,
-            credited,
+            mut allow,
             ..
-        } = seen.unwrap_or_default();
+        } = seen.unwrap_or(PidReport {
+            // A new process: its counters since it started, within the instance's age.
+            allow: [
+                Allowance::at(t, age * GPU_TIME_RATE + slack),
+                Allowance::at(t, age + slack),
+                Allowance::at(t, age + slack),
+            ],
+            ..PidReport::default()
+        });
         let mut kept = now;
         if kept.measured_contention_ns.is_none() {
             kept.measured_contention_ns = prev.measured_contention_ns;
@@ -281,51 +329,41 @@ impl UsageLedger {
                 ..ShimUsage::default()
             };
         }
-        // Each time counter of the process within wall time; collisions within it across the
-        // instance's processes too.
-        let within = |add: u64, so_far: u64| add.min(allowed.saturating_sub(so_far));
-        d.gpu_ns = within(d.gpu_ns, credited.gpu_ns);
-        d.deferred_ns = within(d.deferred_ns, credited.deferred_ns);
-        d.turn_waited_ns = within(d.turn_waited_ns, credited.turn_waited_ns);
-        d.held_ns = within(d.held_ns, credited.held_ns);
-        d.contention_ns = within(
-            within(d.contention_ns, credited.contention_ns),
-            self.contention_credited.0,
-        );
+        // The figures the budget and the estimate read, within what wall time allows: the
+        // process's, then (collisions) the instance's.
+        d.gpu_ns = allow[0].take(t, d.gpu_ns, GPU_TIME_RATE, GPU_TIME_RATE * slack);
+        let paid = allow[1].take(t, d.contention_ns, 1.0, slack);
+        d.contention_ns = self.contention_allow[0].take(t, paid, 1.0, slack);
         d.measured_contention_ns = d.measured_contention_ns.map(|m| {
-            within(
-                within(m, credited.measured_contention_ns.unwrap_or(0)),
-                self.contention_credited.1,
-            )
+            let m = allow[2].take(t, m, 1.0, slack);
+            self.contention_allow[1].take(t, m, 1.0, slack)
         });
-        let sum = |a: u64, b: u64| a.saturating_add(b);
-        let credited = ShimUsage {
-            gpu_ns: sum(credited.gpu_ns, d.gpu_ns),
-            contention_ns: sum(credited.contention_ns, d.contention_ns),
-            measured_contention_ns: Some(sum(
-                credited.measured_contention_ns.unwrap_or(0),
-                d.measured_contention_ns.unwrap_or(0),
-            )),
-            deferred_ns: sum(credited.deferred_ns, d.deferred_ns),
-            turn_waited_ns: sum(credited.turn_waited_ns, d.turn_waited_ns),
-            turn_cut_ins: sum(credited.turn_cut_ins, d.turn_cut_ins),
-            held_ns: sum(credited.held_ns, d.held_ns),
-        };
-        self.contention_credited.0 = sum(self.contention_credited.0, d.contention_ns);
-        self.contention_credited.1 = sum(
-            self.contention_credited.1,
-            d.measured_contention_ns.unwrap_or(0),
-        );
         self.last.insert(
             pid,
             PidReport {
                 at: t,
                 raw: kept,
-                credited,
+                allow,
             },
         );
         self.first.get_or_insert(t);
-        self.added.push_back((t, pid, d));
+        let full = self.added.len() >= MAX_WINDOW_REPORTS;
+        match self.added.back_mut() {
+            Some((_, _, last)) if full => {
+                let sum = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+                sum(&mut last.gpu_ns, d.gpu_ns);
+                sum(&mut last.contention_ns, d.contention_ns);
+                if let Some(m) = d.measured_contention_ns {
+                    let lm = last.measured_contention_ns.get_or_insert(0);
+                    *lm = lm.saturating_add(m);
+                }
+                sum(&mut last.deferred_ns, d.deferred_ns);
+                sum(&mut last.turn_waited_ns, d.turn_waited_ns);
+                sum(&mut last.turn_cut_ins, d.turn_cut_ins);
+                sum(&mut last.held_ns, d.held_ns);
+            }
+            _ => self.added.push_back((t, pid, d)),
+        }
         self.forget(t);
         d
     }
@@ -1290,29 +1328,33 @@ mod tests {
     }
 
     #[test]
-    fn a_report_adds_at_most_the_wall_time_since_the_instance_began() {
+    fn a_report_adds_at_most_what_wall_time_allows() {
         let mut l = UsageLedger::starting_at(10.0);
-        // A second after the instance began: the second and the slack.
+        // A second after the instance began: its GPU time up to 4 × the second and the slack,
+        // its collisions up to the instance's allowance (the slack, refilled at wall time's rate
+        // and capped at it).
         let d = l.record(7, huge(), 11.0);
-        let most = S + REPORT_SLACK_NS;
+        let slack = REPORT_SLACK_NS;
+        assert_eq!(d.gpu_ns, 4 * S + slack);
         assert_eq!(
-            (d.gpu_ns, d.contention_ns, d.measured_contention_ns),
-            (most, most, Some(most))
+            (d.contention_ns, d.measured_contention_ns),
+            (slack, Some(slack))
         );
+        // The display counters are the function's own status: not bounded.
         assert_eq!(
             (d.deferred_ns, d.turn_waited_ns, d.held_ns),
-            (most, most, most)
+            (u64::MAX, u64::MAX, u64::MAX)
         );
-        assert_eq!(d.turn_cut_ins, 3, "a count, not time");
+        assert_eq!(d.turn_cut_ins, 3);
         // The same counters again a second later: nothing new was reported.
         assert_eq!(l.record(7, huge(), 12.0).gpu_ns, 0);
-        // Another process of the instance: its own time counters within the instance's age, its
-        // collisions within what the instance has left of that.
+        // Another process of the instance: its GPU time within the instance's age, its
+        // collisions within what the instance's allowance refilled since (a second).
         let d = l.record(8, huge(), 12.0);
-        assert_eq!(d.gpu_ns, 2 * S + REPORT_SLACK_NS);
+        assert_eq!(d.gpu_ns, 2 * 4 * S + slack);
         assert_eq!(
             d.contention_ns, S,
-            "the instance's collisions stay within wall time"
+            "the instance's collisions keep to wall time"
         );
         assert_eq!(d.measured_contention_ns, Some(S));
         // An honest report is counted whole.
@@ -1324,6 +1366,10 @@ mod tests {
         };
         assert_eq!(l.record(7, u(900), 1.0), u(900));
         assert_eq!(l.record(7, u(1_800), 2.0), u(900));
+        // Quiet for an hour, then a report of an hour's collisions: the allowance refilled to
+        // its cap, not by the hour.
+        let d = l.record(7, u(1_800 + 36_000_000), 3_602.0);
+        assert_eq!(d.contention_ns, slack);
     }
 
     #[test]

@@ -57,12 +57,13 @@ const UNMEASURED_POLL_NS: u64 = 20_000;
 /// ~3 of them; a few windows settle the calibration within the first seconds of a run).
 const CALIBRATION_PERIOD_NS: u64 = 500_000_000;
 
-/// A calibration window longer than this is not judged but begins anew: 5 s (10 periods).
-/// Reasoning: a process that launched nothing sampled for longer has NVML samples for the end of
-/// the gap only, and the first would be taken to cover all of it (found by review, 2026-11-28:
-/// after hours idle the sums overflowed, and a shorter gap read as a spurious 2× calibration);
-/// within 5 s the ~1/6 s samples cover the window.
-const CALIBRATION_STALE_NS: u64 = 5_000_000_000;
+/// A calibration window longer than this is not judged but begins anew: 30 s. Reasoning: a
+/// process that launched nothing sampled for longer has NVML samples for the end of the gap
+/// only, and the first would be taken to cover all of it (found by review, 2026-11-28: after
+/// hours idle the sums overflowed); shorter gaps are judged as before, since a process whose
+/// sampled launches come further apart than this would otherwise never be calibrated (within
+/// 30 s the sums stay far from overflowing: 30 s × 100 % in ns × 10⁶ ppm < 2⁶⁴).
+const CALIBRATION_STALE_NS: u64 = 30_000_000_000;
 
 /// Every process's NVML figures in the window `(ts0, last]` (µs), summed, as ppm of the window:
 /// each sample covers the time since the previous sample of its process (the first one, since
@@ -220,6 +221,9 @@ struct Sampler {
     calibrate_next: [u64; MAX_DEVICES],
     /// Per context: the reference for queueing delays.
     clock_refs: Vec<ClockRef>,
+    /// (context, device) of every context sampled: which contexts a primary context's
+    /// destruction of a device may have taken with it.
+    ctx_devices: Vec<(usize, usize)>,
     /// Per device: where the launches an unchained sample stands for begin ([`Settled`]).
     settled: [Settled; MAX_DEVICES],
     /// The opt-in trace of settled samples (`SMORE_TRACE_SAMPLES`, [`crate::trace`]).
@@ -1393,12 +1397,12 @@ impl Runtime {
         let mut next = first;
         // Whether the turn passed from one function to another while this launch waited: a
         // line that moves is contention, one that does not is a stalled board.
-        let (first_holder, mut moved) = (seat.holder(), false);
+        let (first_holder, mut moved) = (seat.holding(), false);
         loop {
             os::sleep_until(next.min(give_up));
             let now = os::now_ns();
             self.backlog[dev].went_at(now, cost);
-            moved |= seat.holder() != first_holder;
+            moved |= seat.holding() != first_holder;
             if now >= give_up || !seat.enabled() {
                 let gave_up = now >= give_up;
                 seat.leave_line_at((start, now), gave_up, moved);
@@ -1477,6 +1481,7 @@ impl Runtime {
         let Some(ctx) = driver::ctx_current() else {
             return call();
         };
+        s.note_device(ctx, meta.dev);
         let Some((a, b)) = s.take_pair(ctx) else {
             return call();
         };
@@ -1974,28 +1979,38 @@ impl Sampler {
         probing.store(p, Release);
     }
 
+    /// Notes that context `ctx` runs on device `dev` (the sampled path: a scan of a few).
+    fn note_device(&mut self, ctx: usize, dev: usize) {
+        if !self.ctx_devices.iter().any(|&(c, _)| c == ctx) {
+            self.ctx_devices.push((ctx, dev));
+        }
+    }
+
     /// Forgets what it holds of a context the driver destroyed (`primary`: device `key`'s
     /// primary context, whose handle the release does not give; else the context `key`): its
     /// pending samples, pooled event pairs and clock reference, whose events died with it. A
     /// new context may get the same handle, and must not be handed the old one's events. For a
-    /// primary context every context's pool and reference go (the handle is unknown): they are
-    /// rebuilt by the next samples. The events are leaked, not destroyed (their context is gone).
+    /// primary context, every context sampled on that device goes (which of them was the
+    /// primary one is unknown): the next samples rebuild them. The events are leaked, not
+    /// destroyed (their context may be gone).
     fn forget_context(&mut self, primary: bool, key: u64) {
-        let dead = |ctx: usize, dev: usize| {
+        let dead = |ctx: usize, devices: &[(usize, usize)]| {
             if primary {
-                dev as u64 == key
+                devices.iter().any(|&(c, d)| c == ctx && d as u64 == key)
             } else {
                 ctx as u64 == key
             }
         };
-        self.pending.retain(|p| !dead(p.ctx, p.meta.dev));
-        if primary {
-            self.pools.clear();
-            self.clock_refs.clear();
-        } else {
-            self.pools.retain(|(c, _)| *c as u64 != key);
-            self.clock_refs.retain(|r| r.ctx as u64 != key);
-        }
+        let devices = std::mem::take(&mut self.ctx_devices);
+        self.pending
+            .retain(|p| !(dead(p.ctx, &devices) || (primary && p.meta.dev as u64 == key)));
+        self.pools.retain(|(c, _)| !dead(*c, &devices));
+        self.clock_refs.retain(|r| !dead(r.ctx, &devices));
+        self.ctx_devices = devices
+            .iter()
+            .copied()
+            .filter(|&(c, _)| !dead(c, &devices))
+            .collect();
     }
 
     fn take_pair(&mut self, ctx: usize) -> Option<(usize, usize)> {
@@ -2097,6 +2112,10 @@ mod tests {
         s.pending.push(pending(0xb000, 1, false, true));
         s.pools.push((0xa000, vec![(1, 2)]));
         s.pools.push((0xb000, vec![(3, 4)]));
+        s.pools.push((0xc000, vec![(5, 6)]));
+        s.note_device(0xa000, 0);
+        s.note_device(0xb000, 1);
+        s.note_device(0xc000, 0);
         s.recount(&unmeasured, &probing);
         assert_eq!((unmeasured.load(Acquire), probing.load(Acquire)), (1, 1));
         // cuCtxDestroy of 0xa000: its sample, pool and reference go; 0xb000's stay.
@@ -2105,12 +2124,15 @@ mod tests {
         assert_eq!((unmeasured.load(Acquire), probing.load(Acquire)), (0, 1));
         assert_eq!(s.take_pair(0xb000), Some((3, 4)));
         assert!(s.pools.iter().all(|(c, _)| *c != 0xa000));
-        // Device 1's primary context released for the last time: its samples and every pool go.
+        // Device 1's primary context released for the last time: the samples and pools of the
+        // contexts sampled on device 1 go, device 0's stay.
         s.give_back(0xb000, (3, 4));
         s.forget_context(true, 1);
         s.recount(&unmeasured, &probing);
         assert_eq!(probing.load(Acquire), 0);
-        assert!(s.pending.is_empty() && s.pools.is_empty());
+        assert!(s.pending.is_empty());
+        assert_eq!(s.pools.len(), 1);
+        assert_eq!(s.take_pair(0xc000), Some((5, 6)));
     }
 
     fn util(pid: u32, ts_us: u64, sm: u32) -> driver::ProcessUtilization {

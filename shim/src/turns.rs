@@ -321,11 +321,19 @@ impl<'a> Seat<'a> {
         Take::WaitUntil(now + RECHECK_NS.min(TURN_GAP_NS))
     }
 
-    /// The seat the board's turn word names, whether or not its lease still runs (for telling
-    /// a line that moves from a stalled one).
+    /// The seat the board's turn word names, whether or not its lease still runs.
     #[inline]
     pub fn holder(&self) -> Option<usize> {
         split_turn(self.board.turn.load(Relaxed)).0
+    }
+
+    /// Who holds the turn, the seat and its process, whether or not its lease still runs (for
+    /// telling a line that moves from a stalled one: a turn passed between two processes of one
+    /// function moved too).
+    #[inline]
+    pub fn holding(&self) -> (Option<usize>, u16) {
+        let word = self.board.turn.load(Relaxed);
+        (split_turn(word).0, turn_tag(word))
     }
 
     /// This process stops waiting at `now`, after a wait that began at `start`: it took the
@@ -348,12 +356,14 @@ impl<'a> Seat<'a> {
         self.leave_line();
     }
 
+    /// Takes this process's place off its seat's line: the seat's key, if it is still the one
+    /// this process stood with — another process of the function may stand there now.
     #[inline]
     fn leave_line(&self) {
-        self.in_line.store(0, Relaxed);
-        let m = &self.board.members[self.member];
-        if m.key.load(Relaxed) != 0 {
-            m.key.store(0, SeqCst);
+        let mine = self.in_line.swap(0, Relaxed);
+        if mine != 0 {
+            let m = &self.board.members[self.member];
+            let _ = m.key.compare_exchange(mine, 0, SeqCst, Relaxed);
         }
     }
 
@@ -386,13 +396,13 @@ impl<'a> Seat<'a> {
     }
 
     /// Whether another process of this function stands in the seat's line before `key`: the
-    /// seat's key is set by a live waiter, smaller, and not the key this process stood with (a
-    /// key another thread of this process stood with counts too: the same function's work goes
-    /// first either way).
+    /// seat's key is set by a live waiter, not the key this process stood with, and no later
+    /// than `key` (the processes of a function mostly share one key, its current request's
+    /// deadline: then the one waiting goes first).
     fn worker_ahead(&self, now: u64, key: u64) -> bool {
         let m = &self.board.members[self.member];
         let k = m.key.load(SeqCst);
-        if k == 0 || k >= key || k == self.in_line.load(Relaxed) {
+        if k == 0 || k > key || k == self.in_line.load(Relaxed) {
             return false;
         }
         let seen = m.seen_ns.load(SeqCst);
@@ -700,6 +710,14 @@ mod tests {
             t0 + 40 * MS,
             "in its seat's line"
         );
+        // The holder's further launches keep its turn and leave the sibling's place in line.
+        for dt in [200_000, 400_000, 600_000] {
+            assert_eq!(
+                a.try_take(t0 + dt, t0 + 2 * MS, t0 + 50 * MS, None),
+                Take::Go
+            );
+        }
+        assert_eq!(b.members[2].key.load(SeqCst), t0 + 40 * MS, "still in line");
         // Once the lease lapses the holder does not take it back over the sibling in line
         // (an earlier deadline), and the sibling takes it.
         let free = t0 + 2 * MS + TURN_GAP_NS + 1_000;
@@ -728,6 +746,27 @@ mod tests {
             "{}",
             t - free
         );
+        // With the same key (one request's deadline on the function's page), the process that
+        // waits goes first too: the holder, back at a lapsed turn, leaves it to the waiter.
+        {
+            let (p, q) = (
+                Seat::new(b, 4, 1, 0).unwrap(),
+                Seat::new(b, 4, 2, 0).unwrap(),
+            );
+            let k = t0 + 60 * MS;
+            let t1 = t0 + 100 * MS;
+            assert_eq!(p.try_take(t1, t1 + MS, k, None), Take::Go);
+            assert!(matches!(
+                q.try_take(t1 + 1_000, t1 + MS, k, None),
+                Take::WaitUntil(_)
+            ));
+            let lapsed = t1 + MS + TURN_GAP_NS + 1_000;
+            assert!(matches!(
+                p.try_take(lapsed, lapsed + MS, k, None),
+                Take::WaitUntil(_)
+            ));
+            assert_eq!(q.try_take(lapsed, lapsed + MS, k, None), Take::Go);
+        }
     }
 
     #[test]

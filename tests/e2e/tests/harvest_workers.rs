@@ -17,8 +17,18 @@ use smore_simgpu::SchedMode;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
+/// A child process killed and reaped when dropped, also when an assertion fails first.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
-fn forked_workers_share_their_instances_collision_budget() {
+fn the_arbiter_counts_each_worker_that_pays_from_its_functions_budget() {
     let sim = SimGpu::builder()
         .memory("16GiB")
         .mode(SchedMode::TimeSlice)
@@ -26,22 +36,23 @@ fn forked_workers_share_their_instances_collision_budget() {
         .expect("simulated node");
     // θ 2 %: a budget the workers' collisions beside the trainer exceed.
     let arb = Arbiter::new(&sim, "\n[policy]\nname = \"fit\"\ntheta_train = 0.02\n");
-    let mut trainer: Child = sim.low_trainer_alone_first(20);
+    let trainer = Killed(sim.low_trainer_alone_first(20));
     let worker = format!(
         "{} --kernels 4 --kernel-us 300 --interval-ms 12 --seconds 12 --quiet",
         bin("sim-function").display()
     );
-    let mut function: Child = arb
-        .smore()
-        .args(["run", "--function", "workers", "--slo", "100"])
-        .args(["--memory", "1GiB", "--shim"])
-        .arg(shim_lib())
-        .args(["--", "sh", "-c"])
-        .arg(format!("{worker} & {worker} & {worker} & wait"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("smore run sh -c");
+    let function = Killed(
+        arb.smore()
+            .args(["run", "--function", "workers", "--slo", "100"])
+            .args(["--memory", "1GiB", "--shim"])
+            .arg(shim_lib())
+            .args(["--", "sh", "-c"])
+            .arg(format!("{worker} & {worker} & {worker} & wait"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("smore run sh -c"),
+    );
     // Each worker pays collision time beside the trainer and reports it about once a second.
     let mut seen = serde_json::Value::Null;
     wait_until(
@@ -52,10 +63,7 @@ fn forked_workers_share_their_instances_collision_budget() {
             seen["contention_processes"].as_u64() == Some(3)
         },
     );
-    let _ = function.kill();
-    let _ = function.wait();
-    let _ = trainer.kill();
-    let _ = trainer.wait();
+    drop((function, trainer));
     let part = seen["contention_ppm"].as_u64().expect("a collision budget");
     assert!(part > 0, "harvesting beside the trainer: {seen}");
     // For the record (docs/harvest.md, "Several processes of one function"): what they paid
