@@ -134,6 +134,9 @@ pub struct ShimUsage {
     /// Time launches were held for the share's gate, the contention bucket or the backlog
     /// bound, ns (the report's `throttled_ns`).
     pub held_ns: u64,
+    /// The process charges the collision bucket its grant's processes share (the report's
+    /// `contention_shared`), not one of its own.
+    pub shared: bool,
 }
 
 /// How far back a function's use and deadline misses are averaged for the split: 3 s.
@@ -216,8 +219,9 @@ pub struct UseRate {
     pub contention_ppm: u32,
     /// Share of the window's reported requests that missed the SLO (None without requests).
     pub miss_rate: Option<f64>,
-    /// Processes whose reports added collision time over the window: each enforces the page's
-    /// budget with a bucket of its own, so the page carries the instance's part divided by them.
+    /// Collision buckets paid from over the window: one per process that reported collision time
+    /// with a bucket of its own, and one for all those sharing the grant's bucket. Each bucket
+    /// enforces the page's budget, so the page carries the instance's part divided by them.
     pub paying_processes: u32,
     /// Collision time per reported request over the window, ns (None without requests).
     pub collision_per_request_ns: Option<f64>,
@@ -322,6 +326,7 @@ impl UsageLedger {
             turn_waited_ns: delta(now.turn_waited_ns, prev.turn_waited_ns),
             turn_cut_ins: delta(now.turn_cut_ins, prev.turn_cut_ins),
             held_ns: delta(now.held_ns, prev.held_ns),
+            shared: now.shared,
         };
         if baseline {
             d = ShimUsage {
@@ -442,11 +447,13 @@ impl UsageLedger {
             .requests
             .iter()
             .fold((0, 0), |(n, m), &(_, a, b)| (n + a, m + b));
+        // Processes with a bucket of their own count one each; those sharing the grant's bucket
+        // count once together (as pid 0, which no reporting process has).
         let mut paying: Vec<u32> = self
             .added
             .iter()
             .filter(|(_, _, d)| d.contention_ns > 0)
-            .map(|&(_, pid, _)| pid)
+            .map(|&(_, pid, d)| if d.shared { 0 } else { pid.max(1) })
             .collect();
         paying.sort_unstable();
         paying.dedup();
@@ -1324,6 +1331,7 @@ mod tests {
             turn_waited_ns: u64::MAX,
             turn_cut_ins: 3,
             held_ns: u64::MAX,
+            shared: false,
         }
     }
 
@@ -1433,6 +1441,14 @@ mod tests {
         l.record(5_001, paid(2_000_000), t);
         l.record(5_002, paid(0), t);
         assert_eq!(l.rate(t).paying_processes, 2);
+        // Processes that share the grant's bucket pay into one: counted once together.
+        let shared = |c: u64| ShimUsage {
+            shared: true,
+            ..paid(c)
+        };
+        l.record(5_003, shared(1_000_000), t);
+        l.record(5_004, shared(1_000_000), t);
+        assert_eq!(l.rate(t).paying_processes, 3);
         assert_eq!(l.rate(t + USE_WINDOW_S + 1.0).paying_processes, 0);
     }
 

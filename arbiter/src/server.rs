@@ -645,6 +645,7 @@ fn handle(
             turn_waited_ns,
             turn_cut_ins,
             contention_ahead_ns,
+            contention_shared,
         } => match need(registered) {
             Ok(id) => {
                 if let Some(i) = st.instances.get(&id) {
@@ -667,6 +668,7 @@ fn handle(
                             turn_waited_ns: turn_waited_ns.unwrap_or(0),
                             turn_cut_ins: turn_cut_ins.unwrap_or(0),
                             held_ns: throttled_ns.unwrap_or(0),
+                            shared: contention_shared.unwrap_or(false),
                         },
                     );
                 }

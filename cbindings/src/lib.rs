@@ -495,6 +495,7 @@ fn report(inner: &mut Inner) -> SmoreStatus {
         turn_cut_ins: None,
         measured_contention_ns: None,
         contention_ahead_ns: None,
+        contention_shared: None,
     }) {
         Ok(Reply::Ok) => SmoreStatus::Ok,
         Ok(Reply::Preempted {

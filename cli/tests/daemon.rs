@@ -503,6 +503,7 @@ fn malformed_messages_get_errors_and_do_not_disturb_others() {
             turn_cut_ins: None,
             measured_contention_ns: None,
             contention_ahead_ns: None,
+            contention_shared: None,
         })
         .unwrap(),
         Reply::Ok

@@ -27,7 +27,7 @@ pub const ENV_LEDGER_FD: &str = "SMORE_LEDGER_FD";
 /// `b"SMORELED"` — identifies a shared ledger (checked after mmap).
 pub const LEDGER_MAGIC: u64 = 0x4445_4c45_524f_4d53;
 /// Layout version of [`LedgerTable`].
-pub const LEDGER_VERSION: u32 = 2;
+pub const LEDGER_VERSION: u32 = 3;
 /// Processes that can hold memory under one grant at once: 128. Reasoning: the simulated node
 /// admits 128 processes; a real function runs a handful (a server and its workers). A process
 /// that finds the table full of live processes is refused every allocation (docs/shim.md).
@@ -47,8 +47,8 @@ pub struct LedgerSlot {
     pub bytes: [AtomicU64; MAX_DEVICES],
 }
 
-/// The table: header, footprints, first-context claims and [`LEDGER_SLOTS`] slots. 16 + 128 +
-/// 128 + 128 × 136 = 17 680 bytes.
+/// The table: header, footprints, first-context claims, [`LEDGER_SLOTS`] slots and the shared
+/// collision buckets. 16 + 128 + 128 + 128 × 136 + 128 = 17 808 bytes.
 #[repr(C)]
 #[derive(Debug)]
 pub struct LedgerTable {
@@ -69,6 +69,12 @@ pub struct LedgerTable {
     pub measuring: [AtomicU64; MAX_DEVICES],
     /// One slot per process.
     pub slots: [LedgerSlot; LEDGER_SLOTS],
+    /// Per device (grant-page slot), under harvest: the collision bucket every process of the
+    /// grant shares — its theoretical arrival time, when what was charged so far is paid for at
+    /// the budget's rate, ns of CLOCK_MONOTONIC (0: none). One bucket per grant, as one cap: with
+    /// a bucket each, a function's worker processes each spent the grant's whole budget
+    /// (docs/harvest.md, "Several processes of one function"). Since layout 3.
+    pub contention: [AtomicU64; MAX_DEVICES],
 }
 
 /// Bytes of the memfd ([`LedgerTable`] rounded up to whole pages).
@@ -128,6 +134,11 @@ mod tests {
             16 + 16 * MAX_DEVICES
         );
         assert_eq!(std::mem::size_of::<LedgerSlot>(), 8 + 8 * MAX_DEVICES);
+        assert_eq!(
+            std::mem::offset_of!(LedgerTable, contention),
+            16 + 16 * MAX_DEVICES + LEDGER_SLOTS * (8 + 8 * MAX_DEVICES)
+        );
+        assert_eq!(std::mem::size_of::<LedgerTable>(), 17_808);
         let fd = create().unwrap();
         let st = rustix::fs::fstat(&fd).unwrap();
         assert_eq!(st.st_size as usize, LEDGER_BYTES);

@@ -124,6 +124,12 @@ pub enum Request {
         /// up with it (docs/harvest.md, "Context switches").
         #[serde(default)]
         contention_ahead_ns: Option<u64>,
+        /// Whether the reporting process charges the collision bucket its grant's processes
+        /// share (the grant's ledger table under `smore run`) rather than one of its own: the
+        /// arbiter divides the function's budget only among processes with buckets of their own
+        /// (docs/harvest.md, "Several processes of one function"). Left out when not.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        contention_shared: Option<bool>,
     },
     /// Request-level admission (SMORE style): may one more request run now?
     Admit {
@@ -593,6 +599,7 @@ mod tests {
             turn_waited_ns: Some(300_000),
             turn_cut_ins: Some(7),
             contention_ahead_ns: Some(1_200_000_000),
+            contention_shared: Some(true),
         }));
         for r in [
             Request::Admit {

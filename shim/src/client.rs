@@ -499,6 +499,7 @@ impl Reporter {
             turn_waited_ns: (usage.turn_waited_ns > 0).then_some(usage.turn_waited_ns),
             turn_cut_ins: (usage.turn_cut_ins > 0).then_some(usage.turn_cut_ins),
             contention_ahead_ns: Some(usage.contention_ahead_ns),
+            contention_shared: usage.contention_shared.then_some(true),
         });
         match r {
             Ok(Reply::Ok) => {

@@ -50,6 +50,7 @@ fn wall_of(cost_ns: u64, rate_ppm: u32) -> u64 {
 
 /// The GCRA token bucket of one device.
 #[derive(Debug, Default)]
+#[repr(transparent)]
 pub struct Gate {
     /// Theoretical arrival time (ns, CLOCK_MONOTONIC): when the work admitted so far would have
     /// been paid for at the share rate.
@@ -57,6 +58,15 @@ pub struct Gate {
 }
 
 impl Gate {
+    /// The bucket whose theoretical arrival time is `word` (one that lives elsewhere: the
+    /// collision bucket a grant's processes share in its ledger table). CLOCK_MONOTONIC is one
+    /// clock for every process of the node, so processes may share the word.
+    pub fn of(word: &AtomicU64) -> &Gate {
+        // SAFETY: `Gate` is `repr(transparent)` over one `AtomicU64`, so a reference to the word
+        // is a valid reference to a `Gate` of the same lifetime.
+        unsafe { &*(word as *const AtomicU64).cast::<Gate>() }
+    }
+
     /// A full bucket (no debt).
     pub fn new() -> Gate {
         Gate::default()

@@ -351,6 +351,12 @@ impl Ledger {
         }
     }
 
+    /// The collision bucket the processes of this grant share on grant-page slot `slot` (none
+    /// without a shared ledger: the process keeps a bucket of its own).
+    pub fn shared_contention(&self, slot: usize) -> Option<&'static AtomicU64> {
+        self.group.as_ref()?.contention(slot)
+    }
+
     /// The context footprint another process of the grant measured on `dev` (0: none, or no
     /// shared ledger).
     pub fn shared_footprint(&self, dev: usize) -> u64 {

@@ -1230,6 +1230,13 @@ impl Runtime {
         // each judged below when their turn comes.
         let mut reserved = false;
         if budget > 0 {
+            if !self.contention[dev].is_shared() {
+                // The grant's processes charge one collision bucket (its ledger table's), as
+                // they check one memory cap; a process without a shared ledger keeps its own.
+                if let Some(words) = self.ledger.shared_contention(slot) {
+                    self.contention[dev].share(words);
+                }
+            }
             let now = os::now_ns();
             let evidence = self.collision[dev].evidence_at(now);
             let horizon = self.contention[dev].backlog_horizon(now, budget, evidence);
@@ -1855,6 +1862,7 @@ impl Runtime {
         match (self.usage.get(dev), self.contention.get(dev)) {
             (Some(u), Some(c)) => Usage {
                 contention_ahead_ns: c.ahead_ns(os::now_ns()),
+                contention_shared: c.is_shared(),
                 ..u.get()
             },
             _ => Usage::default(),

@@ -26,7 +26,7 @@ use crate::limits::MAX_DEVICES;
 use smore_protocol::ledger::{
     owner_pid, LedgerSlot, LedgerTable, LEDGER_SLOTS, OWNER_FREE, OWNER_RECLAIMING,
 };
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 /// Attempts of a reservation that lost a race (both racers saw each other and backed off) while
 /// the others' holdings still leave room: 64 (reasoning: each attempt is a few hundred ns; the
@@ -119,6 +119,12 @@ impl Group {
     /// The largest context footprint a process of the grant measured on `dev` (0: none yet).
     pub fn footprint(&self, dev: usize) -> u64 {
         self.table.footprint.get(dev).map_or(0, |f| f.load(SeqCst))
+    }
+
+    /// The collision bucket the grant's processes share on grant-page slot `slot`: its
+    /// theoretical arrival time (`LedgerTable::contention`).
+    pub fn contention(&self, slot: usize) -> Option<&'static AtomicU64> {
+        self.table.contention.get(slot)
     }
 
     /// Takes the measurement of the grant's first context on `dev` for this process, or waits
@@ -265,7 +271,7 @@ fn zero(s: &LedgerSlot) {
 mod tests {
     use super::*;
     use smore_protocol::ledger::{owner_word, LEDGER_MAGIC, LEDGER_VERSION};
-    use std::sync::atomic::{AtomicU64, AtomicUsize};
+    use std::sync::atomic::AtomicUsize;
     use std::sync::{Arc, Barrier};
 
     fn table() -> &'static LedgerTable {
@@ -279,6 +285,7 @@ mod tests {
                 owner: AtomicU64::new(0),
                 bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
+            contention: std::array::from_fn(|_| AtomicU64::new(0)),
         }))
     }
 

@@ -2715,6 +2715,7 @@ mod tests {
                     turn_waited_ns: sec * 500_000,
                     turn_cut_ins: sec * 3,
                     held_ns: sec * 3_000_000,
+                    shared: false,
                 },
             );
             s.report(g.instance, &[2.5; 20], None, None, None);

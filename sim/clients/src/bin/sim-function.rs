@@ -277,6 +277,7 @@ impl Admission {
                 turn_cut_ins: None,
                 measured_contention_ns: None,
                 contention_ahead_ns: None,
+                contention_shared: None,
             }) {
                 return Err(Preempted {
                     reason,
