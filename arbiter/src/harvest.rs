@@ -168,9 +168,9 @@ pub const GPU_TIME_RATE: f64 = 4.0;
 /// arbiter's memory.
 pub const MAX_REPORTING_PIDS: usize = 64;
 /// Reports a ledger keeps for its use window: 1 024. Reasoning: 64 processes reporting about
-/// once a second fill 3 s with under 200; past this a report is merged into the newest entry, so a
-/// function flooding the arbiter with reports cannot grow its memory (its own count of paying
-/// processes may then read low: its budget per process only rises).
+/// once a second fill 3 s with under 200; past this the oldest is dropped for the newest, so a
+/// function flooding the arbiter with reports cannot grow its memory (what it used then reads
+/// low, which only lowers its own claim in the split).
 const MAX_WINDOW_REPORTS: usize = 1_024;
 
 /// How much time a report may still add: refilled at a rate of wall time up to a cap, taken by
@@ -352,23 +352,10 @@ impl UsageLedger {
             },
         );
         self.first.get_or_insert(t);
-        let full = self.added.len() >= MAX_WINDOW_REPORTS;
-        match self.added.back_mut() {
-            Some((_, _, last)) if full => {
-                let sum = |a: &mut u64, b: u64| *a = a.saturating_add(b);
-                sum(&mut last.gpu_ns, d.gpu_ns);
-                sum(&mut last.contention_ns, d.contention_ns);
-                if let Some(m) = d.measured_contention_ns {
-                    let lm = last.measured_contention_ns.get_or_insert(0);
-                    *lm = lm.saturating_add(m);
-                }
-                sum(&mut last.deferred_ns, d.deferred_ns);
-                sum(&mut last.turn_waited_ns, d.turn_waited_ns);
-                sum(&mut last.turn_cut_ins, d.turn_cut_ins);
-                sum(&mut last.held_ns, d.held_ns);
-            }
-            _ => self.added.push_back((t, pid, d)),
+        if self.added.len() >= MAX_WINDOW_REPORTS {
+            self.added.pop_front();
         }
+        self.added.push_back((t, pid, d));
         self.forget(t);
         d
     }

@@ -26,8 +26,13 @@ use std::sync::atomic::AtomicU64;
 pub const ENV_LEDGER_FD: &str = "SMORE_LEDGER_FD";
 /// `b"SMORELED"` — identifies a shared ledger (checked after mmap).
 pub const LEDGER_MAGIC: u64 = 0x4445_4c45_524f_4d53;
-/// Layout version of [`LedgerTable`].
+/// Layout version of [`LedgerTable`] as [`create`] writes it.
 pub const LEDGER_VERSION: u32 = 3;
+/// The oldest layout a shim maps: 2. Layout 3 only added the collision buckets in what was the
+/// zero-filled tail of the same [`LEDGER_BYTES`], so a layout-2 table (from an older `smore run`)
+/// is a layout-3 one whose buckets are empty — refusing it would give every process of the
+/// grant a cap of its own.
+pub const LEDGER_VERSION_MIN: u32 = 2;
 /// Processes that can hold memory under one grant at once: 128. Reasoning: the simulated node
 /// admits 128 processes; a real function runs a handful (a server and its workers). A process
 /// that finds the table full of live processes is refused every allocation (docs/shim.md).
@@ -83,7 +88,7 @@ pub const LEDGER_BYTES: usize = std::mem::size_of::<LedgerTable>().div_ceil(4096
 impl LedgerTable {
     /// Whether a mapped table is one of ours, of this layout version.
     pub fn is_valid(&self) -> bool {
-        self.magic == LEDGER_MAGIC && self.version == LEDGER_VERSION
+        self.magic == LEDGER_MAGIC && (LEDGER_VERSION_MIN..=LEDGER_VERSION).contains(&self.version)
     }
 }
 
@@ -101,10 +106,15 @@ pub fn owner_pid(owner: u64) -> u32 {
 }
 
 /// Creates an empty table: a memfd of [`LEDGER_BYTES`] with the header written and every slot
-/// free (zero). Close-on-exec: the caller clears it on the fd it hands down.
+/// free (zero), sealed against shrinking and growing (the shim maps it for the process's life: a
+/// function that truncated it would fault in its own launches). Close-on-exec: the caller clears
+/// it on the fd it hands down.
 pub fn create() -> std::io::Result<OwnedFd> {
-    use rustix::fs::MemfdFlags;
-    let fd = rustix::fs::memfd_create("smore-ledger", MemfdFlags::CLOEXEC)?;
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(
+        "smore-ledger",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )?;
     rustix::fs::ftruncate(&fd, LEDGER_BYTES as u64)?;
     let mut header = [0u8; 16];
     header[..8].copy_from_slice(&LEDGER_MAGIC.to_ne_bytes());
@@ -113,6 +123,7 @@ pub fn create() -> std::io::Result<OwnedFd> {
     if n != header.len() {
         return Err(std::io::Error::other("short write of the ledger header"));
     }
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
     Ok(fd)
 }
 
@@ -142,6 +153,8 @@ mod tests {
         let fd = create().unwrap();
         let st = rustix::fs::fstat(&fd).unwrap();
         assert_eq!(st.st_size as usize, LEDGER_BYTES);
+        // A function cannot truncate the table under its own processes.
+        assert!(rustix::fs::ftruncate(&fd, 0).is_err());
         let mut h = [0u8; 16];
         rustix::io::pread(&fd, &mut h, 0).unwrap();
         assert_eq!(u64::from_ne_bytes(h[..8].try_into().unwrap()), LEDGER_MAGIC);

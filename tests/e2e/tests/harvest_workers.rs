@@ -71,6 +71,10 @@ fn a_functions_workers_under_smore_run_pay_into_one_bucket() {
     drop((function, trainer));
     let part = seen["contention_ppm"].as_u64().expect("a collision budget");
     assert!(part > 0, "harvesting beside the trainer: {seen}");
+    // In the same snapshot: three workers on the GPU, paying, into one bucket (the count reads 1
+    // also when nothing was paid, so the payment is checked too).
+    assert_eq!(seen["gpu_pids"].as_array().map_or(0, Vec::len), 3, "{seen}");
+    assert!(seen["contention_used_ppm"].as_u64() > Some(0), "{seen}");
     assert_eq!(seen["contention_processes"].as_u64(), Some(1), "{seen}");
     // For the record (docs/harvest.md, "Several processes of one function"): what they paid
     // together against the part — on a time-sliced GPU mostly waits behind each other.
