@@ -22,6 +22,13 @@ timing-noise allowance, and its collision time per request against its GPU
 time per request (the last figures seen); and how often the arbiter read the trainer's phase,
 with the busy and idle lengths it read. The timeline goes to `--out` as `status.jsonl.gz`.
 
+`--mps` runs the demo under an MPS control daemon this script starts (its pipe and log folders
+in the workdir) and quits afterwards: the first real-GPU check of what the simulated MPS model
+says (docs/harvest.md). The RESULT then says how the arbiter read the GPU's sharing (`sharing`
+in status, from NVML's MPS client list) and whether it found the trainer. `--demo-arg` passes
+one more argument to `smore demo` (repeat it: `--demo-arg=--defer --demo-arg=off`); `--label`
+prefixes the files written to `--out`, so that two runs can share one folder.
+
     python3 tests/gpu/demo_trace.py --smore target-gpu/release/smore --workdir /tmp/w --out /tmp/res
 """
 import argparse
@@ -62,12 +69,15 @@ def poll_status(smore, root, stop, timeline):
 def summarise_status(timeline):
     """What the timeline says of GPU 0: per function (by instance id) its last figures, and the
     trainer phase the arbiter read."""
-    fns, phases = {}, []
+    fns, phases, sharing, trainers = {}, [], {}, 0
     for _, st in timeline:
         gpus = st.get("gpus") or []
         if not gpus:
             continue
         g = gpus[0]
+        if g.get("sharing"):
+            sharing[g["sharing"]] = sharing.get(g["sharing"], 0) + 1
+        trainers = max(trainers, len(g.get("training") or []))
         phases.append((g.get("harvest") or {}).get("trainer_phase"))
         for f in g.get("functions") or []:
             rec = fns.setdefault(str(f.get("id")), {"function": f.get("function")})
@@ -82,12 +92,41 @@ def summarise_status(timeline):
                     rec[out] = round(f[k] / 1e6, 3)
     read = [p for p in phases if p]
     span = lambda key: [min(p[key] for p in read), max(p[key] for p in read)] if read else None
-    return {"polls": len(phases),
+    return {"polls": len(phases), "sharing": sharing, "training_seen": trainers,
             "phase": {"predicted": len(read),
                       "busy": sum(1 for p in read if p.get("now") == "busy"),
                       "idle": sum(1 for p in read if p.get("now") == "idle"),
                       "busy_ms": span("busy_ms"), "idle_ms": span("idle_ms")},
             "functions": fns}
+
+
+def start_mps(workdir, env):
+    """Starts an MPS control daemon whose pipe and log folders are under `workdir`, and points
+    `env` (the demo's environment) at it. Returns an error message, or None."""
+    pipe, logs = os.path.join(workdir, "mps-pipe"), os.path.join(workdir, "mps-log")
+    os.makedirs(pipe, exist_ok=True)
+    os.makedirs(logs, exist_ok=True)
+    env["CUDA_MPS_PIPE_DIRECTORY"], env["CUDA_MPS_LOG_DIRECTORY"] = pipe, logs
+    try:
+        r = subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, capture_output=True,
+                           text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"could not start nvidia-cuda-mps-control: {e}"
+    if r.returncode != 0:
+        return f"nvidia-cuda-mps-control -d exited {r.returncode}: {r.stderr.strip()[-300:]}"
+    log(f"MPS control daemon started (pipe {pipe})")
+    return None
+
+
+def stop_mps(env):
+    """Quits the MPS control daemon `start_mps` started, and prints the tail of its log."""
+    try:
+        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env=env, text=True,
+                       capture_output=True, timeout=30)
+        with open(os.path.join(env["CUDA_MPS_LOG_DIRECTORY"], "control.log")) as f:
+            log("MPS control log (tail): " + " | ".join(f.read().splitlines()[-8:]))
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log(f"MPS quit: {e}")
 
 
 # Beyond the replay: the trainer alone (5 s), each function alone, and on a GPU the warm-up of
@@ -104,6 +143,11 @@ def main():
     ap.add_argument("--scenario", default="harvest")
     ap.add_argument("--seconds", type=int, default=30)
     ap.add_argument("--sim", action="store_true", help="the simulated GPU instead of --gpu")
+    ap.add_argument("--mps", action="store_true",
+                    help="run the demo under an MPS control daemon started (and quit) here")
+    ap.add_argument("--demo-arg", action="append", default=[],
+                    help="one more argument for `smore demo` (repeatable)")
+    ap.add_argument("--label", default="", help="prefix of the files written to --out")
     a = ap.parse_args()
     traces = os.path.join(a.workdir, "traces")
     demo_out = os.path.join(a.workdir, "demo")
@@ -111,11 +155,18 @@ def main():
     os.makedirs(traces)
     env = dict(os.environ, SMORE_TRACE_SAMPLES=os.path.join(traces, "samples-{pid}.txt"))
     cmd = [a.smore, "demo", "--scenario", a.scenario, "--seconds", str(a.seconds),
-           "--out", demo_out] + ([] if a.sim else ["--gpu"])
+           "--out", demo_out] + ([] if a.sim else ["--gpu"]) + a.demo_arg
     log(" ".join(cmd))
-    result = {"test": "demo_trace", "pass": False, "command": " ".join(cmd),
-              "simulated": a.sim}
+    result = {"test": "demo_trace", "label": a.label, "pass": False,
+              "command": " ".join(cmd), "simulated": a.sim, "mps": a.mps}
     errors = []
+    if a.mps:
+        err = start_mps(a.workdir, env)
+        if err:
+            errors.append(err)
+            result["error"] = err
+            emit(result)
+            return
     # Its own process group: on a timeout the trainer, the arbiter and the instances the demo
     # started go too.
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -136,17 +187,20 @@ def main():
         errors.append(f"smore demo ran past {a.seconds + OVERHEAD_S} s")
     stop.set()
     poller.join(timeout=5)
+    if a.mps:
+        stop_mps(env)
     result["status"] = summarise_status(timeline)
     # Whatever happened, keep what there is: the traces help most when the run failed.
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-        shutil.make_archive(os.path.join(a.out, "traces"), "gztar", traces)
-        with gzip.open(os.path.join(a.out, "status.jsonl.gz"), "wt") as f:
+        pre = f"{a.label}_" if a.label else ""
+        shutil.make_archive(os.path.join(a.out, pre + "traces"), "gztar", traces)
+        with gzip.open(os.path.join(a.out, pre + "status.jsonl.gz"), "wt") as f:
             for t, st in timeline:
                 f.write(json.dumps({"t": t, "status": st}) + "\n")
         if os.path.exists(os.path.join(demo_out, "summary.json")):
             shutil.copy(os.path.join(demo_out, "summary.json"),
-                        os.path.join(a.out, "demo_trace_summary.json"))
+                        os.path.join(a.out, pre + "demo_trace_summary.json"))
     try:
         with open(os.path.join(demo_out, "summary.json")) as f:
             s = json.load(f)

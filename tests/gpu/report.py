@@ -143,7 +143,8 @@ def trace_md(r):
     dash = lambda x: "—" if x is None else x  # noqa: E731
     err = [f"Error: {r['error']}", ""] if r.get("error") else []
     return ["## The demo with every function's sample trace (demo_trace.py)", ""] + err + [
-            f"command: `{r.get('command')}`" + (" (SIMULATED GPU)" if r.get("simulated") else ""),
+            f"command: `{r.get('command')}`" + (" (SIMULATED GPU)" if r.get("simulated") else "")
+            + (" under an MPS control daemon" if r.get("mps") else ""),
             "",
             f"- trainer slowdown {pc(d.get('sfd'))}, the arbiter's estimate "
             f"{pc(d.get('sfd_estimate'))}; DSR {pc(d.get('dsr'))} ({pc(d.get('dsr_admitted'))} "
@@ -166,7 +167,9 @@ def status_md(st):
     ph = st.get("phase") or {}
     md = ["", f"`smore status --json` polled {st.get('polls')} times; the trainer's phase was read "
           f"at {ph.get('predicted')} ({ph.get('busy')} busy, {ph.get('idle')} idle; busy "
-          f"{ph.get('busy_ms')} ms, idle {ph.get('idle_ms')} ms)", "",
+          f"{ph.get('busy_ms')} ms, idle {ph.get('idle_ms')} ms); sharing as the arbiter read it "
+          f"(polls): {st.get('sharing') or '—'}; training processes seen: "
+          f"{dash(st.get('training_seen'))}", "",
           "| instance | function | requests | paced refusals | turn waits ms | held ms | "
           "collision / request ms | GPU / request ms | timing noise µs (wait / stretch) |",
           "|---|---|---|---|---|---|---|---|---|"]

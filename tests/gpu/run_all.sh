@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the real-GPU checks of smore and writes results.json, results.md and run.log to $OUT.
 #
-#   tests/gpu/run_all.sh [all|mem|share|nvml|switch|jitter|arbiter ...] [trace]
-# (`trace`, the demo with every function's sample trace, runs only when named.)
+#   tests/gpu/run_all.sh [all|mem|share|nvml|switch|jitter|arbiter ...] [trace] [mps]
+# (`trace`, the demo with every function's sample trace, and `mps`, the same under an MPS control
+# daemon, run only when named.)
 #
 # Needs: an NVIDIA GPU with its driver, nvidia-smi, python3 with torch (CUDA), and the release
 # binaries built elsewhere (no cargo needed here): $SMORE_BIN_DIR/smore and
@@ -98,6 +99,9 @@ want arbiter && step arbiter_e2e 240 "$PY" "$HERE/arbiter_e2e.py" --smore "$SMOR
 # Not part of `all` (a demo of its own, ~80-100 s at 30 s of replay): ask for `trace`.
 TRACE_S="${SMORE_GPU_TRACE_SECONDS:-30}"
 only trace && step demo_trace "$((TRACE_S + 450))" "$PY" "$HERE/demo_trace.py" --smore "$SMORE" --workdir "$WORK/demo-trace" --out "$OUT" --seconds "$TRACE_S"
+# Not part of `all` either: the same traced demo under an MPS control daemon the step starts and
+# quits (docs/real-gpu.md, "MPS"); its files carry the prefix mps_. Ask for `mps`.
+only mps && step demo_mps "$((TRACE_S + 450))" "$PY" "$HERE/demo_trace.py" --smore "$SMORE" --workdir "$WORK/demo-mps" --out "$OUT" --seconds "$TRACE_S" --mps --label mps
 [ -f "$WORK/arbiter/arbiter.log" ] && cp "$WORK/arbiter/arbiter.log" "$OUT/arbiter.log"
 
 "$PY" "$HERE/report.py" --meta "$WORK/meta.json" --out "$OUT" "${RESULTS[@]}"
