@@ -25,30 +25,9 @@ pub struct GpuInfo {
     pub total: u64,
 }
 
-/// How a GPU's processes share it, as NVML shows it. It decides how much a function's kernel
-/// costs a training job it meets (docs/harvest.md, "Where the targets stand"): its whole run time
-/// when contexts take turns, only its slowing when they run concurrently.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Sharing {
-    /// No process on the GPU is an MPS client: contexts take turns in time slices.
-    TimeSliced,
-    /// At least one process is an MPS client (`nvmlDeviceGetMPSComputeRunningProcesses`): its
-    /// kernels run concurrently with other clients' instead of in turns.
-    Mps,
-}
-
-impl Sharing {
-    /// What NVML's two process lists say: MPS clients listed → MPS; compute processes but no MPS
-    /// client → time-sliced; no compute process (or the MPS list unsupported) → unknown.
-    pub fn from_process_lists(compute: usize, mps_clients: Option<usize>) -> Option<Sharing> {
-        match mps_clients {
-            Some(n) if n > 0 => Some(Sharing::Mps),
-            Some(_) if compute > 0 => Some(Sharing::TimeSliced),
-            _ => None,
-        }
-    }
-}
+/// How a GPU's processes share it, as NVML shows it: defined beside the grant page, which
+/// carries it to the shims (docs/harvest.md, "Waits under MPS").
+pub use smore_protocol::grant::Sharing;
 
 /// One NVML reading of a GPU.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -25,8 +25,8 @@ pub const CONTENTION_HORIZON_NS: u64 = 1_000_000_000;
 /// Layout version of [`GrantPage`]. 2: `DeviceGrant::contention_ppm` (was padding). 3:
 /// `GrantPage::slot_uuid` (the GPU each slot describes). 4: `DeviceGrant::defer_until_ns`. 5:
 /// `DeviceGrant::switch_ns`. 6: `DeviceGrant::turn_key_ns`, `DeviceGrant::turn_seat`. 7:
-/// `DeviceGrant::timing_noise` (was reserved, zero).
-pub const PAGE_VERSION: u32 = 7;
+/// `DeviceGrant::timing_noise` (was reserved, zero). 8: `DeviceGrant::sharing`.
+pub const PAGE_VERSION: u32 = 8;
 /// Largest context-switch charge a page may carry: 10 ms (ns). Reasoning: a real H200's trainer
 /// lost 0.1–0.35 ms per overlap, two switches (docs/real-gpu.md, section 9); a value beyond a
 /// few timeslices is a typo, and the shim never trusts foreign memory past it.
@@ -106,6 +106,53 @@ fn in_bounds(us: u32) -> u32 {
     }
 }
 
+/// How a GPU's processes share it, as NVML shows it (the arbiter reads it; the grant page
+/// carries it to the shims, [`GrantPage::sharing`]). It decides how much a function's kernel
+/// costs a training job it meets (docs/harvest.md, "Where the targets stand"): its whole run time
+/// when contexts take turns, only its slowing when they run concurrently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sharing {
+    /// No process on the GPU is an MPS client: contexts take turns in time slices.
+    TimeSliced,
+    /// At least one process is an MPS client (`nvmlDeviceGetMPSComputeRunningProcesses`): its
+    /// kernels run concurrently with other clients' instead of in turns.
+    Mps,
+}
+
+impl Sharing {
+    /// What NVML's two process lists say: MPS clients listed → MPS; compute processes but no MPS
+    /// client → time-sliced; no compute process (or the MPS list unsupported) → unknown.
+    pub fn from_process_lists(compute: usize, mps_clients: Option<usize>) -> Option<Sharing> {
+        match mps_clients {
+            Some(n) if n > 0 => Some(Sharing::Mps),
+            Some(_) if compute > 0 => Some(Sharing::TimeSliced),
+            _ => None,
+        }
+    }
+}
+
+impl Sharing {
+    /// The page's word: 0 = not known, 1 = time-sliced, 2 = MPS.
+    fn word(mode: Option<Sharing>) -> u32 {
+        match mode {
+            None => 0,
+            Some(Sharing::TimeSliced) => 1,
+            Some(Sharing::Mps) => 2,
+        }
+    }
+
+    /// What a page's word says; any other value is not known (the page may be foreign memory,
+    /// and not known is the side that counts every collision).
+    fn from_word(w: u32) -> Option<Sharing> {
+        match w {
+            1 => Some(Sharing::TimeSliced),
+            2 => Some(Sharing::Mps),
+            _ => None,
+        }
+    }
+}
+
 /// Now on the clock of `DeviceGrant::defer_until_ns`: CLOCK_MONOTONIC, ns. Every process of the
 /// machine reads the same clock (the shim's launch path reads it with its own `clock_gettime`).
 pub fn monotonic_ns() -> u64 {
@@ -157,10 +204,16 @@ pub struct DeviceGrant {
     /// as under MPS or before the GPU's mode is known). Set by the arbiter at each write of the
     /// grant.
     pub timing_noise: AtomicU32,
+    /// How the GPU's processes share it, as the arbiter last read it from NVML ([`Sharing`];
+    /// 0 = not known, 1 = time-sliced, 2 = MPS). The shim judges a sampled launch's wait by it:
+    /// under MPS a wait is not a collision (docs/harvest.md, "Waits under MPS"). The arbiter's,
+    /// never the function's own reading: a function that could claim MPS on a time-sliced GPU
+    /// would have its waits, there the collisions themselves, counted as nothing.
+    pub sharing: AtomicU32,
 }
 
-/// The page: header plus [`MAX_DEVICES`] grants and slot UUIDs. 8 + 4 + 4 + 16 × 56 + 16 × 16 =
-/// 1 168 bytes (< 4 KiB).
+/// The page: header plus [`MAX_DEVICES`] grants and slot UUIDs. 8 + 4 + 4 + 16 × 64 + 16 × 16 =
+/// 1 296 bytes (< 4 KiB; a grant is 60 bytes of fields padded to 64).
 #[repr(C)]
 #[derive(Debug)]
 pub struct GrantPage {
@@ -201,6 +254,7 @@ impl GrantPage {
                 turn_key_ns: AtomicU64::new(0),
                 turn_seat: AtomicU32::new(0),
                 timing_noise: AtomicU32::new(0),
+                sharing: AtomicU32::new(0),
             }),
             slot_uuid: std::array::from_fn(|_| [AtomicU64::new(0), AtomicU64::new(0)]),
         }
@@ -335,6 +389,22 @@ impl GrantPage {
         if let Some(d) = self.devices.get(dev) {
             d.timing_noise.store(noise.word(), Relaxed);
         }
+    }
+
+    /// Owner-side: how `dev`'s processes share it (`None`: not known). Not a grant change: the
+    /// generation is not bumped (the shim reads it at each settled sample).
+    pub fn set_sharing(&self, dev: usize, mode: Option<Sharing>) {
+        if let Some(d) = self.devices.get(dev) {
+            d.sharing.store(Sharing::word(mode), Relaxed);
+        }
+    }
+
+    /// How `dev`'s processes share it, as the arbiter said (`None`: not said, an untracked
+    /// device, or a word that is no mode).
+    pub fn sharing(&self, dev: usize) -> Option<Sharing> {
+        self.devices
+            .get(dev)
+            .and_then(|d| Sharing::from_word(d.sharing.load(Relaxed)))
     }
 
     /// The timing-noise allowance for `dev`'s samples ([`TimingNoise::NONE`] for untracked
@@ -484,6 +554,27 @@ mod tests {
         assert_eq!(p.switch(4), MAX_SWITCH_NS);
         p.set_switch(99, 5); // out of range: ignored
         assert_eq!(p.switch(99), 0);
+    }
+
+    #[test]
+    fn the_gpus_sharing_is_per_device_changes_no_grant_and_a_foreign_word_is_not_known() {
+        let p = GrantPage::unlimited();
+        assert_eq!(p.sharing(1), None, "not known until the arbiter says");
+        p.set_sharing(1, Some(Sharing::Mps));
+        p.set_sharing(2, Some(Sharing::TimeSliced));
+        assert_eq!(p.sharing(1), Some(Sharing::Mps));
+        assert_eq!(p.sharing(2), Some(Sharing::TimeSliced));
+        assert_eq!(p.sharing(0), None);
+        assert_eq!(p.sharing(MAX_DEVICES), None, "an untracked device");
+        assert_eq!(p.generation(1), 0);
+        assert_eq!(p.throttled_mask.load(Relaxed), 0);
+        p.set_sharing(1, None);
+        assert_eq!(p.sharing(1), None);
+        // Foreign or corrupt memory: no mode, the side that counts every wait.
+        for w in [3, 0x100, u32::MAX] {
+            p.devices[2].sharing.store(w, Relaxed);
+            assert_eq!(p.sharing(2), None, "word {w}");
+        }
     }
 
     #[test]

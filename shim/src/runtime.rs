@@ -434,6 +434,7 @@ fn init() -> &'static Runtime {
             for d in 0..MAX_DEVICES {
                 closed.set_switch(d, page.switch(d));
                 closed.set_timing_noise(d, page.timing_noise(d));
+                closed.set_sharing(d, page.sharing(d));
                 if let Some(u) = page.slot_uuid(d) {
                     closed.set_slot_uuid(d, u);
                 }
@@ -770,6 +771,12 @@ impl Runtime {
             .map_or(harvest::TimingNoise::NONE, |s| {
                 self.limits().timing_noise(s)
             })
+    }
+
+    /// How CUDA ordinal `dev`'s processes share its GPU, as the arbiter wrote on the grant page
+    /// (`None`: not said, or off the grant).
+    pub fn sharing(&self, dev: usize) -> Option<harvest::Sharing> {
+        self.device_slot(dev).and_then(|s| self.limits().sharing(s))
     }
 
     /// What to do when an allocation cannot be accounted (device unknown).
@@ -1690,17 +1697,22 @@ impl Runtime {
         // per 20 ms (`CostTable::solo`): beside a trainer that hardly idles nearly every sample
         // is slowed, and the per-sample floor settled well above the solo cost (docs/harvest.md,
         // "A solo floor that rises with time under MPS").
-        let floor_judged = if self.runs_mps[dev].load(Relaxed) {
-            solo.unwrap_or(floor)
-        } else {
-            floor
-        };
+        // The arbiter's word on the mode, where its page says one; the shim's own NVML reading
+        // until then.
+        let sharing = self.sharing(dev);
+        let mps = sharing.map_or(self.runs_mps[dev].load(Relaxed), |m| {
+            m == harvest::Sharing::Mps
+        });
+        let floor_judged = if mps { solo.unwrap_or(floor) } else { floor };
         let d0 = floor_judged.min(d0_charged);
         // Collisions are judged on what the sample measured beyond the timing's noise: a few
         // tens of µs of jitter on a real GPU, which made every short kernel a whole collision
         // (docs/harvest.md, "Timing noise").
         let (ns, wait, chained) =
             harvest::beyond_noise(ns, d0, wait, chained, self.timing_noise(dev));
+        // Under MPS, as the arbiter says, a wait is no collision; its stretch is (docs/harvest.md,
+        // "Waits under MPS").
+        let wait = harvest::wait_that_collides(wait, sharing);
         // The chain's own work is in calibrated units, and so is the sample's part of it.
         let wait = wait.or_else(|| chained.map(|c| c.share_of(d0_charged)));
         let switch_ns = self.switch_ns(dev);

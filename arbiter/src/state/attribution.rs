@@ -39,6 +39,9 @@ pub struct Attribution {
     /// Processes of functions that released their grant but still use the GPU: (pid, the
     /// released instance).
     pub released: Vec<(u32, InstanceId)>,
+    /// MPS servers on the GPU, by pid: neither training nor a function's. One running means the
+    /// GPU's processes share it through MPS, clients or not yet.
+    pub mps_servers: Vec<u32>,
 }
 
 /// Whose a GPU process is.
@@ -50,6 +53,12 @@ pub enum Owner {
     Released(InstanceId),
     /// Nobody registered it: training.
     Training,
+    /// Nobody registered it, and it is an MPS server: the process through which MPS clients'
+    /// kernels run, not a job of its own. NVML lists it among a GPU's compute processes (on an
+    /// NVIDIA H200, driver 580.159.04, with 69 MB), and taken for training it turned harvest on
+    /// over a GPU with no trainer (docs/real-gpu.md, section 11). Only a process no function
+    /// owns is asked: a function's process named so stays the function's.
+    MpsServer,
 }
 
 /// A GPU process seen before.
@@ -158,7 +167,11 @@ impl Attributor {
                 return o;
             }
             if p != pid {
-                if let Some(k) = self.known.get(&p).filter(|k| k.owner != Owner::Training) {
+                if let Some(k) = self
+                    .known
+                    .get(&p)
+                    .filter(|k| matches!(k.owner, Owner::Instance(_) | Owner::Released(_)))
+                {
                     return k.owner;
                 }
             }
@@ -170,6 +183,7 @@ impl Attributor {
         // Left the parent chain (re-parented) but not the session a function leads.
         match facts.session(pid).and_then(|sid| roots.get(&sid)) {
             Some(&o) => o,
+            None if facts.is_mps_server(pid) == Some(true) => Owner::MpsServer,
             None => Owner::Training,
         }
     }
@@ -205,6 +219,7 @@ impl Attributor {
                     e.pids.push(pid);
                 }
                 Some(Owner::Released(id)) => out.released.push((pid, id)),
+                Some(Owner::MpsServer) => out.mps_servers.push(pid),
                 Some(Owner::Training) | None => out.training.push(TrainingProc {
                     pid,
                     used,
@@ -214,6 +229,7 @@ impl Attributor {
         }
         out.training.sort_by_key(|t| t.pid);
         out.released.sort_unstable();
+        out.mps_servers.sort_unstable();
         for u in out.instances.values_mut() {
             u.pids.sort_unstable();
         }
@@ -233,6 +249,34 @@ mod tests {
             s.proc_util.insert(pid, util);
         }
         s
+    }
+
+    #[test]
+    fn an_mps_server_is_neither_training_nor_a_function_and_a_functions_process_named_so_stays_its()
+    {
+        let procs = FakeProcs::default();
+        procs.spawn(100, 1, 10, true); // the function
+        procs.spawn(101, 100, 11, true); // its worker, named like an MPS server
+        procs.mark_mps_server(101);
+        procs.spawn(300, 1, 12, false); // the MPS server
+        procs.mark_mps_server(300);
+        procs.spawn(200, 1, 13, false); // a trainer
+        let s = sample(&[(101, 1 << 20, 5), (200, 1 << 30, 60), (300, 69 << 20, 0)]);
+        let roots = Roots::from([(100, Owner::Instance(1))]);
+        let mut at = Attributor::default();
+        let a = at.split(&s, &roots, &procs);
+        assert_eq!(a.mps_servers, vec![300]);
+        assert_eq!(a.training.len(), 1);
+        assert_eq!(a.training[0].pid, 200);
+        assert_eq!(
+            a.instances[&1].pids,
+            vec![101],
+            "the function's, whatever its name"
+        );
+        // Known afterwards: the next sample reads nothing again.
+        let before = procs.reads();
+        assert_eq!(at.split(&s, &roots, &procs), a);
+        assert_eq!(procs.reads(), before);
     }
 
     #[test]

@@ -70,6 +70,13 @@ pub trait ProcFacts: Send {
     /// Whether the smore shim is mapped into `pid` (None: cannot tell).
     fn shim_mapped(&self, pid: u32) -> Option<bool>;
 
+    /// Whether `pid` is an MPS server (`nvidia-cuda-mps-server`: its command name, and its program
+    /// a root-owned file of that name); None:
+    /// cannot tell. Asked only of a process no function owns ([`super::attribution`]).
+    fn is_mps_server(&self, _pid: u32) -> Option<bool> {
+        None
+    }
+
     /// A handle that reports the exit of the process `pid` that had `start`; None when the
     /// platform has none (callers then re-check [`ProcFacts::is_same_process`]).
     fn watch(&self, _pid: u32, _start: u64) -> Option<Box<dyn Liveness>> {
@@ -162,6 +169,17 @@ impl ShimCheck {
     }
 }
 
+/// `/proc/<pid>/comm` of an MPS server: `nvidia-cuda-mps-server` cut to the kernel's 15
+/// characters (TASK_COMM_LEN less its NUL). The control daemon, `nvidia-cuda-mps-control`, reads
+/// the same but holds no CUDA context, so NVML never lists it on a GPU. Seen on an NVIDIA H200
+/// (driver 580.159.04): NVML listed the server (69 MB) among the GPU's compute processes
+/// beside its clients, and the arbiter took it for a training job (docs/real-gpu.md, section
+/// 11).
+pub const MPS_SERVER_COMM: &str = "nvidia-cuda-mps";
+/// The MPS server's program, as NVIDIA ships it; it must also be owned by root
+/// ([`LiveProcs`]'s check).
+pub const MPS_SERVER_EXE: &str = "nvidia-cuda-mps-server";
+
 /// Facts from this machine's `/proc`.
 #[derive(Debug, Default)]
 pub struct LiveProcs {
@@ -185,6 +203,20 @@ impl ProcFacts for LiveProcs {
     fn shim_mapped(&self, pid: u32) -> Option<bool> {
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
         Some(self.shim.in_maps(&maps))
+    }
+    fn is_mps_server(&self, pid: u32) -> Option<bool> {
+        use std::os::unix::fs::MetadataExt;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        if comm.trim_end_matches('\n') != MPS_SERVER_COMM {
+            return Some(false);
+        }
+        // The name is the process's to choose (prctl): the program must also be a root-owned
+        // file named as NVIDIA ships it, which a function (not root) cannot make. Without
+        // the right to read its `exe` (a daemon not run as root): cannot tell.
+        let exe = format!("/proc/{pid}/exe");
+        let path = std::fs::read_link(&exe).ok()?;
+        let owner = std::fs::metadata(&exe).ok()?.uid();
+        Some(path.file_name() == Some(std::ffi::OsStr::new(MPS_SERVER_EXE)) && owner == 0)
     }
     fn watch(&self, pid: u32, start: u64) -> Option<Box<dyn Liveness>> {
         crate::proc::Pidfd::open(pid, start).map(|p| Box::new(p) as Box<dyn Liveness>)
@@ -257,6 +289,8 @@ pub(crate) mod fake {
         pub shim: bool,
         /// Its session (None: not told; [`ProcFacts::session`] then says None).
         pub session: Option<u32>,
+        /// An MPS server ([`ProcFacts::is_mps_server`]).
+        pub mps_server: bool,
     }
 
     /// A shared, mutable fake process table; counts the `/proc`-like reads made through it.
@@ -275,8 +309,15 @@ pub(crate) mod fake {
                     parent,
                     shim,
                     session: None,
+                    mps_server: false,
                 },
             );
+        }
+        /// Makes `pid` an MPS server.
+        pub fn mark_mps_server(&self, pid: u32) {
+            if let Some(p) = self.0.lock().unwrap().get_mut(&pid) {
+                p.mps_server = true;
+            }
         }
         /// Re-parents `pid` (its parent exited) and puts it in session `session`.
         pub fn reparent(&self, pid: u32, parent: u32, session: Option<u32>) {
@@ -323,6 +364,10 @@ pub(crate) mod fake {
             self.read();
             self.0.lock().unwrap().get(&pid).map(|p| p.shim)
         }
+        fn is_mps_server(&self, pid: u32) -> Option<bool> {
+            self.read();
+            self.0.lock().unwrap().get(&pid).map(|p| p.mps_server)
+        }
         fn watch(&self, pid: u32, start: u64) -> Option<Box<dyn Liveness>> {
             Some(Box::new(FakeWatch(self.clone(), pid, start)))
         }
@@ -349,6 +394,52 @@ pub(crate) mod fake {
 mod tests {
     use super::*;
     use crate::proc::FileId;
+
+    /// Starts a copy of `sleep` under the file name `name` (its command name is the name's first
+    /// 15 characters), retrying while another test thread's fork holds the fresh copy open for
+    /// writing (ETXTBSY).
+    fn sleep_named(dir: &std::path::Path, name: &str) -> std::process::Child {
+        let exe = dir.join(name);
+        let sleep = ["/bin/sleep", "/usr/bin/sleep"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("sleep");
+        std::fs::copy(sleep, &exe).unwrap();
+        for _ in 0..100 {
+            match std::process::Command::new(&exe).arg("30").spawn() {
+                Ok(c) => return c,
+                Err(e) if e.raw_os_error() == Some(26) => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                Err(e) => panic!("{name}: {e}"),
+            }
+        }
+        panic!("{name}: text file busy");
+    }
+
+    #[test]
+    fn an_mps_server_is_its_name_and_a_root_owned_program_of_that_name() {
+        use std::os::unix::fs::MetadataExt;
+        let live = LiveProcs::default();
+        assert_eq!(live.is_mps_server(std::process::id()), Some(false));
+        let dir = tempfile::tempdir().unwrap();
+        let mut server = sleep_named(dir.path(), MPS_SERVER_EXE);
+        // Same command name, another program: not the server.
+        let mut impostor = sleep_named(dir.path(), "nvidia-cuda-mps-fake");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let root_owned = std::fs::metadata(dir.path().join(MPS_SERVER_EXE))
+            .unwrap()
+            .uid()
+            == 0;
+        // The copy is root's only where the tests run as root; elsewhere it is no server.
+        assert_eq!(live.is_mps_server(server.id()), Some(root_owned));
+        assert_eq!(live.is_mps_server(impostor.id()), Some(false));
+        for c in [&mut server, &mut impostor] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        assert_eq!(live.is_mps_server(u32::MAX), None, "no such process");
+    }
 
     #[test]
     fn only_the_installed_shim_or_a_byte_identical_copy_counts() {

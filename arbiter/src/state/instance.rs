@@ -9,7 +9,7 @@ use super::watchdog::{ShareDebt, SmOveruse};
 use crate::grantpage::PageHandle;
 use crate::harvest::{self, RequestPacer, UsageLedger};
 use serde::Serialize;
-use smore_protocol::grant::{TimingNoise, MAX_DEVICES};
+use smore_protocol::grant::{Sharing, TimingNoise, MAX_DEVICES};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -73,6 +73,11 @@ pub struct Instance {
     /// wait_noise_us`, `stretch_noise_us` on a time-sliced GPU; none under MPS or while the GPU's
     /// mode is not known).
     pub timing_noise: TimingNoise,
+    /// How its GPU's processes share it, as written to its page (`None`: not known yet). Its
+    /// shims judge waits by it (docs/harvest.md, "Waits under MPS"); the status says it per
+    /// GPU.
+    #[serde(skip)]
+    pub sharing: Option<Sharing>,
     /// Harvest: collision time it used over the last 3 s (`harvest::USE_WINDOW_S`), ppm of wall
     /// time.
     pub contention_used_ppm: u32,
@@ -159,6 +164,7 @@ impl Instance {
             contention_processes: 1,
             switch_ns: 0,
             timing_noise: TimingNoise::NONE,
+            sharing: None,
             contention_used_ppm: 0,
             gpu_used_ppm: 0,
             miss_rate: None,
@@ -323,6 +329,7 @@ impl Instance {
                     }
                     page.set_switch(d, self.switch_ns);
                     page.set_timing_noise(d, self.timing_noise);
+                    page.set_sharing(d, self.sharing);
                     page.set(d, self.page_cap(), self.page_share());
                 } else if page.cap(d) != 0 {
                     // Devices the instance was not admitted to: no memory at all.

@@ -407,7 +407,7 @@ impl State {
                 .resolve(peer.pid, start, &roots, self.procs.as_ref());
             let id = match owner {
                 attribution::Owner::Instance(id) | attribution::Owner::Released(id) => Some(id),
-                attribution::Owner::Training => None,
+                attribution::Owner::Training | attribution::Owner::MpsServer => None,
             };
             if let Some(id) = id {
                 let function = self
@@ -596,6 +596,7 @@ impl State {
         };
         let switch_ns = switch_charge(harvesting, g.sharing, self.cfg.context_switch_ns);
         let noise = timing_noise(g.sharing, self.cfg.timing_noise);
+        let sharing = g.sharing;
         for (id, share) in shares {
             if let Some(i) = self.instances.get_mut(&id) {
                 let ppm = budgets.get(&id).copied().unwrap_or(0);
@@ -603,11 +604,13 @@ impl State {
                     || i.contention_ppm != ppm
                     || i.switch_ns != switch_ns
                     || i.timing_noise != noise
+                    || i.sharing != sharing
                 {
                     i.rec.share = share;
                     i.contention_ppm = ppm;
                     i.switch_ns = switch_ns;
                     i.timing_noise = noise;
+                    i.sharing = sharing;
                     i.write_page();
                     self.dirty = true;
                 }
@@ -1518,20 +1521,30 @@ impl State {
             let appeared = g.training.is_empty() != split.training.is_empty();
             g.used = s.used;
             g.util = s.util;
-            if let Some(sharing) = s.sharing.filter(|m| g.sharing != Some(*m)) {
+            // An MPS server on the GPU says MPS whatever NVML's client list says: it lists no
+            // client while only the server runs, and the mode read time-sliced between the
+            // demo's runs on an MPS node (docs/real-gpu.md, section 11).
+            let read = if split.mps_servers.is_empty() {
+                s.sharing
+            } else {
+                Some(Sharing::Mps)
+            };
+            if let Some(sharing) = read.filter(|m| g.sharing != Some(*m)) {
                 log_sharing(
                     *index,
                     sharing,
                     self.cfg.harvest,
                     self.cfg.context_switch_ns,
                 );
-                // The switch charge and the timing noise on the pages follow the mode (a re-split
-                // is also a growth step of the budget split: only when a page would change).
+                // The switch charge, the timing noise and the mode itself on the pages follow the
+                // mode (a re-split is also a growth step of the budget split: only when a page
+                // would change; the mode is on every page, so every change of it re-splits).
                 let (csw, noise) = (self.cfg.context_switch_ns, self.cfg.timing_noise);
                 let pages = |m: Option<Sharing>| {
                     (
                         switch_charge(self.cfg.harvest, m, csw),
                         timing_noise(m, noise),
+                        m,
                     )
                 };
                 let follows = pages(g.sharing) != pages(Some(sharing));
@@ -2084,7 +2097,9 @@ fn switch_charge(harvesting: bool, sharing: Option<Sharing>, configured_ns: u64)
 
 /// The timing-noise allowance a GPU's function pages carry: the node's on a time-sliced GPU
 /// (where it was measured: docs/real-gpu.md, section 10), none under MPS — where a kernel's
-/// stretch is the whole signal of a collision and no GPU's jitter has been measured; on the
+/// stretch is the whole signal of a collision (the shims count no wait there, as the page's
+/// mode says: docs/harvest.md, "Waits under MPS"), and a 60 µs stretch allowance took nearly
+/// all of it off the H200's MPS traces (docs/real-gpu.md, section 11); on the
 /// simulated GPU's MPS model the H200's allowance cut the estimate from 3.4 to 1.8 % against a
 /// true 4.6–5.0 % (docs/harvest.md, "Timing noise") — and none before the mode is known (the
 /// side that counts every collision; it is known from the first sample that shows a compute
@@ -2254,16 +2269,19 @@ mod tests {
             sharing: m,
             ..training_sample(50, &[])
         };
-        // Before the GPU's mode is known: none (every collision counted).
+        // Before the GPU's mode is known: none (every collision counted), and no mode.
         assert_eq!(page.page().timing_noise(slot), TimingNoise::NONE);
         for _ in 0..HARVEST_EVERY {
             s.reconcile(&[(g.gpu_index, told(None))]);
         }
         assert!(page.page().contention(slot) > 0, "harvest on");
         assert_eq!(page.page().timing_noise(slot), TimingNoise::NONE);
-        // Time-sliced: the node's allowance; MPS: none; time-sliced again: the node's.
+        assert_eq!(page.page().sharing(slot), None);
+        // Time-sliced: the node's allowance; MPS: none; time-sliced again: the node's. The
+        // page names the mode each time (the shim judges waits by it).
         s.reconcile(&[(g.gpu_index, told(Some(Sharing::TimeSliced)))]);
         assert_eq!(page.page().timing_noise(slot), TimingNoise::H200);
+        assert_eq!(page.page().sharing(slot), Some(Sharing::TimeSliced));
         let shown = &s.snapshot()["gpus"][0]["functions"][0]["timing_noise"];
         assert_eq!(
             (shown["wait_us"].as_u64(), shown["stretch_us"].as_u64()),
@@ -2272,8 +2290,10 @@ mod tests {
         );
         s.reconcile(&[(g.gpu_index, told(Some(Sharing::Mps)))]);
         assert_eq!(page.page().timing_noise(slot), TimingNoise::NONE);
+        assert_eq!(page.page().sharing(slot), Some(Sharing::Mps));
         s.reconcile(&[(g.gpu_index, told(Some(Sharing::TimeSliced)))]);
         assert_eq!(page.page().timing_noise(slot), TimingNoise::H200);
+        assert_eq!(page.page().sharing(slot), Some(Sharing::TimeSliced));
         // A reload changes it on the page at once.
         let base = s.cfg.clone();
         let exact = Config {
@@ -3305,6 +3325,42 @@ mod injected_facts_tests {
         s.reconcile(&[(0, GpuSample::default()), (1, GpuSample::default())]);
         assert_eq!(free1(&s), before);
         assert!(!s.instances[&id].ungranted_escalation.acted());
+    }
+
+    #[test]
+    fn an_mps_server_is_no_training_and_says_the_gpu_runs_mps_before_any_client() {
+        let (procs, clock) = (FakeProcs::default(), FakeClock::default());
+        procs.spawn(100, 1, 10, true);
+        procs.spawn(300, 1, 12, false);
+        procs.mark_mps_server(300);
+        let mut s = state(&procs, &clock);
+        let id = register(&mut s, 100);
+        // NVML lists the server and, while no client runs, no MPS client: read alone, that
+        // says time-sliced (docs/real-gpu.md, section 11).
+        let mut sample = GpuSample {
+            sharing: Some(Sharing::TimeSliced),
+            ..Default::default()
+        };
+        sample.procs.insert(300, 69 << 20);
+        sample.proc_util.insert(300, 40);
+        s.reconcile(&[(0, sample.clone())]);
+        assert!(s.gpus[0].training.is_empty(), "the server is not a trainer");
+        assert_eq!(s.gpus[0].training_used, 0);
+        assert_eq!(s.gpus[0].sharing, Some(Sharing::Mps));
+        let slot = s.instances[&id].rec.slot as usize;
+        let page = s.instances[&id].page.clone().unwrap();
+        assert_eq!(
+            page.page().sharing(slot),
+            Some(Sharing::Mps),
+            "the page says it"
+        );
+        // A trainer beside it is training.
+        procs.spawn(200, 1, 13, false);
+        sample.procs.insert(200, 2 << 30);
+        s.reconcile(&[(0, sample)]);
+        assert_eq!(s.gpus[0].training.len(), 1);
+        assert_eq!(s.gpus[0].training[0].pid, 200);
+        assert_eq!(s.gpus[0].sharing, Some(Sharing::Mps));
     }
 
     #[test]
