@@ -42,6 +42,10 @@ pub struct GpuSample {
     pub proc_util: HashMap<u32, u32>,
     /// How the processes share the GPU, when this sample tells (see [`Sharing`]).
     pub sharing: Option<Sharing>,
+    /// The processes NVML lists as MPS clients (none when it lists none or cannot tell). A
+    /// function's page says MPS only when its processes and the trainers are all among them
+    /// (docs/harvest.md, "Waits under MPS").
+    pub mps_clients: Vec<u32>,
 }
 
 /// Where GPU facts come from.
@@ -122,8 +126,10 @@ impl GpuSource for NvmlSource {
             .collect();
         let procs: HashMap<u32, u64> = procs;
         // A driver without the MPS list (or a failing call) leaves the mode unknown, not wrong.
-        let mps_clients = d.mps_running_compute_processes().ok().map(|v| v.len());
-        let sharing = Sharing::from_process_lists(procs.len(), mps_clients);
+        let mps = d.mps_running_compute_processes().ok();
+        let sharing = Sharing::from_process_lists(procs.len(), mps.as_ref().map(Vec::len));
+        let mut mps_clients: Vec<u32> = mps.into_iter().flatten().map(|p| p.pid).collect();
+        mps_clients.sort_unstable();
         let since = self.last_ts.get(&index).copied().unwrap_or(0);
         let proc_util = self.last_util.entry(index).or_default();
         // Processes that are gone take their last sample with them.
@@ -148,6 +154,7 @@ impl GpuSource for NvmlSource {
             procs,
             proc_util,
             sharing,
+            mps_clients,
         })
     }
 }

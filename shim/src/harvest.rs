@@ -114,7 +114,7 @@ pub fn beyond_noise(
 /// its stretch measures (docs/simgpu.md, "MPS mode": in the simulated model another client's
 /// kernel never delays a start). On an NVIDIA H200 under MPS, beside the demo's trainer busy
 /// about 10 % of the time, sampled launches waited 60 / 173 / 285 µs (p10 / p50 / p90), and
-/// the shims counted 0.98–0.99 of their GPU time as collision, 72 % of it waits; the arbiter's
+/// the shims counted all of their GPU time as collision, 72 % of it waits; the arbiter's
 /// estimate sat at the budget's set point (7.5–7.6 %) while the trainer measured −2.3, 0.7 and
 /// 4.0 % slower in three runs. The same traces judged on stretch alone read 0.26–0.27 of what
 /// was counted (docs/harvest.md, "Waits under MPS").

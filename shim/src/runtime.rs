@@ -434,7 +434,10 @@ fn init() -> &'static Runtime {
             for d in 0..MAX_DEVICES {
                 closed.set_switch(d, page.switch(d));
                 closed.set_timing_noise(d, page.timing_noise(d));
-                closed.set_sharing(d, page.sharing(d));
+                // No mode: nothing updates this page again, and a GPU whose MPS daemon quits
+                // would be judged as MPS for good (found by review, 2026-11-28). Not known is
+                // the side that counts every wait.
+                closed.set_sharing(d, None);
                 if let Some(u) = page.slot_uuid(d) {
                     closed.set_slot_uuid(d, u);
                 }
@@ -777,6 +780,15 @@ impl Runtime {
     /// (`None`: not said, or off the grant).
     pub fn sharing(&self, dev: usize) -> Option<harvest::Sharing> {
         self.device_slot(dev).and_then(|s| self.limits().sharing(s))
+    }
+
+    /// Whether CUDA ordinal `dev`'s GPU runs this process's kernels beside others' (MPS): the
+    /// page's word where it names a mode, the shim's own NVML reading until then.
+    fn runs_mps(&self, dev: usize) -> bool {
+        self.sharing(dev)
+            .map_or(self.runs_mps[dev].load(Relaxed), |m| {
+                m == harvest::Sharing::Mps
+            })
     }
 
     /// What to do when an allocation cannot be accounted (device unknown).
@@ -1327,8 +1339,7 @@ impl Runtime {
                 {
                     let deadline = turns::request_deadline(page.turn_key(slot), now);
                     let key = deadline.unwrap_or(now);
-                    let urgent =
-                        turns::Urgency::on(self.runs_mps[dev].load(Relaxed), cost, deadline);
+                    let urgent = turns::Urgency::on(self.runs_mps(dev), cost, deadline);
                     match seat.try_take(now, self.backlog[dev].end(), key, urgent) {
                         Take::Go => {}
                         Take::CutIn => {
@@ -1700,10 +1711,11 @@ impl Runtime {
         // The arbiter's word on the mode, where its page says one; the shim's own NVML reading
         // until then.
         let sharing = self.sharing(dev);
-        let mps = sharing.map_or(self.runs_mps[dev].load(Relaxed), |m| {
-            m == harvest::Sharing::Mps
-        });
-        let floor_judged = if mps { solo.unwrap_or(floor) } else { floor };
+        let floor_judged = if self.runs_mps(dev) {
+            solo.unwrap_or(floor)
+        } else {
+            floor
+        };
         let d0 = floor_judged.min(d0_charged);
         // Collisions are judged on what the sample measured beyond the timing's noise: a few
         // tens of µs of jitter on a real GPU, which made every short kernel a whole collision

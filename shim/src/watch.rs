@@ -86,7 +86,8 @@ pub fn spawn(
 }
 
 /// A process-local page refusing every allocation, with the shares, contention budgets,
-/// context-switch costs, timing-noise allowances, modes and GPU names (slot UUIDs) of `last`.
+/// context-switch costs, timing-noise allowances and GPU names (slot UUIDs) of `last`, and no
+/// mode.
 fn closed_page(last: &GrantPage) -> &'static GrantPage {
     let page: &'static GrantPage = Box::leak(Box::new(GrantPage::unlimited()));
     for d in 0..MAX_DEVICES {
@@ -94,7 +95,8 @@ fn closed_page(last: &GrantPage) -> &'static GrantPage {
         page.set_contention(d, last.contention(d));
         page.set_switch(d, last.switch(d));
         page.set_timing_noise(d, last.timing_noise(d));
-        page.set_sharing(d, last.sharing(d));
+        // No mode: nothing updates this page again (see runtime.rs's closed page).
+        page.set_sharing(d, None);
         if let Some(u) = last.slot_uuid(d) {
             page.set_slot_uuid(d, u);
         }

@@ -169,26 +169,33 @@ def main():
             return
     # Its own process group: on a timeout the trainer, the arbiter and the instances the demo
     # started go too.
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
     stop, timeline = threading.Event(), []
-    poller = threading.Thread(target=poll_status, args=(a.smore, demo_out, stop, timeline),
-                              daemon=True)
-    poller.start()
+    # The MPS daemon is quit whatever happens here: left running, it would make every later
+    # CUDA process on the machine an MPS client.
     try:
-        stdout, stderr = p.communicate(timeout=a.seconds + OVERHEAD_S)
-        sys.stderr.write(stderr[-4000:])
-        print(stdout)
-        if p.returncode != 0:
-            errors.append(f"smore demo exited {p.returncode}: {stderr.strip()[-500:]}")
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        errors.append(f"smore demo ran past {a.seconds + OVERHEAD_S} s")
-    stop.set()
-    poller.join(timeout=5)
-    if a.mps:
-        stop_mps(env)
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+        poller = threading.Thread(target=poll_status, args=(a.smore, demo_out, stop, timeline),
+                                  daemon=True)
+        poller.start()
+        try:
+            stdout, stderr = p.communicate(timeout=a.seconds + OVERHEAD_S)
+            sys.stderr.write(stderr[-4000:])
+            print(stdout)
+            if p.returncode != 0:
+                errors.append(f"smore demo exited {p.returncode}: {stderr.strip()[-500:]}")
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            errors.append(f"smore demo ran past {a.seconds + OVERHEAD_S} s")
+        stop.set()
+        poller.join(timeout=5)
+    except OSError as e:
+        errors.append(f"could not run smore demo: {e}")
+    finally:
+        stop.set()
+        if a.mps:
+            stop_mps(env)
     result["status"] = summarise_status(timeline)
     # Whatever happened, keep what there is: the traces help most when the run failed.
     if a.out:

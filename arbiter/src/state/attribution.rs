@@ -39,9 +39,9 @@ pub struct Attribution {
     /// Processes of functions that released their grant but still use the GPU: (pid, the
     /// released instance).
     pub released: Vec<(u32, InstanceId)>,
-    /// MPS servers on the GPU, by pid: neither training nor a function's. One running means the
-    /// GPU's processes share it through MPS, clients or not yet.
-    pub mps_servers: Vec<u32>,
+    /// MPS servers on the GPU: (pid, memory in bytes). Neither training nor a function's; their
+    /// memory is held beside training's, so that no process's memory is in no figure.
+    pub mps_servers: Vec<(u32, u64)>,
 }
 
 /// Whose a GPU process is.
@@ -219,7 +219,7 @@ impl Attributor {
                     e.pids.push(pid);
                 }
                 Some(Owner::Released(id)) => out.released.push((pid, id)),
-                Some(Owner::MpsServer) => out.mps_servers.push(pid),
+                Some(Owner::MpsServer) => out.mps_servers.push((pid, used)),
                 Some(Owner::Training) | None => out.training.push(TrainingProc {
                     pid,
                     used,
@@ -265,7 +265,7 @@ mod tests {
         let roots = Roots::from([(100, Owner::Instance(1))]);
         let mut at = Attributor::default();
         let a = at.split(&s, &roots, &procs);
-        assert_eq!(a.mps_servers, vec![300]);
+        assert_eq!(a.mps_servers, vec![(300, 69 << 20)]);
         assert_eq!(a.training.len(), 1);
         assert_eq!(a.training[0].pid, 200);
         assert_eq!(

@@ -70,9 +70,8 @@ pub trait ProcFacts: Send {
     /// Whether the smore shim is mapped into `pid` (None: cannot tell).
     fn shim_mapped(&self, pid: u32) -> Option<bool>;
 
-    /// Whether `pid` is an MPS server (`nvidia-cuda-mps-server`: its command name, and its program
-    /// a root-owned file of that name); None:
-    /// cannot tell. Asked only of a process no function owns ([`super::attribution`]).
+    /// Whether `pid` is an MPS server (`nvidia-cuda-mps-server`: its command name, its program a
+    /// root-owned file of that name, its parent root's MPS control daemon); None: cannot tell. Asked only of a process no function owns ([`super::attribution`]).
     fn is_mps_server(&self, _pid: u32) -> Option<bool> {
         None
     }
@@ -170,8 +169,8 @@ impl ShimCheck {
 }
 
 /// `/proc/<pid>/comm` of an MPS server: `nvidia-cuda-mps-server` cut to the kernel's 15
-/// characters (TASK_COMM_LEN less its NUL). The control daemon, `nvidia-cuda-mps-control`, reads
-/// the same but holds no CUDA context, so NVML never lists it on a GPU. Seen on an NVIDIA H200
+/// characters (TASK_COMM_LEN less its NUL). The control daemon, `nvidia-cuda-mps-control`, which
+/// starts the server, reads the same but holds no CUDA context, so NVML never lists it on a GPU. Seen on an NVIDIA H200
 /// (driver 580.159.04): NVML listed the server (69 MB) among the GPU's compute processes
 /// beside its clients, and the arbiter took it for a training job (docs/real-gpu.md, section
 /// 11).
@@ -210,13 +209,22 @@ impl ProcFacts for LiveProcs {
         if comm.trim_end_matches('\n') != MPS_SERVER_COMM {
             return Some(false);
         }
-        // The name is the process's to choose (prctl): the program must also be a root-owned
-        // file named as NVIDIA ships it, which a function (not root) cannot make. Without
-        // the right to read its `exe` (a daemon not run as root): cannot tell.
+        // The name is the process's to choose (prctl). The program must be a root-owned file
+        // named as NVIDIA ships it — but that file is world-executable, so anyone can run it
+        // (found by review, 2026-11-28) — and its parent root's MPS control daemon, which a
+        // function (not root) cannot start: a function's own daemon runs as the function's
+        // user. Without the right to read its `exe` (a daemon not run as root): cannot tell.
         let exe = format!("/proc/{pid}/exe");
         let path = std::fs::read_link(&exe).ok()?;
         let owner = std::fs::metadata(&exe).ok()?.uid();
-        Some(path.file_name() == Some(std::ffi::OsStr::new(MPS_SERVER_EXE)) && owner == 0)
+        if path.file_name() != Some(std::ffi::OsStr::new(MPS_SERVER_EXE)) || owner != 0 {
+            return Some(false);
+        }
+        let parent = crate::proc::parent(pid)?;
+        let parent_comm = std::fs::read_to_string(format!("/proc/{parent}/comm")).ok()?;
+        // A process's /proc folder belongs to its effective user.
+        let parent_uid = std::fs::metadata(format!("/proc/{parent}")).ok()?.uid();
+        Some(parent_comm.trim_end_matches('\n') == MPS_SERVER_COMM && parent_uid == 0)
     }
     fn watch(&self, pid: u32, start: u64) -> Option<Box<dyn Liveness>> {
         crate::proc::Pidfd::open(pid, start).map(|p| Box::new(p) as Box<dyn Liveness>)
@@ -395,49 +403,99 @@ mod tests {
     use super::*;
     use crate::proc::FileId;
 
-    /// Starts a copy of `sleep` under the file name `name` (its command name is the name's first
-    /// 15 characters), retrying while another test thread's fork holds the fresh copy open for
-    /// writing (ETXTBSY).
-    fn sleep_named(dir: &std::path::Path, name: &str) -> std::process::Child {
-        let exe = dir.join(name);
-        let sleep = ["/bin/sleep", "/usr/bin/sleep"]
-            .into_iter()
+    /// Copies the program `from` (the first of the paths that exists) to `dir/name`.
+    fn copy_as(from: &[&str], dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+        let src = from
+            .iter()
             .find(|p| std::path::Path::new(p).exists())
-            .expect("sleep");
-        std::fs::copy(sleep, &exe).unwrap();
+            .expect("program");
+        let exe = dir.join(name);
+        std::fs::copy(src, &exe).unwrap();
+        exe
+    }
+
+    /// Spawns `cmd`, retrying while another test thread's fork holds a fresh copy open for
+    /// writing (ETXTBSY).
+    fn spawn(cmd: &mut std::process::Command) -> std::process::Child {
         for _ in 0..100 {
-            match std::process::Command::new(&exe).arg("30").spawn() {
+            match cmd.spawn() {
                 Ok(c) => return c,
                 Err(e) if e.raw_os_error() == Some(26) => {
                     std::thread::sleep(std::time::Duration::from_millis(20))
                 }
-                Err(e) => panic!("{name}: {e}"),
+                Err(e) => panic!("{cmd:?}: {e}"),
             }
         }
-        panic!("{name}: text file busy");
+        panic!("{cmd:?}: text file busy");
     }
 
     #[test]
-    fn an_mps_server_is_its_name_and_a_root_owned_program_of_that_name() {
+    fn an_mps_server_is_its_name_a_root_owned_program_of_that_name_and_roots_control_daemon() {
         use std::os::unix::fs::MetadataExt;
         let live = LiveProcs::default();
         assert_eq!(live.is_mps_server(std::process::id()), Some(false));
         let dir = tempfile::tempdir().unwrap();
-        let mut server = sleep_named(dir.path(), MPS_SERVER_EXE);
-        // Same command name, another program: not the server.
-        let mut impostor = sleep_named(dir.path(), "nvidia-cuda-mps-fake");
+        let server = copy_as(
+            &["/bin/sleep", "/usr/bin/sleep"],
+            dir.path(),
+            MPS_SERVER_EXE,
+        );
+        let control = copy_as(
+            &["/bin/sh", "/usr/bin/sh"],
+            dir.path(),
+            "nvidia-cuda-mps-control",
+        );
+        // Started by a "control daemon" (a shell under that name; its command name is the
+        // file name's first 15 characters): the server's shape.
+        let mut daemon = spawn(
+            std::process::Command::new(&control)
+                .arg("-c")
+                .arg(format!("{} 30 & wait", server.display())),
+        );
+        // The same program started by anyone else, and another program of the same name.
+        let mut orphan = spawn(std::process::Command::new(&server).arg("30"));
+        let impostor = copy_as(
+            &["/bin/sleep", "/usr/bin/sleep"],
+            dir.path(),
+            "nvidia-cuda-mps-fake",
+        );
+        let mut impostor = spawn(std::process::Command::new(&impostor).arg("30"));
+        let children = format!("/proc/{0}/task/{0}/children", daemon.id());
+        let mut child = None;
+        for _ in 0..200 {
+            let text = std::fs::read_to_string(&children).unwrap_or_default();
+            child = text
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u32>().ok());
+            if child.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let child = child.expect("the daemon's child");
+        // Its exec may lag its fork a moment.
         std::thread::sleep(std::time::Duration::from_millis(100));
-        let root_owned = std::fs::metadata(dir.path().join(MPS_SERVER_EXE))
-            .unwrap()
-            .uid()
-            == 0;
-        // The copy is root's only where the tests run as root; elsewhere it is no server.
-        assert_eq!(live.is_mps_server(server.id()), Some(root_owned));
-        assert_eq!(live.is_mps_server(impostor.id()), Some(false));
-        for c in [&mut server, &mut impostor] {
+        // Root's only where the tests run as root; elsewhere no server.
+        let root = std::fs::metadata(&server).unwrap().uid() == 0;
+        assert_eq!(live.is_mps_server(child), Some(root));
+        assert_eq!(
+            live.is_mps_server(orphan.id()),
+            Some(false),
+            "not the daemon's"
+        );
+        assert_eq!(
+            live.is_mps_server(impostor.id()),
+            Some(false),
+            "not the program"
+        );
+        for c in [&mut daemon, &mut orphan, &mut impostor] {
             let _ = c.kill();
             let _ = c.wait();
         }
+        let _ = std::process::Command::new("kill")
+            .arg(child.to_string())
+            .status();
         assert_eq!(live.is_mps_server(u32::MAX), None, "no such process");
     }
 

@@ -73,9 +73,10 @@ pub struct Instance {
     /// wait_noise_us`, `stretch_noise_us` on a time-sliced GPU; none under MPS or while the GPU's
     /// mode is not known).
     pub timing_noise: TimingNoise,
-    /// How its GPU's processes share it, as written to its page (`None`: not known yet). Its
-    /// shims judge waits by it (docs/harvest.md, "Waits under MPS"); the status says it per
-    /// GPU.
+    /// How its GPU's processes share it, as written to its page (`None`: not known yet): MPS only
+    /// when its own GPU processes and the trainers are MPS clients of a GPU that reads MPS
+    /// (`page_sharing`). Its shims judge waits by it (docs/harvest.md, "Waits under MPS"); the
+    /// status says the GPU's mode.
     #[serde(skip)]
     pub sharing: Option<Sharing>,
     /// Harvest: collision time it used over the last 3 s (`harvest::USE_WINDOW_S`), ppm of wall
@@ -312,6 +313,13 @@ impl Instance {
         match self.contention_ppm {
             0 => 0,
             ppm => (ppm / self.contention_processes.max(1)).max(1),
+        }
+    }
+
+    /// Writes the GPU's mode as its page is to carry it ([`Instance::sharing`]) into its slot.
+    pub fn write_sharing(&self) {
+        if let Some(p) = &self.page {
+            p.page().set_sharing(self.rec.slot as usize, self.sharing);
         }
     }
 

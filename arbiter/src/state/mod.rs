@@ -139,6 +139,9 @@ pub struct Gpu {
     /// How its processes share it (NVML's MPS client list), as last known: `time-sliced`, `mps`,
     /// or null before any sample told.
     pub sharing: Option<Sharing>,
+    /// The processes NVML listed as MPS clients in the last sample ([`page_sharing`]).
+    #[serde(skip)]
+    pub mps_clients: Vec<u32>,
     /// Percent points by which NVML's per-process SM figures sum past the device's utilization
     /// in the last sample (0 under MPS): on a time-sliced GPU a process's figure can count time
     /// that was another's, and the watchdog judges functions without it
@@ -166,6 +169,7 @@ impl Gpu {
             training_used: 0,
             ungranted_used: 0,
             sharing: None,
+            mps_clients: Vec::new(),
             sm_overlap: 0,
             estimate: TrainingEstimate::default(),
             memory: TrainingMemory::default(),
@@ -596,9 +600,11 @@ impl State {
         };
         let switch_ns = switch_charge(harvesting, g.sharing, self.cfg.context_switch_ns);
         let noise = timing_noise(g.sharing, self.cfg.timing_noise);
-        let sharing = g.sharing;
+        let (gpu_mode, clients) = (g.sharing, g.mps_clients.clone());
+        let trainers: Vec<u32> = g.training.iter().map(|t| t.pid).collect();
         for (id, share) in shares {
             if let Some(i) = self.instances.get_mut(&id) {
+                let sharing = page_sharing(gpu_mode, &clients, &trainers, &i.gpu_pids);
                 let ppm = budgets.get(&id).copied().unwrap_or(0);
                 if i.rec.share != share
                     || i.contention_ppm != ppm
@@ -1521,14 +1527,15 @@ impl State {
             let appeared = g.training.is_empty() != split.training.is_empty();
             g.used = s.used;
             g.util = s.util;
-            // An MPS server on the GPU says MPS whatever NVML's client list says: it lists no
-            // client while only the server runs, and the mode read time-sliced between the
-            // demo's runs on an MPS node (docs/real-gpu.md, section 11).
-            let read = if split.mps_servers.is_empty() {
-                s.sharing
+            // An MPS server with no client says nothing of the mode: NVML then lists the server
+            // as the one compute process and no MPS client, which read time-sliced between the
+            // demo's runs on an MPS node (docs/real-gpu.md, section 11). The last mode stays.
+            let read = if !split.mps_servers.is_empty() && s.mps_clients.is_empty() {
+                None
             } else {
-                Some(Sharing::Mps)
+                s.sharing
             };
+            g.mps_clients.clone_from(&s.mps_clients);
             if let Some(sharing) = read.filter(|m| g.sharing != Some(*m)) {
                 log_sharing(
                     *index,
@@ -1573,7 +1580,10 @@ impl State {
                 g.sharing,
             );
             let overlap = g.sm_overlap;
-            g.training_used = split.training.iter().map(|t| t.used).sum();
+            // An MPS server's memory is held beside training's: it is no trainer, but its memory
+            // is in no function's grant either.
+            g.training_used = split.training.iter().map(|t| t.used).sum::<u64>()
+                + split.mps_servers.iter().map(|&(_, used)| used).sum::<u64>();
             if !has_functions || split.training.is_empty() {
                 // The feedback loop starts again from the worst case with the next functions.
                 g.budget.reset();
@@ -1590,6 +1600,8 @@ impl State {
                 growths.push((*index, growth, g.memory.peak(), has_functions));
             }
             g.training = std::mem::take(&mut split.training);
+            let (gpu_mode, clients) = (g.sharing, g.mps_clients.clone());
+            let trainers: Vec<u32> = g.training.iter().map(|t| t.pid).collect();
             if (appeared || g.estimate.drifted()) && !reshare.contains(index) {
                 reshare.push(*index);
             }
@@ -1602,6 +1614,11 @@ impl State {
                         Some(training::ewma(inst.sm_used_mean, f64::from(sm) / 100.0));
                 }
                 inst.gpu_pids.clone_from(&usage.pids);
+                let mode = page_sharing(gpu_mode, &clients, &trainers, &inst.gpu_pids);
+                if inst.sharing != mode {
+                    inst.sharing = mode;
+                    inst.write_sharing();
+                }
                 if let Some(p) = inst.rec.preempt.as_mut() {
                     // Preempted: its page cap is 0 and its requests are refused; the only rule
                     // left is the deadline. The watchdog's other checks do not apply (it is
@@ -2097,7 +2114,7 @@ fn switch_charge(harvesting: bool, sharing: Option<Sharing>, configured_ns: u64)
 
 /// The timing-noise allowance a GPU's function pages carry: the node's on a time-sliced GPU
 /// (where it was measured: docs/real-gpu.md, section 10), none under MPS — where a kernel's
-/// stretch is the whole signal of a collision (the shims count no wait there, as the page's
+/// stretch is the whole signal of a collision (the shims count no idle-stream wait there, as the page's
 /// mode says: docs/harvest.md, "Waits under MPS"), and a 60 µs stretch allowance took nearly
 /// all of it off the H200's MPS traces (docs/real-gpu.md, section 11); on the
 /// simulated GPU's MPS model the H200's allowance cut the estimate from 3.4 to 1.8 % against a
@@ -2109,6 +2126,31 @@ fn timing_noise(sharing: Option<Sharing>, configured: TimingNoise) -> TimingNois
         configured
     } else {
         TimingNoise::NONE
+    }
+}
+
+/// The mode a function's page carries, by which its shims judge waits (docs/harvest.md, "Waits
+/// under MPS"): MPS only when the GPU reads MPS and the function's own GPU processes and every
+/// training process are MPS clients (`clients`, sorted) — one MPS server runs its clients'
+/// kernels side by side, but a process outside it still takes turns with them, and a function
+/// that started an MPS daemon of its own would otherwise have the GPU's MPS reading count its
+/// waits behind the trainer as nothing (found by review, 2026-11-28). A function with no GPU
+/// process yet: time-sliced, the side that counts its waits. Otherwise the GPU's mode.
+fn page_sharing(
+    gpu: Option<Sharing>,
+    clients: &[u32],
+    trainers: &[u32],
+    own: &[u32],
+) -> Option<Sharing> {
+    let client = |pid: &u32| clients.binary_search(pid).is_ok();
+    match gpu {
+        Some(Sharing::Mps)
+            if !own.is_empty() && own.iter().all(client) && trainers.iter().all(client) =>
+        {
+            Some(Sharing::Mps)
+        }
+        Some(_) => Some(Sharing::TimeSliced),
+        None => None,
     }
 }
 
@@ -2265,9 +2307,17 @@ mod tests {
         assert_eq!(s.cfg.timing_noise, TimingNoise::H200, "the default");
         let (g, page) = s.register(me(), args(1 << 30)).unwrap();
         let slot = s.instances[&g.instance].rec.slot as usize;
+        // The trainer (pid 1) and the function are MPS clients whenever the GPU reads MPS.
+        let mut clients = vec![1, me().pid];
+        clients.sort_unstable();
         let told = |m: Option<Sharing>| GpuSample {
             sharing: m,
-            ..training_sample(50, &[])
+            mps_clients: if m == Some(Sharing::Mps) {
+                clients.clone()
+            } else {
+                Vec::new()
+            },
+            ..training_sample(50, &[(me().pid, 5)])
         };
         // Before the GPU's mode is known: none (every collision counted), and no mode.
         assert_eq!(page.page().timing_noise(slot), TimingNoise::NONE);
@@ -3328,15 +3378,18 @@ mod injected_facts_tests {
     }
 
     #[test]
-    fn an_mps_server_is_no_training_and_says_the_gpu_runs_mps_before_any_client() {
+    fn an_mps_server_is_no_trainer_and_a_page_says_mps_only_for_clients_beside_client_trainers() {
         let (procs, clock) = (FakeProcs::default(), FakeClock::default());
         procs.spawn(100, 1, 10, true);
         procs.spawn(300, 1, 12, false);
         procs.mark_mps_server(300);
         let mut s = state(&procs, &clock);
         let id = register(&mut s, 100);
+        let slot = s.instances[&id].rec.slot as usize;
+        let page = s.instances[&id].page.clone().unwrap();
         // NVML lists the server and, while no client runs, no MPS client: read alone, that
-        // says time-sliced (docs/real-gpu.md, section 11).
+        // says time-sliced (docs/real-gpu.md, section 11). The server is no trainer, its memory
+        // is held beside training's, and the mode stays what it was (not known yet).
         let mut sample = GpuSample {
             sharing: Some(Sharing::TimeSliced),
             ..Default::default()
@@ -3345,22 +3398,57 @@ mod injected_facts_tests {
         sample.proc_util.insert(300, 40);
         s.reconcile(&[(0, sample.clone())]);
         assert!(s.gpus[0].training.is_empty(), "the server is not a trainer");
-        assert_eq!(s.gpus[0].training_used, 0);
-        assert_eq!(s.gpus[0].sharing, Some(Sharing::Mps));
-        let slot = s.instances[&id].rec.slot as usize;
-        let page = s.instances[&id].page.clone().unwrap();
-        assert_eq!(
-            page.page().sharing(slot),
-            Some(Sharing::Mps),
-            "the page says it"
-        );
-        // A trainer beside it is training.
+        assert_eq!(s.gpus[0].training_used, 69 << 20);
+        assert_eq!(s.gpus[0].sharing, None);
+        assert_eq!(page.page().sharing(slot), None);
+        // A trainer and the function, both MPS clients: MPS on the page.
         procs.spawn(200, 1, 13, false);
         sample.procs.insert(200, 2 << 30);
-        s.reconcile(&[(0, sample)]);
+        sample.procs.insert(100, 1 << 30);
+        sample.sharing = Some(Sharing::Mps);
+        sample.mps_clients = vec![100, 200];
+        s.reconcile(&[(0, sample.clone())]);
         assert_eq!(s.gpus[0].training.len(), 1);
         assert_eq!(s.gpus[0].training[0].pid, 200);
+        assert_eq!(s.gpus[0].training_used, (2 << 30) + (69 << 20));
         assert_eq!(s.gpus[0].sharing, Some(Sharing::Mps));
+        assert_eq!(page.page().sharing(slot), Some(Sharing::Mps));
+        // The function's process is no client of that server (a daemon of its own, say): it
+        // takes turns with the trainer, and its page says so, whatever the GPU reads.
+        sample.mps_clients = vec![200, 4242];
+        s.reconcile(&[(0, sample.clone())]);
+        assert_eq!(s.gpus[0].sharing, Some(Sharing::Mps));
+        assert_eq!(page.page().sharing(slot), Some(Sharing::TimeSliced));
+        // Nor when the trainer is no client.
+        sample.mps_clients = vec![100, 4242];
+        s.reconcile(&[(0, sample.clone())]);
+        assert_eq!(page.page().sharing(slot), Some(Sharing::TimeSliced));
+        sample.mps_clients = vec![100, 200];
+        s.reconcile(&[(0, sample)]);
+        assert_eq!(page.page().sharing(slot), Some(Sharing::Mps));
+    }
+
+    #[test]
+    fn a_pages_mode_is_mps_only_for_a_client_beside_client_trainers() {
+        let mps = Some(Sharing::Mps);
+        assert_eq!(page_sharing(mps, &[1, 2, 3], &[1], &[2, 3]), mps);
+        assert_eq!(page_sharing(mps, &[1, 2, 3], &[], &[2]), mps, "no trainer");
+        assert_eq!(
+            page_sharing(mps, &[1, 2], &[1], &[]),
+            Some(Sharing::TimeSliced),
+            "no process yet: its waits count"
+        );
+        assert_eq!(
+            page_sharing(mps, &[1, 2], &[1], &[2, 3]),
+            Some(Sharing::TimeSliced)
+        );
+        assert_eq!(
+            page_sharing(mps, &[2, 3], &[1], &[2, 3]),
+            Some(Sharing::TimeSliced)
+        );
+        let ts = Some(Sharing::TimeSliced);
+        assert_eq!(page_sharing(ts, &[1, 2], &[1], &[2]), ts);
+        assert_eq!(page_sharing(None, &[1, 2], &[1], &[2]), None);
     }
 
     #[test]
