@@ -204,9 +204,11 @@ pub struct Runtime {
     /// known ([`Runtime::device_slot`]).
     dev_uuid: [[AtomicU64; 2]; MAX_DEVICES],
     dev_uuid_known: [AtomicBool; MAX_DEVICES],
-    /// Per CUDA ordinal: the GPU ran MPS at the last calibration (NVML's MPS process list, read
-    /// on the sampled path at most once per [`CALIBRATION_PERIOD_NS`]; false until then, and
-    /// without NVML). Turns' cut-ins apply there only ([`turns::Urgency`]).
+    /// Per CUDA ordinal: NVML listed this process as an MPS client at the last calibration (its
+    /// MPS process list, read on the sampled path at most once per [`CALIBRATION_PERIOD_NS`];
+    /// false until then, and without NVML). The solo floor ([`CostTable::solo`]) and cut-ins
+    /// ([`turns::Urgency`]) apply under MPS only; a page's MPS counts only with it
+    /// ([`Runtime::sharing`]).
     runs_mps: [AtomicBool; MAX_DEVICES],
 }
 
@@ -776,19 +778,20 @@ impl Runtime {
             })
     }
 
-    /// How CUDA ordinal `dev`'s processes share its GPU, as the arbiter wrote on the grant page
-    /// (`None`: not said, or off the grant).
+    /// How CUDA ordinal `dev`'s GPU runs this process's kernels beside others': the arbiter's
+    /// word on the grant page (`None`: not said, or off the grant), and MPS only while NVML
+    /// also lists this very process as an MPS client — the page is its function's, and a
+    /// worker of it that started with no MPS server (another pipe folder, a per-request
+    /// process the arbiter never sampled) takes turns with the trainer whatever the page says
+    /// (found by review, 2026-11-28). Until this process's first NVML reading, not a client.
     pub fn sharing(&self, dev: usize) -> Option<harvest::Sharing> {
-        self.device_slot(dev).and_then(|s| self.limits().sharing(s))
-    }
-
-    /// Whether CUDA ordinal `dev`'s GPU runs this process's kernels beside others' (MPS): the
-    /// page's word where it names a mode, the shim's own NVML reading until then.
-    fn runs_mps(&self, dev: usize) -> bool {
-        self.sharing(dev)
-            .map_or(self.runs_mps[dev].load(Relaxed), |m| {
-                m == harvest::Sharing::Mps
-            })
+        let page = self.device_slot(dev).and_then(|s| self.limits().sharing(s));
+        match page {
+            Some(harvest::Sharing::Mps) if !self.runs_mps[dev].load(Relaxed) => {
+                Some(harvest::Sharing::TimeSliced)
+            }
+            other => other,
+        }
     }
 
     /// What to do when an allocation cannot be accounted (device unknown).
@@ -1339,7 +1342,8 @@ impl Runtime {
                 {
                     let deadline = turns::request_deadline(page.turn_key(slot), now);
                     let key = deadline.unwrap_or(now);
-                    let urgent = turns::Urgency::on(self.runs_mps(dev), cost, deadline);
+                    let urgent =
+                        turns::Urgency::on(self.runs_mps[dev].load(Relaxed), cost, deadline);
                     match seat.try_take(now, self.backlog[dev].end(), key, urgent) {
                         Take::Go => {}
                         Take::CutIn => {
@@ -1708,10 +1712,9 @@ impl Runtime {
         // per 20 ms (`CostTable::solo`): beside a trainer that hardly idles nearly every sample
         // is slowed, and the per-sample floor settled well above the solo cost (docs/harvest.md,
         // "A solo floor that rises with time under MPS").
-        // The arbiter's word on the mode, where its page says one; the shim's own NVML reading
-        // until then.
-        let sharing = self.sharing(dev);
-        let floor_judged = if self.runs_mps(dev) {
+        // Whether this process is an MPS client is NVML's word: a process that claimed it
+        // falsely would be judged against a lower floor, so count more, never less.
+        let floor_judged = if self.runs_mps[dev].load(Relaxed) {
             solo.unwrap_or(floor)
         } else {
             floor
@@ -1722,9 +1725,9 @@ impl Runtime {
         // (docs/harvest.md, "Timing noise").
         let (ns, wait, chained) =
             harvest::beyond_noise(ns, d0, wait, chained, self.timing_noise(dev));
-        // Under MPS, as the arbiter says, a wait is no collision; its stretch is (docs/harvest.md,
-        // "Waits under MPS").
-        let wait = harvest::wait_that_collides(wait, sharing);
+        // Under MPS, as the arbiter says and for an MPS client, an idle-stream wait is no
+        // collision; its stretch is (docs/harvest.md, "Waits under MPS").
+        let wait = harvest::wait_that_collides(wait, self.sharing(dev));
         // The chain's own work is in calibrated units, and so is the sample's part of it.
         let wait = wait.or_else(|| chained.map(|c| c.share_of(d0_charged)));
         let switch_ns = self.switch_ns(dev);
@@ -1817,7 +1820,10 @@ impl Runtime {
             return;
         }
         s.calibrate_next[dev] = now + CALIBRATION_PERIOD_NS;
-        let mps = driver::nvml_runs_mps(dev) == Some(true);
+        // NVML names this process by its own pid or, in a container, by the host pid the
+        // arbiter knows it by (drivers differ: docs/kubernetes.md).
+        let (me, known) = (os::pid(), os::known_as());
+        let mps = driver::nvml_mps_client(dev, |p| p == me || p == known) == Some(true);
         self.runs_mps[dev].store(mps, Relaxed);
         let mark = s.calibrated[dev];
         let estimated = self.estimated[dev].load(Relaxed);
@@ -1827,9 +1833,6 @@ impl Runtime {
             s.calibrated[dev] = None;
             return;
         };
-        // NVML names this process by its own pid or, in a container, by the host pid the
-        // arbiter knows it by (drivers differ: docs/kubernetes.md).
-        let (me, known) = (os::pid(), os::known_as());
         let mut mine: Vec<driver::ProcessUtilization> = buf[..n]
             .iter()
             .copied()

@@ -179,6 +179,26 @@ pub const MPS_SERVER_COMM: &str = "nvidia-cuda-mps";
 /// ([`LiveProcs`]'s check).
 pub const MPS_SERVER_EXE: &str = "nvidia-cuda-mps-server";
 
+/// Whether a process has an MPS server's shape: its command name `comm`, the file name and
+/// owner of its program, and its parent's command name and effective user. The name is the
+/// process's to choose (prctl). The program must be a root-owned file named as NVIDIA ships it,
+/// but that file is world-executable, so anyone can run it (found by review, 2026-11-28); its
+/// parent must be root's MPS control daemon, which a function (not root) cannot start: a
+/// function's own daemon runs as the function's user.
+pub fn mps_server_shape(
+    comm: &str,
+    exe_name: Option<&str>,
+    exe_uid: u32,
+    parent_comm: &str,
+    parent_uid: u32,
+) -> bool {
+    comm.trim_end_matches('\n') == MPS_SERVER_COMM
+        && exe_name == Some(MPS_SERVER_EXE)
+        && exe_uid == 0
+        && parent_comm.trim_end_matches('\n') == MPS_SERVER_COMM
+        && parent_uid == 0
+}
+
 /// Facts from this machine's `/proc`.
 #[derive(Debug, Default)]
 pub struct LiveProcs {
@@ -205,26 +225,26 @@ impl ProcFacts for LiveProcs {
     }
     fn is_mps_server(&self, pid: u32) -> Option<bool> {
         use std::os::unix::fs::MetadataExt;
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-        if comm.trim_end_matches('\n') != MPS_SERVER_COMM {
+        let comm = |p: u32| std::fs::read_to_string(format!("/proc/{p}/comm")).ok();
+        let name = comm(pid)?;
+        if name.trim_end_matches('\n') != MPS_SERVER_COMM {
             return Some(false);
         }
-        // The name is the process's to choose (prctl). The program must be a root-owned file
-        // named as NVIDIA ships it — but that file is world-executable, so anyone can run it
-        // (found by review, 2026-11-28) — and its parent root's MPS control daemon, which a
-        // function (not root) cannot start: a function's own daemon runs as the function's
-        // user. Without the right to read its `exe` (a daemon not run as root): cannot tell.
+        // Without the right to read its `exe` (a daemon not run as root): cannot tell.
         let exe = format!("/proc/{pid}/exe");
         let path = std::fs::read_link(&exe).ok()?;
-        let owner = std::fs::metadata(&exe).ok()?.uid();
-        if path.file_name() != Some(std::ffi::OsStr::new(MPS_SERVER_EXE)) || owner != 0 {
-            return Some(false);
-        }
+        let exe_uid = std::fs::metadata(&exe).ok()?.uid();
         let parent = crate::proc::parent(pid)?;
-        let parent_comm = std::fs::read_to_string(format!("/proc/{parent}/comm")).ok()?;
+        let parent_name = comm(parent)?;
         // A process's /proc folder belongs to its effective user.
         let parent_uid = std::fs::metadata(format!("/proc/{parent}")).ok()?.uid();
-        Some(parent_comm.trim_end_matches('\n') == MPS_SERVER_COMM && parent_uid == 0)
+        Some(mps_server_shape(
+            &name,
+            path.file_name().and_then(|n| n.to_str()),
+            exe_uid,
+            &parent_name,
+            parent_uid,
+        ))
     }
     fn watch(&self, pid: u32, start: u64) -> Option<Box<dyn Liveness>> {
         crate::proc::Pidfd::open(pid, start).map(|p| Box::new(p) as Box<dyn Liveness>)
@@ -430,11 +450,43 @@ mod tests {
     }
 
     #[test]
+    fn an_mps_servers_shape_is_its_name_roots_program_of_that_name_and_roots_daemon() {
+        let (name, exe) = ("nvidia-cuda-mps\n", Some(MPS_SERVER_EXE));
+        assert!(mps_server_shape(name, exe, 0, name, 0));
+        assert!(
+            !mps_server_shape("python3\n", exe, 0, name, 0),
+            "another name"
+        );
+        assert!(
+            !mps_server_shape(name, Some("python3"), 0, name, 0),
+            "another program"
+        );
+        assert!(
+            !mps_server_shape(name, None, 0, name, 0),
+            "a program without a name"
+        );
+        assert!(
+            !mps_server_shape(name, exe, 1000, name, 0),
+            "a copy of the program, not root's"
+        );
+        assert!(
+            !mps_server_shape(name, exe, 0, "bash\n", 0),
+            "root's program, run by anyone"
+        );
+        assert!(
+            !mps_server_shape(name, exe, 0, name, 1000),
+            "started by a daemon of a user's own"
+        );
+    }
+
+    #[test]
     fn an_mps_server_is_its_name_a_root_owned_program_of_that_name_and_roots_control_daemon() {
         use std::os::unix::fs::MetadataExt;
         let live = LiveProcs::default();
         assert_eq!(live.is_mps_server(std::process::id()), Some(false));
-        let dir = tempfile::tempdir().unwrap();
+        // Beside the test binary, not in /tmp, which may be mounted noexec.
+        let here = std::env::current_exe().unwrap();
+        let dir = tempfile::tempdir_in(here.parent().unwrap()).unwrap();
         let server = copy_as(
             &["/bin/sleep", "/usr/bin/sleep"],
             dir.path(),
@@ -475,7 +527,13 @@ mod tests {
         }
         let child = child.expect("the daemon's child");
         // Its exec may lag its fork a moment.
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        for _ in 0..500 {
+            let exe = std::fs::read_link(format!("/proc/{child}/exe")).unwrap_or_default();
+            if exe.file_name() == Some(std::ffi::OsStr::new(MPS_SERVER_EXE)) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         // Root's only where the tests run as root; elsewhere no server.
         let root = std::fs::metadata(&server).unwrap().uid() == 0;
         assert_eq!(live.is_mps_server(child), Some(root));

@@ -139,9 +139,10 @@ pub struct Gpu {
     /// How its processes share it (NVML's MPS client list), as last known: `time-sliced`, `mps`,
     /// or null before any sample told.
     pub sharing: Option<Sharing>,
-    /// The processes NVML listed as MPS clients in the last sample ([`page_sharing`]).
+    /// Whether, in the last sample, one MPS server the arbiter recognizes ran every other
+    /// compute process of the GPU as its client ([`page_sharing`]).
     #[serde(skip)]
-    pub mps_clients: Vec<u32>,
+    pub one_mps_server: bool,
     /// Percent points by which NVML's per-process SM figures sum past the device's utilization
     /// in the last sample (0 under MPS): on a time-sliced GPU a process's figure can count time
     /// that was another's, and the watchdog judges functions without it
@@ -169,7 +170,7 @@ impl Gpu {
             training_used: 0,
             ungranted_used: 0,
             sharing: None,
-            mps_clients: Vec::new(),
+            one_mps_server: false,
             sm_overlap: 0,
             estimate: TrainingEstimate::default(),
             memory: TrainingMemory::default(),
@@ -600,11 +601,10 @@ impl State {
         };
         let switch_ns = switch_charge(harvesting, g.sharing, self.cfg.context_switch_ns);
         let noise = timing_noise(g.sharing, self.cfg.timing_noise);
-        let (gpu_mode, clients) = (g.sharing, g.mps_clients.clone());
-        let trainers: Vec<u32> = g.training.iter().map(|t| t.pid).collect();
+        let (gpu_mode, one_server) = (g.sharing, g.one_mps_server);
         for (id, share) in shares {
             if let Some(i) = self.instances.get_mut(&id) {
-                let sharing = page_sharing(gpu_mode, &clients, &trainers, &i.gpu_pids);
+                let sharing = page_sharing(gpu_mode, one_server, &i.gpu_pids);
                 let ppm = budgets.get(&id).copied().unwrap_or(0);
                 if i.rec.share != share
                     || i.contention_ppm != ppm
@@ -1527,15 +1527,17 @@ impl State {
             let appeared = g.training.is_empty() != split.training.is_empty();
             g.used = s.used;
             g.util = s.util;
-            // An MPS server with no client says nothing of the mode: NVML then lists the server
-            // as the one compute process and no MPS client, which read time-sliced between the
-            // demo's runs on an MPS node (docs/real-gpu.md, section 11). The last mode stays.
-            let read = if !split.mps_servers.is_empty() && s.mps_clients.is_empty() {
+            // MPS servers alone on the GPU say nothing of the mode: NVML then lists a server as
+            // a compute process and no MPS client, which read time-sliced between the demo's
+            // runs on an MPS node (docs/real-gpu.md, section 11). The last mode stays. Beside
+            // any other process NVML's reading stands.
+            let read = if !split.mps_servers.is_empty() && split.mps_servers.len() == s.procs.len()
+            {
                 None
             } else {
                 s.sharing
             };
-            g.mps_clients.clone_from(&s.mps_clients);
+            g.one_mps_server = serves_all(&split.mps_servers, s);
             if let Some(sharing) = read.filter(|m| g.sharing != Some(*m)) {
                 log_sharing(
                     *index,
@@ -1600,8 +1602,7 @@ impl State {
                 growths.push((*index, growth, g.memory.peak(), has_functions));
             }
             g.training = std::mem::take(&mut split.training);
-            let (gpu_mode, clients) = (g.sharing, g.mps_clients.clone());
-            let trainers: Vec<u32> = g.training.iter().map(|t| t.pid).collect();
+            let (gpu_mode, one_server) = (g.sharing, g.one_mps_server);
             if (appeared || g.estimate.drifted()) && !reshare.contains(index) {
                 reshare.push(*index);
             }
@@ -1614,7 +1615,7 @@ impl State {
                         Some(training::ewma(inst.sm_used_mean, f64::from(sm) / 100.0));
                 }
                 inst.gpu_pids.clone_from(&usage.pids);
-                let mode = page_sharing(gpu_mode, &clients, &trainers, &inst.gpu_pids);
+                let mode = page_sharing(gpu_mode, one_server, &inst.gpu_pids);
                 if inst.sharing != mode {
                     inst.sharing = mode;
                     inst.write_sharing();
@@ -2129,26 +2130,32 @@ fn timing_noise(sharing: Option<Sharing>, configured: TimingNoise) -> TimingNois
     }
 }
 
+/// Whether one MPS server the arbiter recognizes (`servers`: root's, [`attribution`]) runs every
+/// other compute process of `sample` as its client. NVML's client list is the GPU's, not a
+/// server's: a second server (a function's own daemon, whose server the arbiter takes for
+/// training) would serve clients that take turns with the first one's, and NVML would list
+/// them all (found by review, 2026-11-28).
+fn serves_all(servers: &[(u32, u64)], sample: &GpuSample) -> bool {
+    let [(server, _)] = servers else {
+        return false;
+    };
+    sample
+        .procs
+        .keys()
+        .all(|pid| pid == server || sample.mps_clients.binary_search(pid).is_ok())
+}
+
 /// The mode a function's page carries, by which its shims judge waits (docs/harvest.md, "Waits
-/// under MPS"): MPS only when the GPU reads MPS and the function's own GPU processes and every
-/// training process are MPS clients (`clients`, sorted) — one MPS server runs its clients'
-/// kernels side by side, but a process outside it still takes turns with them, and a function
+/// under MPS"): MPS only when the GPU reads MPS and one MPS server the arbiter recognizes runs
+/// every other compute process of it ([`serves_all`]: the trainers and the function's own
+/// among them) — a process outside that server takes turns with its clients, and a function
 /// that started an MPS daemon of its own would otherwise have the GPU's MPS reading count its
 /// waits behind the trainer as nothing (found by review, 2026-11-28). A function with no GPU
-/// process yet: time-sliced, the side that counts its waits. Otherwise the GPU's mode.
-fn page_sharing(
-    gpu: Option<Sharing>,
-    clients: &[u32],
-    trainers: &[u32],
-    own: &[u32],
-) -> Option<Sharing> {
-    let client = |pid: &u32| clients.binary_search(pid).is_ok();
+/// process yet: time-sliced, the side that counts its waits. Otherwise the GPU's mode. The
+/// shim also honours MPS only while NVML lists its own process as a client.
+fn page_sharing(gpu: Option<Sharing>, one_server: bool, own: &[u32]) -> Option<Sharing> {
     match gpu {
-        Some(Sharing::Mps)
-            if !own.is_empty() && own.iter().all(client) && trainers.iter().all(client) =>
-        {
-            Some(Sharing::Mps)
-        }
+        Some(Sharing::Mps) if one_server && !own.is_empty() => Some(Sharing::Mps),
         Some(_) => Some(Sharing::TimeSliced),
         None => None,
     }
@@ -2307,7 +2314,8 @@ mod tests {
         assert_eq!(s.cfg.timing_noise, TimingNoise::H200, "the default");
         let (g, page) = s.register(me(), args(1 << 30)).unwrap();
         let slot = s.instances[&g.instance].rec.slot as usize;
-        // The trainer (pid 1) and the function are MPS clients whenever the GPU reads MPS.
+        // The trainer (pid 1) and the function are MPS clients whenever the GPU reads MPS (of
+        // a server the arbiter does not see here).
         let mut clients = vec![1, me().pid];
         clients.sort_unstable();
         let told = |m: Option<Sharing>| GpuSample {
@@ -2340,7 +2348,8 @@ mod tests {
         );
         s.reconcile(&[(g.gpu_index, told(Some(Sharing::Mps)))]);
         assert_eq!(page.page().timing_noise(slot), TimingNoise::NONE);
-        assert_eq!(page.page().sharing(slot), Some(Sharing::Mps));
+        // No MPS server the arbiter knows runs them all: the page says time-sliced.
+        assert_eq!(page.page().sharing(slot), Some(Sharing::TimeSliced));
         s.reconcile(&[(g.gpu_index, told(Some(Sharing::TimeSliced)))]);
         assert_eq!(page.page().timing_noise(slot), TimingNoise::H200);
         assert_eq!(page.page().sharing(slot), Some(Sharing::TimeSliced));
@@ -3424,31 +3433,63 @@ mod injected_facts_tests {
         s.reconcile(&[(0, sample.clone())]);
         assert_eq!(page.page().sharing(slot), Some(Sharing::TimeSliced));
         sample.mps_clients = vec![100, 200];
-        s.reconcile(&[(0, sample)]);
+        s.reconcile(&[(0, sample.clone())]);
         assert_eq!(page.page().sharing(slot), Some(Sharing::Mps));
+        // A second server (a function's own daemon, not root's: training to the arbiter) whose
+        // clients NVML lists too: they take turns with the first server's, so no page says MPS.
+        procs.spawn(400, 1, 14, false);
+        sample.procs.insert(400, 60 << 20);
+        s.reconcile(&[(0, sample.clone())]);
+        assert_eq!(s.gpus[0].sharing, Some(Sharing::Mps));
+        assert_eq!(page.page().sharing(slot), Some(Sharing::TimeSliced));
+        sample.procs.remove(&400);
+        s.reconcile(&[(0, sample.clone())]);
+        assert_eq!(page.page().sharing(slot), Some(Sharing::Mps));
+        // Only the server left beside a trainer that is no client: NVML's time-sliced reading
+        // stands (the last mode is kept only while servers are alone on the GPU).
+        sample.procs.remove(&100);
+        sample.mps_clients.clear();
+        sample.sharing = Some(Sharing::TimeSliced);
+        s.reconcile(&[(0, sample)]);
+        assert_eq!(s.gpus[0].sharing, Some(Sharing::TimeSliced));
     }
 
     #[test]
-    fn a_pages_mode_is_mps_only_for_a_client_beside_client_trainers() {
-        let mps = Some(Sharing::Mps);
-        assert_eq!(page_sharing(mps, &[1, 2, 3], &[1], &[2, 3]), mps);
-        assert_eq!(page_sharing(mps, &[1, 2, 3], &[], &[2]), mps, "no trainer");
+    fn a_pages_mode_is_mps_only_where_one_known_server_runs_every_process() {
+        let (mps, ts) = (Some(Sharing::Mps), Some(Sharing::TimeSliced));
+        assert_eq!(page_sharing(mps, true, &[2, 3]), mps);
         assert_eq!(
-            page_sharing(mps, &[1, 2], &[1], &[]),
-            Some(Sharing::TimeSliced),
+            page_sharing(mps, true, &[]),
+            ts,
             "no process yet: its waits count"
         );
-        assert_eq!(
-            page_sharing(mps, &[1, 2], &[1], &[2, 3]),
-            Some(Sharing::TimeSliced)
+        assert_eq!(page_sharing(mps, false, &[2, 3]), ts);
+        assert_eq!(page_sharing(ts, true, &[2]), ts);
+        assert_eq!(page_sharing(None, true, &[2]), None);
+        let sample = |procs: &[u32], clients: Vec<u32>| {
+            let mut s = GpuSample {
+                mps_clients: clients,
+                ..Default::default()
+            };
+            for &p in procs {
+                s.procs.insert(p, 1 << 20);
+            }
+            s
+        };
+        let one = [(9, 1 << 20)];
+        assert!(serves_all(&one, &sample(&[1, 2, 9], vec![1, 2])));
+        assert!(
+            !serves_all(&one, &sample(&[1, 2, 9], vec![1])),
+            "2 is no client"
         );
-        assert_eq!(
-            page_sharing(mps, &[2, 3], &[1], &[2, 3]),
-            Some(Sharing::TimeSliced)
+        assert!(
+            !serves_all(&[], &sample(&[1, 2], vec![1, 2])),
+            "no known server"
         );
-        let ts = Some(Sharing::TimeSliced);
-        assert_eq!(page_sharing(ts, &[1, 2], &[1], &[2]), ts);
-        assert_eq!(page_sharing(None, &[1, 2], &[1], &[2]), None);
+        assert!(
+            !serves_all(&[(9, 0), (8, 0)], &sample(&[1, 8, 9], vec![1])),
+            "two servers"
+        );
     }
 
     #[test]

@@ -539,24 +539,27 @@ pub fn nvml_device_utilization(
     Some(n)
 }
 
-/// NVML's `NVML_ERROR_INSUFFICIENT_SIZE`: the count query's answer when entries exist.
-const NVML_ERROR_INSUFFICIENT_SIZE: u32 = 7;
-
-/// Whether NVML lists MPS clients on CUDA ordinal `dev` (`nvmlDeviceGetMPSComputeRunningProcesses_v3`,
-/// asked for the count only): `Some(true)` where the device runs MPS. `None`: NVML is unavailable,
-/// the device cannot be identified, or the driver cannot say.
-pub fn nvml_runs_mps(dev: usize) -> Option<bool> {
+/// Whether NVML lists the process whose NVML pid `is_me` accepts as an MPS client on CUDA
+/// ordinal `dev` (`nvmlDeviceGetMPSComputeRunningProcesses_v3`): `Some(true)` where this process's
+/// kernels run through an MPS server. `None`: NVML is unavailable, the device cannot be
+/// identified, the driver cannot say, or more clients than the buffer holds (64; MPS serves at
+/// most 48 clients per GPU on Volta and later, NVIDIA's MPS documentation).
+pub fn nvml_mps_client(dev: usize, is_me: impl Fn(u32) -> bool) -> Option<bool> {
     if !nvml_ready() {
         return None;
     }
     let h = nvml_handle_of_ordinal(dev)?;
-    let f = helper_fn!(nvmlDeviceGetMPSComputeRunningProcesses_v3: fn(*mut c_void, *mut c_uint, *mut c_void) -> u32, else None);
-    let mut n: c_uint = 0;
-    // SAFETY: a count of 0 with a null buffer asks only for the number of entries (nvml.h);
-    // `h` is a valid NVML handle and `n` a valid out-pointer.
-    match unsafe { f(h, &mut n, std::ptr::null_mut()) } {
-        0 => Some(false),
-        NVML_ERROR_INSUFFICIENT_SIZE => Some(n > 0),
+    let f = helper_fn!(nvmlDeviceGetMPSComputeRunningProcesses_v3: fn(*mut c_void, *mut c_uint, *mut ProcInfo) -> u32, else None);
+    let mut buf = [ProcInfo::default(); 64];
+    let mut n: c_uint = buf.len() as c_uint;
+    // SAFETY: `buf` has room for `n` entries of the v3 nvmlProcessInfo_t layout; `h` is a valid
+    // NVML handle and `n` a valid out-pointer.
+    match unsafe { f(h, &mut n, buf.as_mut_ptr()) } {
+        0 => Some(
+            buf[..(n as usize).min(buf.len())]
+                .iter()
+                .any(|p| is_me(p.pid)),
+        ),
         _ => None,
     }
 }
