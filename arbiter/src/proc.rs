@@ -118,6 +118,21 @@ pub fn groups(pid: u32) -> Option<Vec<u32>> {
     parse_groups(&status)
 }
 
+/// The effective uid in a `/proc/<pid>/status` text (the `Uid:` line's second field). Unlike the
+/// owner of `/proc/<pid>`, which a process that turns off its dumpable flag hands to root, this
+/// is the process's own (found by review, 2026-11-28).
+pub fn parse_effective_uid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|rest| rest.split_whitespace().nth(1)?.parse().ok())
+}
+
+/// The effective uid of `pid`; None when it cannot be read.
+pub fn effective_uid(pid: u32) -> Option<u32> {
+    parse_effective_uid(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
 /// The `Gid:` (effective, the second field) and `Groups:` lines of a status text.
 pub fn parse_groups(status: &str) -> Option<Vec<u32>> {
     let mut out = Vec::new();
@@ -325,6 +340,15 @@ mod tests {
         assert_eq!(parse_groups(status), Some(vec![6, 7, 8]));
         assert_eq!(parse_groups("Name:\tx\n"), None);
         assert!(groups(std::process::id()).is_some());
+    }
+
+    #[test]
+    fn the_effective_uid_is_the_uid_lines_second_field() {
+        let status = "Name:\tx\nUid:\t1000\t0\t0\t0\nGid:\t5\t6\t6\t6\n";
+        assert_eq!(parse_effective_uid(status), Some(0));
+        assert_eq!(parse_effective_uid("Name:\tx\n"), None);
+        assert_eq!(parse_effective_uid("Uid:\t1000\n"), None);
+        assert!(effective_uid(std::process::id()).is_some());
     }
 
     #[test]

@@ -125,6 +125,20 @@ pub fn wait_that_collides(wait_ns: Option<u64>, sharing: Option<Sharing>) -> Opt
     }
 }
 
+/// The mode a process judges its waits by: its grant page's (`page`, the arbiter's word), but MPS
+/// only while NVML lists this very process as an MPS client (`client`). The page is its
+/// function's, and a worker of it that runs outside the MPS server (started without the
+/// server's pipe folder, say, or per request, never sampled by the arbiter) takes turns with
+/// the trainer whatever the page says (found by review, 2026-11-28). A worker that is a
+/// client of another server (the function's own daemon) is NVML's client too: the arbiter's
+/// one-server rule takes that page back to time-sliced within a sampling round.
+pub fn honoured(page: Option<Sharing>, client: bool) -> Option<Sharing> {
+    match page {
+        Some(Sharing::Mps) if !client => Some(Sharing::TimeSliced),
+        other => other,
+    }
+}
+
 /// The stretch of a launch that measured `d_ns` with solo cost `d0_ns`, bounded by `cap_ns` —
 /// what the launch is charged, at least `d0_ns` ([`Collision::observe_per`] has why):
 /// `min(cap, max(0, d − d0))`.
@@ -1192,6 +1206,24 @@ mod tests {
         assert_eq!(c.observe(3, d0 + 40_000, d0, w, 0), 40_000);
         // An unknown wait stays unknown.
         assert_eq!(wait_that_collides(None, Some(Sharing::Mps)), None);
+        // The page's MPS holds only for an MPS client; a process outside the server takes
+        // turns, and its waits count.
+        assert_eq!(honoured(Some(Sharing::Mps), true), Some(Sharing::Mps));
+        assert_eq!(
+            honoured(Some(Sharing::Mps), false),
+            Some(Sharing::TimeSliced)
+        );
+        assert_eq!(
+            wait_that_collides(wait, honoured(Some(Sharing::Mps), false)),
+            wait
+        );
+        for client in [true, false] {
+            assert_eq!(
+                honoured(Some(Sharing::TimeSliced), client),
+                Some(Sharing::TimeSliced)
+            );
+            assert_eq!(honoured(None, client), None);
+        }
         // A run of unstretched MPS samples lowers the probability: they are evidence.
         let p = Collision::default();
         p.observe(10, d0, d0, Some(d0), 0);

@@ -780,18 +780,11 @@ impl Runtime {
 
     /// How CUDA ordinal `dev`'s GPU runs this process's kernels beside others': the arbiter's
     /// word on the grant page (`None`: not said, or off the grant), and MPS only while NVML
-    /// also lists this very process as an MPS client — the page is its function's, and a
-    /// worker of it that started with no MPS server (another pipe folder, a per-request
-    /// process the arbiter never sampled) takes turns with the trainer whatever the page says
-    /// (found by review, 2026-11-28). Until this process's first NVML reading, not a client.
+    /// also lists this very process as an MPS client ([`harvest::honoured`]). Until this
+    /// process's first NVML reading, not a client.
     pub fn sharing(&self, dev: usize) -> Option<harvest::Sharing> {
         let page = self.device_slot(dev).and_then(|s| self.limits().sharing(s));
-        match page {
-            Some(harvest::Sharing::Mps) if !self.runs_mps[dev].load(Relaxed) => {
-                Some(harvest::Sharing::TimeSliced)
-            }
-            other => other,
-        }
+        harvest::honoured(page, self.runs_mps[dev].load(Relaxed))
     }
 
     /// What to do when an allocation cannot be accounted (device unknown).

@@ -18,7 +18,7 @@
 //! time between one request's launches — so a turn lasts while its holder keeps work on the GPU
 //! and lapses soon after (no synchronization is hooked). Another function's launch waits, on the
 //! host, until the lease runs out and it is first in line, then takes the turn with one
-//! compare-and-swap — or, on a GPU that runs MPS, goes at once beside the holder when the wait
+//! compare-and-swap — or, as an MPS client, goes at once beside the holder when the wait
 //! would make its request miss its deadline (a cut-in, [`Urgency`]). The line is in deadline order: a launch's key is the deadline of its
 //! function's current request, which the arbiter writes into the grant page at the request's
 //! admission (`DeviceGrant::turn_key_ns`), or the time it came if none is known.
@@ -126,7 +126,7 @@ pub enum Take {
 pub const CUT_IN_LAUNCHES: u64 = 4;
 
 /// What a launch may cut in for: its own GPU time and its request's deadline (both ns, the
-/// deadline on CLOCK_MONOTONIC). Only on a GPU that runs MPS ([`Urgency::on`]).
+/// deadline on CLOCK_MONOTONIC). Only for an MPS client ([`Urgency::on`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Urgency {
     cost_ns: u64,
@@ -134,8 +134,8 @@ pub struct Urgency {
 }
 
 impl Urgency {
-    /// A launch of `cost_ns` for a request due at `deadline` (none known: no cut-in), on a GPU
-    /// that runs MPS (`mps`; on a time-sliced GPU a cut-in would put two functions in the
+    /// A launch of `cost_ns` for a request due at `deadline` (none known: no cut-in), of a
+    /// process NVML lists as an MPS client (`mps`; on a time-sliced GPU a cut-in would put two functions in the
     /// GPU's round robin, and the one that cut in would wait out the holder's slice anyway and
     /// pay for it as a collision: docs/harvest.md, "Cut-ins under MPS").
     #[inline]

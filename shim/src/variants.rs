@@ -83,6 +83,7 @@ name_enum! {
         nvmlDeviceGetHandleByUUID,
         nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetComputeRunningProcesses_v2,
         nvmlDeviceGetProcessUtilization, nvmlDeviceGetMPSComputeRunningProcesses_v3,
+        nvmlDeviceGetMPSComputeRunningProcesses_v2,
         nvmlDeviceGetSamples,
     }
 }

@@ -236,8 +236,7 @@ impl ProcFacts for LiveProcs {
         let exe_uid = std::fs::metadata(&exe).ok()?.uid();
         let parent = crate::proc::parent(pid)?;
         let parent_name = comm(parent)?;
-        // A process's /proc folder belongs to its effective user.
-        let parent_uid = std::fs::metadata(format!("/proc/{parent}")).ok()?.uid();
+        let parent_uid = crate::proc::effective_uid(parent)?;
         Some(mps_server_shape(
             &name,
             path.file_name().and_then(|n| n.to_str()),

@@ -1859,6 +1859,17 @@ impl State {
         for (index, _) in samples {
             self.reclaim(*index, now);
         }
+        // A GPU with no sample this round (its NVML reading failed) no longer shows one server
+        // running every process: a trainer that started outside it since would be unseen, and
+        // its functions' pages go back to time-sliced (found by review, 2026-11-28).
+        for g in self.gpus.iter_mut() {
+            if g.one_mps_server && !samples.iter().any(|(i, _)| *i == g.info.index) {
+                g.one_mps_server = false;
+                if !reshare.contains(&g.info.index) {
+                    reshare.push(g.info.index);
+                }
+            }
+        }
         for gpu in reshare {
             self.reshare(gpu);
         }
@@ -3443,6 +3454,11 @@ mod injected_facts_tests {
         assert_eq!(s.gpus[0].sharing, Some(Sharing::Mps));
         assert_eq!(page.page().sharing(slot), Some(Sharing::TimeSliced));
         sample.procs.remove(&400);
+        s.reconcile(&[(0, sample.clone())]);
+        assert_eq!(page.page().sharing(slot), Some(Sharing::Mps));
+        // A round without a sample of the GPU (NVML failed): no longer known, time-sliced.
+        s.reconcile(&[]);
+        assert_eq!(page.page().sharing(slot), Some(Sharing::TimeSliced));
         s.reconcile(&[(0, sample.clone())]);
         assert_eq!(page.page().sharing(slot), Some(Sharing::Mps));
         // Only the server left beside a trainer that is no client: NVML's time-sliced reading

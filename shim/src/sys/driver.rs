@@ -394,6 +394,33 @@ pub fn cuda_ordinal_of_nvml(handle: usize) -> Option<usize> {
     nvml_index(handle)
 }
 
+/// One of NVML's process-list functions (`(device, *count, infos) -> nvmlReturn_t`): `v2`
+/// where the driver exports it, else `v3`. `_v2` always writes the 24-byte `nvmlProcessInfo_t`
+/// ([`ProcInfo`]); `_v3` did too, until an R535 driver (CUDA 12.2) wrote a 32-byte entry under
+/// the same name, with `usedGpuCcProtectedMemory` added (XuehaiPan/nvitop pull request #79),
+/// which overruns a 24-byte buffer (found by review, 2026-11-28). The simulated NVML exports
+/// both.
+fn process_list(
+    v2: Helper,
+    v3: Helper,
+) -> Option<unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut ProcInfo) -> u32> {
+    let a = match helper(v2) {
+        0 => helper(v3),
+        a => a,
+    };
+    if a == 0 {
+        return None;
+    }
+    // SAFETY: `a` is the real export of `v2` or `v3`, whose C prototype is this one (nvml.h);
+    // the caller's buffer is of the 24-byte layout `_v2` always writes (see above for `_v3`).
+    Some(unsafe {
+        std::mem::transmute::<
+            usize,
+            unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut ProcInfo) -> u32,
+        >(a)
+    })
+}
+
 /// Device memory NVML attributes on CUDA ordinal `dev` to the process whose NVML pid `is_me`
 /// accepts (NVML may report a containerised process by its host pid or by its own: see
 /// `os::known_as`).
@@ -402,24 +429,10 @@ pub fn nvml_process_mem(dev: usize, is_me: impl Fn(u32) -> bool) -> Option<u64> 
         return None;
     }
     let h = nvml_handle_of_ordinal(dev)?;
-    let procs = {
-        let a = helper(Helper::nvmlDeviceGetComputeRunningProcesses_v3);
-        let a = if a != 0 {
-            a
-        } else {
-            helper(Helper::nvmlDeviceGetComputeRunningProcesses_v2)
-        };
-        if a == 0 {
-            return None;
-        }
-        // SAFETY: both versions share this prototype and the v2/v3 nvmlProcessInfo_t layout.
-        unsafe {
-            std::mem::transmute::<
-                usize,
-                unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut ProcInfo) -> u32,
-            >(a)
-        }
-    };
+    let procs = process_list(
+        Helper::nvmlDeviceGetComputeRunningProcesses_v2,
+        Helper::nvmlDeviceGetComputeRunningProcesses_v3,
+    )?;
     // 64 entries on the stack: more compute processes than that on one GPU is not a case we
     // need to measure a context footprint in (we then skip the measurement).
     let mut buf = [ProcInfo::default(); 64];
@@ -540,20 +553,24 @@ pub fn nvml_device_utilization(
 }
 
 /// Whether NVML lists the process whose NVML pid `is_me` accepts as an MPS client on CUDA
-/// ordinal `dev` (`nvmlDeviceGetMPSComputeRunningProcesses_v3`): `Some(true)` where this process's
-/// kernels run through an MPS server. `None`: NVML is unavailable, the device cannot be
-/// identified, the driver cannot say, or more clients than the buffer holds (64; MPS serves at
-/// most 48 clients per GPU on Volta and later, NVIDIA's MPS documentation).
+/// ordinal `dev` (`nvmlDeviceGetMPSComputeRunningProcesses`, `_v2` where the driver has it,
+/// else `_v3`): `Some(true)` where this process's kernels run through an MPS server. `None`: NVML
+/// is unavailable, the device cannot be identified, the driver cannot say, or more clients than
+/// the buffer holds (64; MPS serves at most 48 clients per GPU on Volta and later, NVIDIA's MPS
+/// documentation).
 pub fn nvml_mps_client(dev: usize, is_me: impl Fn(u32) -> bool) -> Option<bool> {
     if !nvml_ready() {
         return None;
     }
     let h = nvml_handle_of_ordinal(dev)?;
-    let f = helper_fn!(nvmlDeviceGetMPSComputeRunningProcesses_v3: fn(*mut c_void, *mut c_uint, *mut ProcInfo) -> u32, else None);
+    let f = process_list(
+        Helper::nvmlDeviceGetMPSComputeRunningProcesses_v2,
+        Helper::nvmlDeviceGetMPSComputeRunningProcesses_v3,
+    )?;
     let mut buf = [ProcInfo::default(); 64];
     let mut n: c_uint = buf.len() as c_uint;
-    // SAFETY: `buf` has room for `n` entries of the v3 nvmlProcessInfo_t layout; `h` is a valid
-    // NVML handle and `n` a valid out-pointer.
+    // SAFETY: `buf` has room for `n` entries of the 24-byte layout `process_list`'s function
+    // writes; `h` is a valid NVML handle and `n` a valid out-pointer.
     match unsafe { f(h, &mut n, buf.as_mut_ptr()) } {
         0 => Some(
             buf[..(n as usize).min(buf.len())]

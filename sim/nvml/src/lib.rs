@@ -347,6 +347,13 @@ api! {
         dev(h)?;
         out(count, 0)
     }
+    fn nvmlDeviceGetMPSComputeRunningProcesses_v2(h: *const DeviceHandle, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) {
+        // The same list in the same 24-byte layout (nvml.h's `_v2`).
+        if dev(h)?.1.mode() != SchedMode::Mps {
+            return out(count, 0);
+        }
+        processes(h, count, infos, |pid, used| nvmlProcessInfo_t { pid, used_gpu_memory: used, gpu_instance_id: u32::MAX, compute_instance_id: u32::MAX })
+    }
     fn nvmlDeviceGetMPSComputeRunningProcesses_v3(h: *const DeviceHandle, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) {
         // MPS clients are listed here only on a node that runs MPS.
         if dev(h)?.1.mode() != SchedMode::Mps {
