@@ -1355,6 +1355,14 @@ pub struct ScenarioSummary {
     pub trainer_iter_colocated_ms: f64,
     /// Training slowdown: colocated / alone iteration time − 1.
     pub sfd: f64,
+    /// On a real GPU: the trainer alone again after the replay, once the functions are gone,
+    /// mean iteration ms (None on the simulated GPU, whose trainer does not drift). A PyTorch
+    /// trainer's baseline moved by ±10 % between runs on an H200 (docs/real-gpu.md, sections 9
+    /// and 11), more than the slowdowns read against it: the two baselines say how far to trust
+    /// one run's SFD.
+    pub trainer_iter_alone_after_ms: Option<f64>,
+    /// `sfd` against the after-baseline instead (None without one).
+    pub sfd_against_after: Option<f64>,
     /// The arbiter's own estimate of the training slowdown (docs/harvest.md), averaged over its
     /// polls during the replay — what an operator sees without the trainer's iteration times.
     pub sfd_estimate: Option<f64>,
@@ -1658,6 +1666,22 @@ fn run_scenario(
             .map(|x| x.1),
     );
     let records = sh.records.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    // On a real GPU, the trainer alone once more, now that the functions are gone: how far its
+    // baseline drifted over the run.
+    let iter_after = if node.gpu.is_some() {
+        eprintln!("smore demo: baseline again — training job alone ({BASELINE_S} s)");
+        let after = run_to_end(
+            trainer_cmd(node, &sc.trainer, BASELINE_S, true)?,
+            "the trainer alone, after the replay",
+        )?;
+        let ms = summary_field(&after, "trainer", "mean_ms")?;
+        eprintln!(
+            "smore demo: trainer alone after the replay {ms:.2} ms/iteration (before: {iter_alone:.2})"
+        );
+        Some(ms)
+    } else {
+        None
+    };
 
     // 3. Figures.
     let util_colo = mean(
@@ -1702,6 +1726,8 @@ fn run_scenario(
         trainer_iter_alone_ms: iter_alone,
         trainer_iter_colocated_ms: iter_colo,
         sfd: iter_colo / iter_alone - 1.0,
+        trainer_iter_alone_after_ms: iter_after,
+        sfd_against_after: iter_after.map(|after| iter_colo / after - 1.0),
         sfd_estimate: {
             // Polls from 10 s into the replay (the estimate's window then holds replay only).
             let during: Vec<f64> = estimates
@@ -1897,6 +1923,13 @@ fn print_scenario(s: &ScenarioSummary, out: &Path, interference: Option<Interfer
         s.trainer_iter_colocated_ms,
         s.theta_train * 100.0
     );
+    if let (Some(after), Some(sfd)) = (s.trainer_iter_alone_after_ms, s.sfd_against_after) {
+        println!(
+            "  against the trainer alone after  {:5.1} %   ({after:.2} ms/iteration alone after the replay: the baseline moved {:+.1} %)",
+            sfd * 100.0,
+            (after / s.trainer_iter_alone_ms - 1.0) * 100.0
+        );
+    }
     if let Some(e) = s.sfd_estimate {
         println!(
             "  arbiter's SFD estimate    {:5.1} %   (from the functions' reported collision time; docs/harvest.md)",

@@ -212,6 +212,9 @@ def main():
         with open(os.path.join(demo_out, "summary.json")) as f:
             s = json.load(f)
         result["demo"] = {k: s.get(k) for k in ("sfd", "sfd_estimate", "dsr", "dsr_admitted",
+                                                "sfd_against_after", "trainer_iter_alone_ms",
+                                                "trainer_iter_alone_after_ms",
+                                                "trainer_iter_colocated_ms",
                                                 "gui_exclusive_pct", "gui_colocated_pct",
                                                 "gui_gain_pp", "offered_load_pct")}
     except (OSError, ValueError) as e:

@@ -146,6 +146,10 @@ def trace_md(r):
             f"command: `{r.get('command')}`" + (" (SIMULATED GPU)" if r.get("simulated") else "")
             + (" under an MPS control daemon" if r.get("mps") else ""),
             "",
+            f"- trainer {num(d.get('trainer_iter_alone_ms'))} ms/iteration alone before, "
+            f"{num(d.get('trainer_iter_colocated_ms'))} beside the functions, "
+            f"{num(d.get('trainer_iter_alone_after_ms'))} alone after (SFD against the after "
+            f"baseline {pc(d.get('sfd_against_after'))})",
             f"- trainer slowdown {pc(d.get('sfd'))}, the arbiter's estimate "
             f"{pc(d.get('sfd_estimate'))}; DSR {pc(d.get('dsr'))} ({pc(d.get('dsr_admitted'))} "
             f"of admitted); GPU {num(d.get('gui_exclusive_pct'))} → "
