@@ -421,30 +421,47 @@ fn process_list(
     })
 }
 
-/// Device memory NVML attributes on CUDA ordinal `dev` to the process whose NVML pid `is_me`
-/// accepts (NVML may report a containerised process by its host pid or by its own: see
-/// `os::known_as`).
-pub fn nvml_process_mem(dev: usize, is_me: impl Fn(u32) -> bool) -> Option<u64> {
+/// The entry of NVML's process list (`v2`, else `v3`: [`process_list`]) on CUDA ordinal `dev`
+/// whose pid `is_me` accepts: `Some(None)` when the list holds no such process. `None`: NVML is
+/// unavailable, the device cannot be identified, the call failed, or the list holds more than
+/// 64 entries (the stack buffer's; more processes on one GPU than any case the shim measures).
+fn find_process(
+    dev: usize,
+    v2: Helper,
+    v3: Helper,
+    is_me: impl Fn(u32) -> bool,
+) -> Option<Option<ProcInfo>> {
     if !nvml_ready() {
         return None;
     }
     let h = nvml_handle_of_ordinal(dev)?;
-    let procs = process_list(
-        Helper::nvmlDeviceGetComputeRunningProcesses_v2,
-        Helper::nvmlDeviceGetComputeRunningProcesses_v3,
-    )?;
-    // 64 entries on the stack: more compute processes than that on one GPU is not a case we
-    // need to measure a context footprint in (we then skip the measurement).
+    let list = process_list(v2, v3)?;
     let mut buf = [ProcInfo::default(); 64];
     let mut n: c_uint = buf.len() as c_uint;
-    // SAFETY: `buf` has room for `n` entries; `h` is a valid NVML handle.
-    if unsafe { procs(h, &mut n, buf.as_mut_ptr()) } != 0 {
+    // SAFETY: `buf` has room for `n` entries of the 24-byte layout `process_list`'s function
+    // writes; `h` is a valid NVML handle and `n` a valid out-pointer.
+    if unsafe { list(h, &mut n, buf.as_mut_ptr()) } != 0 {
         return None;
     }
-    buf[..(n as usize).min(buf.len())]
-        .iter()
-        .find(|p| is_me(p.pid))
-        .map(|p| p.used)
+    Some(
+        buf[..(n as usize).min(buf.len())]
+            .iter()
+            .copied()
+            .find(|p| is_me(p.pid)),
+    )
+}
+
+/// Device memory NVML attributes on CUDA ordinal `dev` to the process whose NVML pid `is_me`
+/// accepts (NVML may report a containerised process by its host pid or by its own: see
+/// `os::known_as`).
+pub fn nvml_process_mem(dev: usize, is_me: impl Fn(u32) -> bool) -> Option<u64> {
+    find_process(
+        dev,
+        Helper::nvmlDeviceGetComputeRunningProcesses_v2,
+        Helper::nvmlDeviceGetComputeRunningProcesses_v3,
+        is_me,
+    )?
+    .map(|p| p.used)
 }
 
 /// One NVML per-process utilization sample (`nvmlProcessUtilizationSample_t`, nvml.h).
@@ -559,26 +576,13 @@ pub fn nvml_device_utilization(
 /// the buffer holds (64; MPS serves at most 48 clients per GPU on Volta and later, NVIDIA's MPS
 /// documentation).
 pub fn nvml_mps_client(dev: usize, is_me: impl Fn(u32) -> bool) -> Option<bool> {
-    if !nvml_ready() {
-        return None;
-    }
-    let h = nvml_handle_of_ordinal(dev)?;
-    let f = process_list(
+    find_process(
+        dev,
         Helper::nvmlDeviceGetMPSComputeRunningProcesses_v2,
         Helper::nvmlDeviceGetMPSComputeRunningProcesses_v3,
-    )?;
-    let mut buf = [ProcInfo::default(); 64];
-    let mut n: c_uint = buf.len() as c_uint;
-    // SAFETY: `buf` has room for `n` entries of the 24-byte layout `process_list`'s function
-    // writes; `h` is a valid NVML handle and `n` a valid out-pointer.
-    match unsafe { f(h, &mut n, buf.as_mut_ptr()) } {
-        0 => Some(
-            buf[..(n as usize).min(buf.len())]
-                .iter()
-                .any(|p| is_me(p.pid)),
-        ),
-        _ => None,
-    }
+        is_me,
+    )
+    .map(|p| p.is_some())
 }
 
 /// Frees a device pointer the shim itself must give back (a pitched allocation whose real size
