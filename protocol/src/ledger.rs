@@ -27,11 +27,11 @@ pub const ENV_LEDGER_FD: &str = "SMORE_LEDGER_FD";
 /// `b"SMORELED"` — identifies a shared ledger (checked after mmap).
 pub const LEDGER_MAGIC: u64 = 0x4445_4c45_524f_4d53;
 /// Layout version of [`LedgerTable`] as [`create`] writes it.
-pub const LEDGER_VERSION: u32 = 3;
-/// The oldest layout a shim maps: 2. Layout 3 only added the collision buckets in what was the
-/// zero-filled tail of the same [`LEDGER_BYTES`], so a layout-2 table (from an older `smore run`)
-/// is a layout-3 one whose buckets are empty — refusing it would give every process of the
-/// grant a cap of its own.
+pub const LEDGER_VERSION: u32 = 4;
+/// The oldest layout a shim maps: 2. Layouts 3 and 4 only added words (the collision buckets,
+/// then the probe clocks and the collision evidence) in what was the zero-filled tail of the same
+/// [`LEDGER_BYTES`], so an older table (from an older `smore run`) is a newer one whose added
+/// words are empty — refusing it would give every process of the grant a cap of its own.
 pub const LEDGER_VERSION_MIN: u32 = 2;
 /// Processes that can hold memory under one grant at once: 128. Reasoning: the simulated node
 /// admits 128 processes; a real function runs a handful (a server and its workers). A process
@@ -52,8 +52,9 @@ pub struct LedgerSlot {
     pub bytes: [AtomicU64; MAX_DEVICES],
 }
 
-/// The table: header, footprints, first-context claims, [`LEDGER_SLOTS`] slots and the shared
-/// collision buckets. 16 + 128 + 128 + 128 × 136 + 128 = 17 808 bytes.
+/// The table: header, footprints, first-context claims, [`LEDGER_SLOTS`] slots, the shared
+/// collision buckets, probe clocks and collision evidence. 16 + 128 + 128 + 128 × 136 + 3 × 128 =
+/// 18 064 bytes.
 #[repr(C)]
 #[derive(Debug)]
 pub struct LedgerTable {
@@ -80,6 +81,43 @@ pub struct LedgerTable {
     /// a bucket each, a function's worker processes each spent the grant's whole budget
     /// (docs/harvest.md, "Several processes of one function"). Since layout 3.
     pub contention: [AtomicU64; MAX_DEVICES],
+    /// Per device, under harvest: when a process of the grant last probed because the shared
+    /// bucket was in debt, ns of CLOCK_MONOTONIC (0: never). One probe per period for the grant,
+    /// as for one process: with a probe clock each, three workers in debt sent three times the
+    /// unheld probes of one. Since layout 4.
+    pub probe: [AtomicU64; MAX_DEVICES],
+    /// Per device, under harvest: the grant's newest collision evidence, [`pack_evidence`]
+    /// (0: none). A probe's measurement holds or releases every process of the grant, not only
+    /// the one that made it. Since layout 4.
+    pub evidence: [AtomicU64; MAX_DEVICES],
+}
+
+/// Bits of an evidence word ([`LedgerTable::evidence`]) that hold the probability (ppm, at most
+/// 10⁶ < 2²⁰); the rest hold when its sample ran.
+const EVIDENCE_PPM_BITS: u32 = 20;
+/// Unit of an evidence word's time: 16 µs (44 bits of it span 8.9 years of CLOCK_MONOTONIC;
+/// evidence goes stale after milliseconds).
+const EVIDENCE_TICK_NS: u64 = 16_000;
+
+/// An evidence word: when the sample behind it ran (`at_ns`, CLOCK_MONOTONIC, rounded down to
+/// 16 µs) in the high bits, its collision probability (`ppm`, capped at 2²⁰ − 1) in the low: a
+/// newer word is a larger one, so `fetch_max` keeps the newest (within one 16 µs tick, the
+/// larger probability: the side of training). A time past 44 bits of ticks (8.9 years of
+/// uptime) is held at the largest, which reads as stale from then on: sharing ends, and each
+/// process goes on its own evidence.
+pub fn pack_evidence(at_ns: u64, ppm: u32) -> u64 {
+    let ticks = (at_ns / EVIDENCE_TICK_NS).min((1 << (64 - EVIDENCE_PPM_BITS)) - 1);
+    ticks << EVIDENCE_PPM_BITS | u64::from(ppm.min((1 << EVIDENCE_PPM_BITS) - 1))
+}
+
+/// The (`at_ns`, `ppm`) of an evidence word; `None` for 0 (none yet).
+pub fn unpack_evidence(word: u64) -> Option<(u64, u32)> {
+    (word != 0).then(|| {
+        (
+            (word >> EVIDENCE_PPM_BITS).saturating_mul(EVIDENCE_TICK_NS),
+            (word & ((1 << EVIDENCE_PPM_BITS) - 1)) as u32,
+        )
+    })
 }
 
 /// Bytes of the memfd ([`LedgerTable`] rounded up to whole pages).
@@ -149,7 +187,20 @@ mod tests {
             std::mem::offset_of!(LedgerTable, contention),
             16 + 16 * MAX_DEVICES + LEDGER_SLOTS * (8 + 8 * MAX_DEVICES)
         );
-        assert_eq!(std::mem::size_of::<LedgerTable>(), 17_808);
+        assert_eq!(
+            std::mem::offset_of!(LedgerTable, probe),
+            std::mem::offset_of!(LedgerTable, contention) + 8 * MAX_DEVICES
+        );
+        assert_eq!(
+            std::mem::offset_of!(LedgerTable, evidence),
+            std::mem::offset_of!(LedgerTable, probe) + 8 * MAX_DEVICES
+        );
+        assert_eq!(std::mem::size_of::<LedgerTable>(), 18_064);
+        assert_eq!(
+            LEDGER_BYTES,
+            5 * 4096,
+            "the same memfd size as layouts 2 and 3"
+        );
         let fd = create().unwrap();
         let st = rustix::fs::fstat(&fd).unwrap();
         assert_eq!(st.st_size as usize, LEDGER_BYTES);
@@ -161,5 +212,26 @@ mod tests {
         let w = owner_word(4242, 0x1_0000_0007);
         assert_eq!((owner_pid(w), w & 0xffff_ffff), (4242, 7));
         assert_ne!(w, OWNER_FREE);
+    }
+
+    #[test]
+    fn an_evidence_word_keeps_when_and_what_and_a_newer_one_is_larger() {
+        let at = 5_000_000_123_456;
+        let (t, p) = unpack_evidence(pack_evidence(at, 400_000)).unwrap();
+        assert!(t <= at && at - t < EVIDENCE_TICK_NS, "{t}");
+        assert_eq!(p, 400_000);
+        assert_eq!(unpack_evidence(0), None);
+        assert_eq!(
+            unpack_evidence(pack_evidence(at, u32::MAX)).unwrap().1,
+            (1 << 20) - 1
+        );
+        // Newer is larger whatever the probabilities: fetch_max keeps the newest.
+        assert!(pack_evidence(at + EVIDENCE_TICK_NS, 0) > pack_evidence(at, 1_000_000));
+        assert!(unpack_evidence(u64::MAX).is_some(), "any word unpacks");
+        let far = unpack_evidence(pack_evidence(u64::MAX, 7)).unwrap();
+        assert_eq!(
+            far.1, 7,
+            "a time past the word's range does not spill into the probability"
+        );
     }
 }

@@ -153,9 +153,60 @@ pub struct Collision {
     /// When the newest sample's launch ended ([`ran_until`]; CLOCK_MONOTONIC ns). Only moves
     /// forward: samples settle out of order.
     at: AtomicU64,
+    /// The grant's shared evidence word (`smore_protocol::ledger::pack_evidence`), once attached
+    /// ([`Collision::share`]); null: this process's own evidence only.
+    shared: AtomicPtr<AtomicU64>,
+}
+
+/// How far ahead of the time it is asked at shared evidence may claim to be and still count:
+/// 1 ms (the processes read one CLOCK_MONOTONIC; a sample ends at most its launch's span after
+/// it is stamped). A word further ahead is no sample's (a process of the grant wrote it) and is
+/// passed over: the process's own evidence stands.
+const SHARED_AHEAD_NS: u64 = 1_000_000;
+
+/// The words the processes of a grant share for harvesting on one device, in the grant's ledger
+/// table (`smore_protocol::ledger::LedgerTable`): the collision bucket, its probe clock and the
+/// newest collision evidence. Shared, a function of several processes is held as one process of
+/// several threads is (docs/harvest.md, "Several processes of one function").
+#[derive(Debug, Clone, Copy)]
+pub struct SharedWords {
+    /// The bucket's theoretical arrival time (`LedgerTable::contention`).
+    pub bucket: &'static AtomicU64,
+    /// When a process of the grant last probed in debt (`LedgerTable::probe`).
+    pub probe: &'static AtomicU64,
+    /// The grant's newest evidence (`LedgerTable::evidence`).
+    pub evidence: &'static AtomicU64,
 }
 
 impl Collision {
+    /// Makes `word` (the grant's evidence word) shared with this device's evidence from now on:
+    /// every sample this process settles is published there, and the newest of the two is what
+    /// [`Collision::evidence_at`] reads.
+    pub fn share(&self, word: &'static AtomicU64) {
+        self.shared
+            .store(word as *const AtomicU64 as *mut _, Release);
+    }
+
+    /// The newest evidence, (when its sample ran, probability): the process's own, or the
+    /// grant's shared word when that is newer and at most [`SHARED_AHEAD_NS`] past `bound`.
+    #[inline]
+    fn newest_by(&self, bound: u64) -> (u64, u32) {
+        let own = (self.at.load(Relaxed), self.p_ppm.load(Relaxed));
+        let p = self.shared.load(Acquire);
+        if p.is_null() {
+            return own;
+        }
+        // SAFETY: a non-null pointer was stored by `share` from a `&'static AtomicU64` (the
+        // grant's ledger table, mapped for the process's life and never unmapped).
+        let word = unsafe { &*p }.load(Relaxed);
+        match smore_protocol::ledger::unpack_evidence(word) {
+            Some((at, ppm)) if at > own.0 && at <= bound.saturating_add(SHARED_AHEAD_NS) => {
+                (at, ppm.min(PPM))
+            }
+            _ => own,
+        }
+    }
+
     /// The probability as of the last sample (ppm).
     #[inline]
     pub fn ppm(&self) -> u32 {
@@ -169,22 +220,25 @@ impl Collision {
         self.evidence_at(now).unwrap_or(0)
     }
 
-    /// The newest sample: when its launch ended and the probability it left; `None` before any.
+    /// The newest sample as of `now` — this process's or, once shared, any process's of the
+    /// grant ([`Collision::evidence_at`]'s): when its launch ended and the probability it left;
+    /// `None` before any.
     #[inline]
-    pub fn newest(&self) -> Option<(u64, u32)> {
-        let at = self.at.load(Relaxed);
-        (at != 0).then(|| (at, self.ppm()))
+    pub fn newest(&self, now: u64) -> Option<(u64, u32)> {
+        let (at, ppm) = self.newest_by(now);
+        (at != 0).then_some((at, ppm))
     }
 
     /// The probability at `now`; `None` before any sample, or once the newest sample ran more
-    /// than [`STALE_NS`] before `now`: what the training job is doing now is not known.
+    /// than [`STALE_NS`] before `now`: what the training job is doing now is not known. The
+    /// newest sample is this process's or, once shared, any process's of the grant.
     #[inline]
     pub fn evidence_at(&self, now: u64) -> Option<u32> {
-        let at = self.at.load(Relaxed);
+        let (at, ppm) = self.newest_by(now);
         if at == 0 || now.saturating_sub(at) > STALE_NS {
             None
         } else {
-            Some(self.ppm())
+            Some(ppm)
         }
     }
 
@@ -243,14 +297,15 @@ impl Collision {
         };
         let c = waited + collision_ns(d_ns, d0_ns, cap);
         let f = (c as u128 * PPM as u128 / charged_ns as u128).min(PPM as u128) as u32;
-        let at = self.at.load(Relaxed);
+        // The grant's newest evidence when shared: a sample goes on from what any process of
+        // the grant saw last.
+        let (at, old) = self.newest_by(ran_ns.saturating_add(STALE_NS));
         if at.saturating_sub(ran_ns) > STALE_NS {
             // It ran more than the staleness age before the newest evidence (samples settle out
             // of order): another phase of the trainer. Charged, but it says nothing about now.
             return c;
         }
         // Racy read-modify-write is fine: a lost update only delays convergence.
-        let old = self.p_ppm.load(Relaxed);
         let stale = ran_ns.saturating_sub(at) > STALE_NS;
         let new = if stale {
             // Old evidence is no evidence: the sample alone says what is happening now.
@@ -263,6 +318,15 @@ impl Collision {
         self.p_ppm.store(new, Relaxed);
         // Samples settle out of order (streams, probes): the evidence is as new as the newest.
         self.at.fetch_max(ran_ns, Relaxed);
+        let p = self.shared.load(Acquire);
+        if !p.is_null() {
+            // SAFETY: as in `newest_by`: stored by `share` from a `&'static AtomicU64`.
+            let word = unsafe { &*p };
+            word.fetch_max(
+                smore_protocol::ledger::pack_evidence(at.max(ran_ns), new),
+                Relaxed,
+            );
+        }
         c
     }
 }
@@ -305,16 +369,40 @@ pub fn ran_until(r: Ran, now: u64) -> u64 {
 #[derive(Debug, Default)]
 pub struct Contention {
     gate: Gate,
-    /// When a launch last probed because the bucket was in debt on stale evidence (ns).
+    /// When a launch last probed because the bucket was in debt (ns).
     last_probe: AtomicU64,
     /// The bucket the grant's processes share (its theoretical arrival time in the grant's
     /// ledger table), once attached ([`Contention::share`]); null: this process's own (`gate`).
-    /// The last probe stays the process's: a probe's measurement is evidence for the process
-    /// that made it only, and with one probe per period for all of them the others' launches
-    /// went unheld on stale evidence (three workers at θ 2 % slowed the trainer 4.6–5.4 %, with
-    /// a probe each 2.8 %; simulated).
     shared: AtomicPtr<AtomicU64>,
+    /// The grant's probe word, attached with the bucket (null: none): when a process of the
+    /// grant last probed. A process that finds another's probe there within the period goes on
+    /// that probe's measurement, which every process of the grant reads ([`Collision::share`]),
+    /// instead of probing itself: with probes each, three workers in debt sent three times the
+    /// unheld probes of one (at θ 2 % they slowed the trainer 2.8–3.1 %, one worker of the same
+    /// load 1.3 %); with one probe per period but evidence each, the others' launches went
+    /// unheld on stale evidence (4.6–5.4 %; simulated, docs/harvest.md, "Several processes of
+    /// one function").
+    shared_probe: AtomicPtr<AtomicU64>,
+    /// What this process last wrote to the grant's probe word (ns; 0 = never): a later time
+    /// there is another process's probe.
+    probe_mark: AtomicU64,
 }
+
+/// What a launch of a process in debt does about probing ([`Contention::probe_in_debt`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InDebt {
+    /// Go on as decided by the evidence (none needed, or fresh).
+    Go,
+    /// Go as a probe: sampled, and later launches wait for its measurement.
+    Probe,
+    /// Another process of the grant probes now, and this one has no fresh evidence: look again
+    /// at this time (CLOCK_MONOTONIC ns), when the probe's measurement may be in.
+    WaitUntil(u64),
+}
+
+/// How often a launch waiting for another process's probe ([`InDebt::WaitUntil`]) looks again:
+/// 100 µs (a probe settles within its kernel's run and a poll of its events).
+pub const PROBE_POLL_NS: u64 = 100_000;
 
 impl Contention {
     /// Makes `word` (the grant's shared bucket, `smore_protocol::ledger::LedgerTable::contention`)
@@ -322,12 +410,54 @@ impl Contention {
     /// arrival time of the two). Every process of a grant then charges and holds on one bucket,
     /// as they check one memory cap: with a bucket each, a function's worker processes each
     /// spent the grant's whole budget (docs/harvest.md, "Several processes of one function").
-    pub fn share(&self, word: &'static AtomicU64) {
+    pub fn share(&self, words: SharedWords) {
         if self.shared.load(Acquire).is_null() {
-            word.fetch_max(self.gate.ahead(0), AcqRel);
+            words.bucket.fetch_max(self.gate.ahead(0), AcqRel);
+            self.shared_probe
+                .store(words.probe as *const AtomicU64 as *mut _, Release);
             self.shared
-                .store(word as *const AtomicU64 as *mut _, Release);
+                .store(words.bucket as *const AtomicU64 as *mut _, Release);
         }
+    }
+
+    /// Whether another process of the grant probed within `period` (ns) before `now`: the
+    /// grant's probe word holds a time later than this process's own last mark and within the
+    /// period. A time more than [`SHARED_AHEAD_NS`] ahead of `now` is no probe's (a process of
+    /// the grant wrote the word) and is passed over. One or two atomic loads; always false
+    /// without a shared bucket, so a process of its own probes as it always did.
+    #[inline]
+    pub fn probed_by_another(&self, now: u64, period: u64) -> bool {
+        let p = self.shared_probe.load(Acquire);
+        if p.is_null() {
+            return false;
+        }
+        // SAFETY: a non-null pointer was stored by `share` from a `&'static AtomicU64` (the
+        // grant's ledger table, mapped for the process's life and never unmapped).
+        let last = unsafe { &*p }.load(SeqCst);
+        last > self.probe_mark.load(SeqCst)
+            && last <= now.saturating_add(SHARED_AHEAD_NS)
+            && now.saturating_sub(last) <= period
+    }
+
+    /// Notes on the grant's probe word that this process probes at `now` (nothing without a
+    /// shared bucket). The process's own mark first, both kept at their largest and in one
+    /// order (SeqCst), so that no thread of this process reads its own probe as another's.
+    #[inline]
+    pub fn mark_probe(&self, now: u64) {
+        let p = self.shared_probe.load(Acquire);
+        if !p.is_null() {
+            self.probe_mark.fetch_max(now, SeqCst);
+            // SAFETY: as in `probed_by_another`.
+            unsafe { &*p }.fetch_max(now, SeqCst);
+        }
+    }
+
+    /// Probes at `now` after waiting in vain for another process's probe: this process's
+    /// clock and the grant's word both say so.
+    #[inline]
+    pub fn take_probe(&self, now: u64) {
+        self.last_probe.fetch_max(now, Relaxed);
+        self.mark_probe(now);
     }
 
     /// Whether this device's bucket is the grant's shared one.
@@ -406,21 +536,38 @@ impl Contention {
     /// settles. A function in debt overspent that way; its launches then wait for a probe's
     /// measurement every [`DEBT_PROBE_NS`], so at most that much of its work goes unseen into a
     /// busy phase (docs/harvest.md, "Keeping the backlog short").
-    pub fn probe_in_debt(&self, now: u64, evidence: Option<u32>) -> bool {
+    ///
+    /// When the processes of a grant share a bucket, a probe of another process within the
+    /// period stands for this one's ([`Contention::probed_by_another`]): one probe per period
+    /// for the function, as for the threads of one process. A launch without fresh evidence
+    /// then waits for that probe's measurement ([`InDebt::WaitUntil`]; the caller bounds the
+    /// wait), since without evidence nothing would hold it.
+    pub fn probe_in_debt(&self, now: u64, evidence: Option<u32>) -> InDebt {
         let period = match evidence {
             None => STALE_NS,
             Some(p) if p < HOLD_FROM_PPM => DEBT_PROBE_NS,
-            Some(_) => return false,
+            Some(_) => return InDebt::Go,
         };
         if !self.in_debt(now) {
-            return false;
+            return InDebt::Go;
+        }
+        if self.probed_by_another(now, period) {
+            return match evidence {
+                Some(_) => InDebt::Go,
+                None => InDebt::WaitUntil(now.saturating_add(PROBE_POLL_NS)),
+            };
         }
         let last = self.last_probe.load(Relaxed);
-        now.saturating_sub(last) > period
+        if now.saturating_sub(last) > period
             && self
                 .last_probe
                 .compare_exchange(last, now, Relaxed, Relaxed)
                 .is_ok()
+        {
+            self.mark_probe(now);
+            return InDebt::Probe;
+        }
+        InDebt::Go
     }
 
     /// Admits a launch of (calibrated) cost `cost_ns` with collision probability `p_ppm` under
@@ -1501,6 +1648,7 @@ mod tests {
     #[test]
     fn processes_sharing_a_grants_bucket_pay_into_one_debt() {
         let word: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+        let words = shared_words(word);
         let (a, b) = (Contention::default(), Contention::default());
         let now = 1_000_000_000;
         // 5 %: 1 ms of collision pays for 20 ms of wall time.
@@ -1508,23 +1656,85 @@ mod tests {
         // Process a owes 2 s of its own before it joins: its debt comes along.
         a.admit(now, 100_000_000, PPM, budget);
         assert!(a.in_debt(now));
-        a.share(word);
-        b.share(word);
+        a.share(words);
+        b.share(words);
         assert!(a.is_shared() && b.is_shared());
         assert!(b.in_debt(now), "b pays the debt a brought");
         assert_eq!(a.ahead_ns(now), b.ahead_ns(now));
-        // What either charges, both owe; each probes for its own evidence.
+        // What either charges, both owe.
         let before = b.ahead_ns(now);
         a.correct(now, 0, 1_000_000, budget);
         assert_eq!(b.ahead_ns(now), before + 20_000_000);
-        assert!(a.probe_in_debt(now + STALE_NS + 1, None));
-        assert!(
-            b.probe_in_debt(now + STALE_NS + 2, None),
-            "a probe each: its own evidence"
+        // One probe per period for both: b, without evidence, waits for a's measurement (and
+        // looks again within the poll), then probes itself once the period is over.
+        let t = now + STALE_NS + 1;
+        assert_eq!(a.probe_in_debt(t, None), InDebt::Probe);
+        assert!(b.probed_by_another(t + 2, STALE_NS) && !a.probed_by_another(t + 2, STALE_NS));
+        assert_eq!(
+            b.probe_in_debt(t + 2, None),
+            InDebt::WaitUntil(t + 2 + PROBE_POLL_NS)
         );
+        assert_eq!(
+            b.probe_in_debt(t + 2, Some(PPM / 50)),
+            InDebt::Go,
+            "fresh: goes on it"
+        );
+        assert_eq!(b.probe_in_debt(t + STALE_NS + 1, None), InDebt::Probe);
+        // Then a goes on b's probe, and probes again on its own clock once that is over.
+        assert!(a.probed_by_another(t + STALE_NS + 2, STALE_NS));
+        assert!(matches!(
+            a.probe_in_debt(t + STALE_NS + 2, None),
+            InDebt::WaitUntil(_)
+        ));
+        assert_eq!(a.probe_in_debt(t + 2 * STALE_NS + 2, None), InDebt::Probe);
+        // A word far in the future is nobody's probe: passed over, not waited on.
+        words.probe.store(u64::MAX, SeqCst);
+        assert!(!b.probed_by_another(t + 3 * STALE_NS, STALE_NS));
+        assert_eq!(b.probe_in_debt(t + 3 * STALE_NS, None), InDebt::Probe);
         // A process of its own bucket is not touched.
         let c = Contention::default();
         assert!(!c.in_debt(now) && !c.is_shared());
+    }
+
+    fn shared_words(bucket: &'static AtomicU64) -> SharedWords {
+        SharedWords {
+            bucket,
+            probe: Box::leak(Box::new(AtomicU64::new(0))),
+            evidence: Box::leak(Box::new(AtomicU64::new(0))),
+        }
+    }
+
+    #[test]
+    fn the_processes_of_a_grant_read_each_others_newest_evidence() {
+        let word: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+        let (a, b) = (Collision::default(), Collision::default());
+        let t = 5_000 * MS;
+        // Before sharing: b knows nothing of what a measured.
+        a.observe(t, 2 * MS, MS, Some(0), 0);
+        assert_eq!(a.evidence_at(t), Some(PPM));
+        assert_eq!(b.evidence_at(t), None);
+        a.share(word);
+        b.share(word);
+        // a's next sample (the trainer busy: a whole collision) holds b too.
+        a.observe(t + MS, 2 * MS, MS, Some(0), 0);
+        assert_eq!(b.evidence_at(t + MS), Some(PPM));
+        // b's own newer sample (an idle trainer) goes on from it and is what a reads next.
+        b.observe(t + 2 * MS, MS, MS, Some(0), 0);
+        assert_eq!(b.evidence_at(t + 2 * MS), Some(PPM / 2));
+        assert_eq!(a.evidence_at(t + 2 * MS), Some(PPM / 2));
+        // Stale for both after the staleness age.
+        assert_eq!(a.evidence_at(t + 2 * MS + STALE_NS + 16_000), None);
+        // A word claiming a sample in the future is nobody's: a process's own evidence stands.
+        word.store(
+            smore_protocol::ledger::pack_evidence(t + 1_000 * MS, 0),
+            SeqCst,
+        );
+        assert_eq!(
+            a.evidence_at(t + 3 * MS),
+            Some(PPM),
+            "a's own, from t + 1 ms"
+        );
+        assert_eq!(Collision::default().evidence_at(t), None);
     }
 
     #[test]
@@ -1533,23 +1743,23 @@ mod tests {
         let now = 5_000 * MS;
         // No debt: nothing to enforce, no probe, whatever the evidence.
         assert!(!c.in_debt(now));
-        assert!(!c.probe_in_debt(now, None));
-        assert!(!c.probe_in_debt(now, Some(0)));
+        assert_eq!(c.probe_in_debt(now, None), InDebt::Go);
+        assert_eq!(c.probe_in_debt(now, Some(0)), InDebt::Go);
         // 100 ms of collision at 5 %: 2 s of debt, past the 1 s horizon.
         c.correct(now, 0, 100 * MS, 50_000);
         assert!(c.in_debt(now));
         // Evidence of a busy trainer: the bucket itself holds the launch.
-        assert!(!c.probe_in_debt(now, Some(PPM)));
-        // Stale: this launch probes, and the next ones within the staleness age do not (they
-        // wait for its measurement instead).
-        assert!(c.probe_in_debt(now, None));
-        assert!(!c.probe_in_debt(now + MS, None));
-        assert!(!c.probe_in_debt(now + STALE_NS, None));
-        assert!(c.probe_in_debt(now + STALE_NS + 1, None));
+        assert_eq!(c.probe_in_debt(now, Some(PPM)), InDebt::Go);
+        // Stale: this launch probes, and the next ones within the staleness age do not (the
+        // process's other launches wait for its measurement instead).
+        assert_eq!(c.probe_in_debt(now, None), InDebt::Probe);
+        assert_eq!(c.probe_in_debt(now + MS, None), InDebt::Go);
+        assert_eq!(c.probe_in_debt(now + STALE_NS, None), InDebt::Go);
+        assert_eq!(c.probe_in_debt(now + STALE_NS + 1, None), InDebt::Probe);
         // Once the debt is paid (past the horizon), stale launches go as before.
         let paid = now + 2_000 * MS;
         assert!(!c.in_debt(paid));
-        assert!(!c.probe_in_debt(paid, None));
+        assert_eq!(c.probe_in_debt(paid, None), InDebt::Go);
     }
 
     fn link(submitted: u64, started: u64, pushed_before: u64) -> Link {
@@ -1652,11 +1862,14 @@ mod tests {
         let now = 5_000 * MS;
         c.correct(now, 0, 100 * MS, 50_000);
         let idle = Some(PPM / 50);
-        assert!(c.probe_in_debt(now, idle));
-        assert!(!c.probe_in_debt(now + DEBT_PROBE_NS, idle));
-        assert!(c.probe_in_debt(now + DEBT_PROBE_NS + 1, idle));
+        assert_eq!(c.probe_in_debt(now, idle), InDebt::Probe);
+        assert_eq!(c.probe_in_debt(now + DEBT_PROBE_NS, idle), InDebt::Go);
+        assert_eq!(
+            c.probe_in_debt(now + DEBT_PROBE_NS + 1, idle),
+            InDebt::Probe
+        );
         // Out of debt an idle trainer's time is free: no probes.
-        assert!(!c.probe_in_debt(now + 2_000 * MS, idle));
+        assert_eq!(c.probe_in_debt(now + 2_000 * MS, idle), InDebt::Go);
     }
 
     #[test]

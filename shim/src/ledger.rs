@@ -353,7 +353,7 @@ impl Ledger {
 
     /// The collision bucket the processes of this grant share on grant-page slot `slot` (none
     /// without a shared ledger: the process keeps a bucket of its own).
-    pub fn shared_contention(&self, slot: usize) -> Option<&'static AtomicU64> {
+    pub fn shared_contention(&self, slot: usize) -> Option<crate::harvest::SharedWords> {
         self.group.as_ref()?.contention(slot)
     }
 

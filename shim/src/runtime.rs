@@ -20,8 +20,8 @@ use crate::client::{self, Source};
 use crate::config::{self, Config, FailurePolicy, Level};
 use crate::gate::{CostTable, Gate, SampleClock, PPM, SAMPLE_PERIOD_NS};
 use crate::harvest::{
-    self, Backlog, Calibration, Chained, Chains, Collision, Contention, Defer, Deferral, Link,
-    Usage, UsageCounters,
+    self, Backlog, Calibration, Chained, Chains, Collision, Contention, Defer, Deferral, InDebt,
+    Link, Usage, UsageCounters,
 };
 use crate::ledger::{graph_exec_key, Kind, Ledger, OverCap, PoolFree, Reservation};
 use crate::limits::{self, GrantPage, MAX_DEVICES};
@@ -1249,6 +1249,7 @@ impl Runtime {
                 // The grant's processes charge one collision bucket (its ledger table's), as
                 // they check one memory cap; a process without a shared ledger keeps its own.
                 if let Some(words) = self.ledger.shared_contention(slot) {
+                    self.collision[dev].share(words.evidence);
                     self.contention[dev].share(words);
                 }
             }
@@ -1276,7 +1277,7 @@ impl Runtime {
             if until > 0 {
                 let now = os::now_ns();
                 let c = &self.collision[dev];
-                match self.deferral[dev].decide(now, c.evidence_at(now), c.newest(), until) {
+                match self.deferral[dev].decide(now, c.evidence_at(now), c.newest(now), until) {
                     Defer::Run => {}
                     Defer::Probe => probe = true,
                     Defer::Hold(t) => {
@@ -1291,12 +1292,45 @@ impl Runtime {
         }
         // A function in debt whose evidence is stale probes first, at most once per staleness
         // age (docs/harvest.md, "Enforcement on stale evidence"): otherwise bursts spaced past
-        // the staleness age are never held.
+        // the staleness age are never held. The age's probe is the grant's: a launch that finds
+        // another process of it probing waits for that measurement, at most the staleness age,
+        // and then probes itself.
         if budget > 0 && !probe {
-            let now = os::now_ns();
-            if self.contention[dev].probe_in_debt(now, self.collision[dev].evidence_at(now)) {
-                probe = true;
-                blocking = true;
+            let start = os::now_ns();
+            let mut now = start;
+            let mut waited = false;
+            loop {
+                match self.contention[dev].probe_in_debt(now, self.collision[dev].evidence_at(now))
+                {
+                    InDebt::Go => break,
+                    InDebt::Probe => {
+                        probe = true;
+                        blocking = true;
+                        break;
+                    }
+                    InDebt::WaitUntil(_) if now.saturating_sub(start) > harvest::STALE_NS => {
+                        // No evidence came of the other's probe: this launch probes.
+                        self.contention[dev].take_probe(now);
+                        probe = true;
+                        blocking = true;
+                        break;
+                    }
+                    InDebt::WaitUntil(t) => {
+                        os::sleep_until(t);
+                        let woke = os::now_ns();
+                        self.usage[dev].add_held(woke.saturating_sub(now));
+                        now = woke;
+                        waited = true;
+                    }
+                }
+            }
+            if waited {
+                // Held after its reservation, like a deferral; and another thread's launch may
+                // have gone meanwhile.
+                self.backlog[dev].went_at(now, cost);
+                if self.unmeasured.load(Acquire) > 0 || self.probing.load(Acquire) > 0 {
+                    self.wait_unmeasured();
+                }
             }
         }
         let mut now = os::now_ns();
@@ -1310,7 +1344,8 @@ impl Runtime {
         // it later, `cost / budget` after the last probe, was tried: docs/harvest.md,
         // "Enforcement on stale evidence".)
         let mut deadline = raw.max(harvested);
-        if harvested.is_some_and(|h| h > now + harvest::STALE_NS) {
+        let cut = harvested.filter(|&h| h > now + harvest::STALE_NS);
+        if cut.is_some() {
             probe = true;
             blocking = true;
             deadline = raw.max(Some(now + harvest::STALE_NS));
@@ -1319,6 +1354,35 @@ impl Runtime {
             os::sleep_until(deadline);
             self.usage[dev].add_held(deadline.saturating_sub(now));
             now = deadline;
+        }
+        if let Some(paid) = cut {
+            // The probe after a cut hold is the function's, as in debt above: while another
+            // process of the grant has probed within the staleness age, this launch goes on
+            // that probe's evidence — on when it says the trainer is idle, else held again,
+            // at most one more staleness age, until the bucket is paid or the probe is its own.
+            let give_up = now.saturating_add(harvest::STALE_NS);
+            loop {
+                if !self.contention[dev].probed_by_another(now, harvest::STALE_NS) || now >= give_up
+                {
+                    self.contention[dev].mark_probe(now);
+                    break;
+                }
+                let idle = self.collision[dev]
+                    .evidence_at(now)
+                    .is_some_and(|p| p < harvest::HOLD_FROM_PPM);
+                if idle || now >= paid {
+                    probe = false;
+                    break;
+                }
+                let t = now
+                    .saturating_add(harvest::PROBE_POLL_NS)
+                    .min(paid)
+                    .min(give_up);
+                os::sleep_until(t);
+                let woke = os::now_ns();
+                self.usage[dev].add_held(woke.saturating_sub(now));
+                now = woke;
+            }
         }
         // Turns (docs/shim.md, "Turns"): after every hold of its own, so that no turn is held
         // through one; a launch that waited for its turn moves its backlog's end like a hold.

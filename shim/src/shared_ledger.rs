@@ -26,7 +26,7 @@ use crate::limits::MAX_DEVICES;
 use smore_protocol::ledger::{
     owner_pid, LedgerSlot, LedgerTable, LEDGER_SLOTS, OWNER_FREE, OWNER_RECLAIMING,
 };
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::Ordering::SeqCst;
 
 /// Attempts of a reservation that lost a race (both racers saw each other and backed off) while
 /// the others' holdings still leave room: 64 (reasoning: each attempt is a few hundred ns; the
@@ -121,10 +121,16 @@ impl Group {
         self.table.footprint.get(dev).map_or(0, |f| f.load(SeqCst))
     }
 
-    /// The collision bucket the grant's processes share on grant-page slot `slot`: its
-    /// theoretical arrival time (`LedgerTable::contention`).
-    pub fn contention(&self, slot: usize) -> Option<&'static AtomicU64> {
-        self.table.contention.get(slot)
+    /// The words the grant's processes share for harvesting on grant-page slot `slot`: the
+    /// collision bucket, its probe clock and the newest collision evidence
+    /// (`LedgerTable::contention`, `probe`, `evidence`).
+    pub fn contention(&self, slot: usize) -> Option<crate::harvest::SharedWords> {
+        let t = self.table;
+        Some(crate::harvest::SharedWords {
+            bucket: t.contention.get(slot)?,
+            probe: t.probe.get(slot)?,
+            evidence: t.evidence.get(slot)?,
+        })
     }
 
     /// Takes the measurement of the grant's first context on `dev` for this process, or waits
@@ -271,7 +277,7 @@ fn zero(s: &LedgerSlot) {
 mod tests {
     use super::*;
     use smore_protocol::ledger::{owner_word, LEDGER_MAGIC, LEDGER_VERSION};
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicU64, AtomicUsize};
     use std::sync::{Arc, Barrier};
 
     fn table() -> &'static LedgerTable {
@@ -286,6 +292,8 @@ mod tests {
                 bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
             contention: std::array::from_fn(|_| AtomicU64::new(0)),
+            probe: std::array::from_fn(|_| AtomicU64::new(0)),
+            evidence: std::array::from_fn(|_| AtomicU64::new(0)),
         }))
     }
 
