@@ -1345,6 +1345,8 @@ impl Runtime {
         // "Enforcement on stale evidence".)
         let mut deadline = raw.max(harvested);
         let cut = harvested.filter(|&h| h > now + harvest::STALE_NS);
+        // What this launch was to do before the cut made it a probe (a deferral's probe stays).
+        let before_cut = (probe, blocking);
         if cut.is_some() {
             probe = true;
             blocking = true;
@@ -1371,7 +1373,7 @@ impl Runtime {
                     .evidence_at(now)
                     .is_some_and(|p| p < harvest::HOLD_FROM_PPM);
                 if idle || now >= paid {
-                    probe = false;
+                    (probe, blocking) = before_cut;
                     break;
                 }
                 let t = now
