@@ -1362,27 +1362,32 @@ impl Runtime {
             // process of the grant has probed within the staleness age, this launch goes on
             // that probe's evidence — on when it says the trainer is idle, else held again,
             // at most one more staleness age, until the bucket is paid or the probe is its own.
-            let give_up = now.saturating_add(harvest::STALE_NS);
+            // On the clock, not the hold's planned end: a sleep overruns, and a sibling's
+            // fresh probe must not look more than 1 ms ahead.
+            let mut clock = os::now_ns();
+            let give_up = clock.saturating_add(harvest::STALE_NS);
             loop {
-                if !self.contention[dev].probed_by_another(now, harvest::STALE_NS) || now >= give_up
+                if !self.contention[dev].probed_by_another(clock, harvest::STALE_NS)
+                    || clock >= give_up
                 {
-                    self.contention[dev].mark_probe(now);
+                    self.contention[dev].mark_probe(clock);
                     break;
                 }
                 let idle = self.collision[dev]
-                    .evidence_at(now)
+                    .evidence_at(clock)
                     .is_some_and(|p| p < harvest::HOLD_FROM_PPM);
-                if idle || now >= paid {
+                if idle || clock >= paid {
                     (probe, blocking) = before_cut;
                     break;
                 }
-                let t = now
+                let t = clock
                     .saturating_add(harvest::PROBE_POLL_NS)
                     .min(paid)
                     .min(give_up);
                 os::sleep_until(t);
                 let woke = os::now_ns();
-                self.usage[dev].add_held(woke.saturating_sub(now));
+                self.usage[dev].add_held(woke.saturating_sub(clock));
+                clock = woke;
                 now = woke;
             }
         }
