@@ -26,6 +26,7 @@
 //! collision budget in total than `θ / (1 + θ)` of wall time, or starve a function entirely (each
 //! gets a floor, so its shim keeps measuring and its demand stays visible).
 
+use serde::Serialize;
 use smore_protocol::phase::Phase;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -223,6 +224,8 @@ pub struct UseRate {
     /// with a bucket of its own, and one for all those sharing the grant's bucket. Each bucket
     /// enforces the page's budget, so the page carries the instance's part divided by them.
     pub paying_processes: u32,
+    /// Processes whose reports added GPU time over the window.
+    pub gpu_processes: u32,
     /// Collision time per reported request over the window, ns (None without requests).
     pub collision_per_request_ns: Option<f64>,
     /// GPU time per reported request over the window (its shims' calibrated solo cost), ns
@@ -444,11 +447,20 @@ impl UsageLedger {
             .collect();
         paying.sort_unstable();
         paying.dedup();
+        let mut gpu: Vec<u32> = self
+            .added
+            .iter()
+            .filter(|(_, _, d)| d.gpu_ns > 0)
+            .map(|&(_, pid, _)| pid)
+            .collect();
+        gpu.sort_unstable();
+        gpu.dedup();
         UseRate {
             gpu_ppm: ppm(g),
             contention_ppm: ppm(c),
             miss_rate: (n > 0).then(|| missed as f64 / n as f64),
             paying_processes: paying.len() as u32,
+            gpu_processes: gpu.len() as u32,
             collision_per_request_ns: (n > 0).then(|| c as f64 / n as f64),
             gpu_per_request_ns: (n > 0).then(|| g as f64 / n as f64),
         }
@@ -849,6 +861,106 @@ impl Harvest {
             self.calibration = (self.calibration + INCREASE).min(1.0);
         }
         self.calibration != old
+    }
+
+    /// What the GPU's raw-share throttle ([`Throttle`]) does after an observation of
+    /// `slowdown`: the collision budget is at its floor and the estimate still above θ — the
+    /// budget can do no more, so the functions that spent over their part have their GPU time
+    /// cut; well under θ, throttled functions get GPU time back; in between, nothing moves.
+    pub fn throttle_step(&self, slowdown: f64) -> ThrottleStep {
+        if slowdown > self.theta && self.calibration <= CALIBRATION_MIN {
+            ThrottleStep::Cut
+        } else if slowdown < INCREASE_BELOW * self.theta {
+            ThrottleStep::Recover
+        } else {
+            ThrottleStep::Hold
+        }
+    }
+}
+
+/// The least raw share, percent, the throttle leaves a function: 5 %. Reasoning: a function cut
+/// to nothing would serve nothing and report nothing, and its demand would vanish from the
+/// split; 5 % of a GPU still serves a request of a few ms every 50–100 ms, and collides at most
+/// 5 % of wall time however it launches — the bound a trainer beside a function the budget
+/// cannot hold is left with (docs/harvest.md, "When the budget cannot hold θ").
+pub const THROTTLE_MIN_PCT: u32 = 5;
+/// Raw share given back to a throttled function per observation (every
+/// `state::OBSERVE_EVERY` rounds, 5 s) while the estimate stays under [`INCREASE_BELOW`] × θ:
+/// 5 points. Reasoning: additive increase, as the calibration's (TGS, NSDI'23); from the floor
+/// back to no throttle in about 95 observations of a quiet trainer, so a function the budget
+/// could not hold does not return at once to the use that broke θ.
+pub const THROTTLE_STEP_PCT: u32 = 5;
+
+/// What a GPU's estimate says to do about its functions' raw shares ([`Harvest::throttle_step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThrottleStep {
+    /// Cut the GPU time of the functions that spent over their part of the budget.
+    Cut,
+    /// Give throttled functions GPU time back.
+    Recover,
+    /// Leave the throttles as they are.
+    Hold,
+}
+
+/// One function's raw-share throttle: the last lever when the collision budget cannot hold θ.
+///
+/// The collision budget holds the trainer through the shims' holds, which are bounded per launch
+/// (a hold ends at the staleness age, a probe goes before anything says whether the trainer is
+/// busy), and through the calibration, which stops at [`CALIBRATION_MIN`]. A function whose
+/// launches slip through those bounds — several workers in deep debt, a trainer's phase the
+/// probes keep meeting — can spend many times its part while the budget sits at its floor and
+/// the estimate above θ (docs/harvest.md, "When the budget cannot hold θ"). Its raw share then
+/// caps its GPU time, which the shim's launch gate enforces exactly whatever the launch pattern:
+/// cut multiplicatively from what it used ([`DECREASE`]), down to [`THROTTLE_MIN_PCT`], and
+/// given back additively ([`THROTTLE_STEP_PCT`]) once the trainer is well within θ.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Throttle(Option<u32>);
+
+impl Throttle {
+    /// The raw share ceiling it sets for the function, percent (100: none).
+    pub fn ceiling(&self) -> u32 {
+        self.0.unwrap_or(100)
+    }
+
+    /// The ceiling each of the function's `processes` gets, percent: its part of
+    /// [`Throttle::ceiling`], at least 1. Each process's shim gates its own launches by the
+    /// page's share, so the function's processes together get the ceiling, not a ceiling each.
+    pub fn per_process(&self, processes: u32) -> u32 {
+        match self.0 {
+            None => 100,
+            Some(c) => c.div_ceil(processes.max(1)).max(1),
+        }
+    }
+
+    /// Whether it lowers the share now.
+    pub fn is_on(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Cuts the ceiling to [`DECREASE`] × the lower of itself and what the function used
+    /// (`gpu_used_ppm` of wall time; a ceiling above the use would not cut), at least
+    /// [`THROTTLE_MIN_PCT`]. Returns whether it changed.
+    pub fn cut(&mut self, gpu_used_ppm: u32) -> bool {
+        let used_pct = gpu_used_ppm.div_ceil(PPM / 100);
+        let from = self.ceiling().min(used_pct.max(THROTTLE_MIN_PCT));
+        let to = ((from as f64 * DECREASE).floor() as u32).max(THROTTLE_MIN_PCT);
+        let changed = Some(to) != self.0;
+        self.0 = Some(to);
+        changed
+    }
+
+    /// Raises the ceiling by [`THROTTLE_STEP_PCT`]; at 100 the throttle is off. Returns whether
+    /// it changed.
+    pub fn recover(&mut self) -> bool {
+        match self.0 {
+            None => false,
+            Some(c) => {
+                let to = c.saturating_add(THROTTLE_STEP_PCT);
+                self.0 = (to < 100).then_some(to);
+                true
+            }
+        }
     }
 }
 
@@ -1461,5 +1573,75 @@ mod tests {
             h.observe(0.01);
         }
         assert_eq!(h.calibration(), 1.0);
+    }
+
+    #[test]
+    fn the_throttle_cuts_only_when_the_budget_is_at_its_floor_and_the_trainer_above_theta() {
+        let mut h = Harvest::new(0.02);
+        // Above θ with a calibration to spare: the budget is cut first.
+        assert_eq!(h.throttle_step(0.03), ThrottleStep::Hold);
+        while h.calibration() > CALIBRATION_MIN {
+            h.observe(0.03);
+        }
+        assert_eq!(h.throttle_step(0.03), ThrottleStep::Cut);
+        assert_eq!(
+            h.throttle_step(0.02),
+            ThrottleStep::Hold,
+            "at θ nothing moves"
+        );
+        assert_eq!(h.throttle_step(0.015), ThrottleStep::Hold);
+        assert_eq!(h.throttle_step(0.013), ThrottleStep::Recover);
+        // A GPU without a bound to exceed never cuts.
+        assert_eq!(Harvest::new(0.0).throttle_step(0.0), ThrottleStep::Hold);
+    }
+
+    #[test]
+    fn a_throttle_cuts_from_what_the_function_used_down_to_a_floor_and_recovers_to_none() {
+        let mut t = Throttle::default();
+        assert_eq!(t.ceiling(), 100);
+        assert!(!t.recover(), "nothing to give back");
+        // 30 % of the GPU used: the first cut already bites (24 %, not 80 % of 100).
+        assert!(t.cut(300_000));
+        assert_eq!(t.ceiling(), 24);
+        // The use has fallen under the ceiling: cut from the use.
+        assert!(t.cut(100_000));
+        assert_eq!(t.ceiling(), 8);
+        // A use reported above the ceiling never raises it.
+        assert!(t.cut(900_000));
+        assert_eq!(t.ceiling(), 6);
+        for _ in 0..10 {
+            t.cut(0);
+        }
+        assert_eq!(t.ceiling(), THROTTLE_MIN_PCT);
+        assert!(!t.cut(0), "at the floor a cut changes nothing");
+        assert!(t.is_on());
+        let mut steps = 0;
+        while t.recover() {
+            steps += 1;
+        }
+        assert!(!t.is_on());
+        assert_eq!(t.ceiling(), 100);
+        assert_eq!(steps, (100 - THROTTLE_MIN_PCT) / THROTTLE_STEP_PCT);
+    }
+
+    #[test]
+    fn a_throttled_functions_processes_share_its_ceiling() {
+        let mut t = Throttle::default();
+        assert_eq!(
+            t.per_process(3),
+            100,
+            "no throttle: each process its whole share"
+        );
+        t.cut(300_000);
+        assert_eq!(t.ceiling(), 24);
+        assert_eq!(t.per_process(0), 24);
+        assert_eq!(t.per_process(1), 24);
+        assert_eq!(t.per_process(3), 8);
+        assert_eq!(t.per_process(5), 5, "rounded up");
+        assert_eq!(
+            t.per_process(64),
+            1,
+            "never 0: a process at 0 % could not run at all"
+        );
     }
 }

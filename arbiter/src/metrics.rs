@@ -141,6 +141,7 @@ struct FunctionRow {
     sm_used: f64,
     budget_ppm: f64,
     used_ppm: f64,
+    share_cut: f64,
     throttled_ns: f64,
     deferred_ns: f64,
     refusals: u64,
@@ -325,6 +326,9 @@ pub fn render(snap: &Value) -> String {
             r.sm_used += num(&f["sm_used"]);
             r.budget_ppm += num(&f["contention_ppm"]);
             r.used_ppm += num(&f["contention_used_ppm"]);
+            if f["throttle_pct"].is_number() {
+                r.share_cut += 1.0;
+            }
             r.throttled_ns += num(&f["throttled_ns"]);
             r.deferred_ns += num(&f["deferred_ns"]);
             r.refusals += f["refusals"].as_u64().unwrap_or(0);
@@ -382,6 +386,12 @@ pub fn render(snap: &Value) -> String {
         "Collision time the function's shims reported over the last interval, fraction of wall time",
         Some(ratio()),
     );
+    let share_cut = fgauge(
+        &mut reg,
+        "smore_function_share_cut_instances",
+        "Instances whose raw share is cut because their GPU's collision budget, at its floor, cannot hold the training job within theta",
+        None,
+    );
     let throttled = Family::<FunctionLabels, F64Counter>::default();
     reg.register_with_unit(
         "smore_function_throttled",
@@ -417,6 +427,7 @@ pub fn render(snap: &Value) -> String {
         sm_used.get_or_create(&l).set(r.sm_used / PERCENT);
         cbudget.get_or_create(&l).set(r.budget_ppm / PPM);
         cused.get_or_create(&l).set(r.used_ppm / PPM);
+        share_cut.get_or_create(&l).set(r.share_cut);
         throttled
             .get_or_create(&l)
             .inc_by(r.throttled_ns / NS_PER_S);

@@ -1239,6 +1239,23 @@ impl Runtime {
         // An unmeasured launch is charged nothing now and its measured cost once known (no
         // estimate from other kernels: a graph's 200 ms must not be charged to a 5 µs kernel).
         let cost = known.map_or(0, |c| self.calibration[dev].apply(c));
+        // The raw share's gate first (an operator's share, an over-use debt's, or the arbiter's
+        // throttle of a function its collision budget cannot hold): what harvesting decides
+        // below — the backlog, a probe, a hold on the evidence of now — then rests on evidence
+        // of when the launch goes, not of before a pacing hold of up to the gate's window. A
+        // launch released by the gate on evidence of before its hold ran into the trainer's
+        // busy phases unheld (docs/harvest.md, "When the budget cannot hold θ").
+        if share < 100 {
+            let now = os::now_ns();
+            if let Some(t) = self.gates[dev].admit(now, cost, share, self.window_ns) {
+                os::sleep_until(t);
+                self.usage[dev].add_held(t.saturating_sub(now));
+                // Another thread's unmeasured launch or blocking probe may have gone meanwhile.
+                if self.unmeasured.load(Acquire) > 0 || self.probing.load(Acquire) > 0 {
+                    self.wait_unmeasured();
+                }
+            }
+        }
         // Harvesting keeps its backlog short, so that what is decided below on the evidence of
         // now holds the work while that evidence is fresh ([`harvest::BACKLOG_HORIZON_NS`]).
         // Reserved first, first come first served, so that threads launching at once are
@@ -1336,21 +1353,20 @@ impl Runtime {
         let mut now = os::now_ns();
         let p = self.collision[dev].ppm_at(now);
         let expected = harvest::expected_collision(cost, p);
-        let raw = self.gates[dev].admit(now, cost, share, self.window_ns);
         let (_, harvested) = self.contention[dev].admit(now, cost, p, budget);
         // A contention hold longer than the evidence stays fresh is cut short: this launch then
         // probes (it is sampled, and later launches wait for its measurement), so a trainer that
         // went idle meanwhile is seen at once instead of after the whole debt is paid. (Cutting
         // it later, `cost / budget` after the last probe, was tried: docs/harvest.md,
         // "Enforcement on stale evidence".)
-        let mut deadline = raw.max(harvested);
+        let mut deadline = harvested;
         let cut = harvested.filter(|&h| h > now + harvest::STALE_NS);
         // What this launch was to do before the cut made it a probe (a deferral's probe stays).
         let before_cut = (probe, blocking);
         if cut.is_some() {
             probe = true;
             blocking = true;
-            deadline = raw.max(Some(now + harvest::STALE_NS));
+            deadline = Some(now + harvest::STALE_NS);
         }
         if let Some(deadline) = deadline {
             os::sleep_until(deadline);

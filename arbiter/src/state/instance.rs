@@ -66,6 +66,11 @@ pub struct Instance {
     /// workers share the instance's part rather than each taking all of it (docs/arbiter.md,
     /// threat model).
     pub contention_processes: u32,
+    /// Harvest: its processes whose shims reported GPU time over the last few seconds
+    /// ([`harvest::UseRate::gpu_processes`]). Each process's shim gates its launches by the page's
+    /// raw share, so a throttled function's ceiling is divided among them and the processes NVML
+    /// shows on the GPU, whichever are more ([`Instance::page_share`]).
+    pub gpu_processes: u32,
     /// Harvest: what one context switch costs on its GPU, ns, as written to its page (0: free,
     /// harvest off, or an MPS GPU).
     pub switch_ns: u64,
@@ -107,6 +112,11 @@ pub struct Instance {
     pub turn_cut_ins: u64,
     /// Harvest: its seat on its GPU's turn board (None: no turns for it), written into its page.
     pub turn_seat: Option<usize>,
+    /// Harvest: the ceiling on its raw share while its GPU's collision budget, at its floor,
+    /// cannot hold the trainer within θ (percent; null: none; docs/harvest.md, "When the budget
+    /// cannot hold θ").
+    #[serde(rename = "throttle_pct")]
+    pub throttle: harvest::Throttle,
     /// Harvest: its shims' reports.
     #[serde(skip)]
     pub usage: UsageLedger,
@@ -163,6 +173,7 @@ impl Instance {
             shim_loaded: None,
             contention_ppm: 0,
             contention_processes: 1,
+            gpu_processes: 1,
             switch_ns: 0,
             timing_noise: TimingNoise::NONE,
             sharing: None,
@@ -177,6 +188,7 @@ impl Instance {
             turn_waited_ns: 0,
             turn_cut_ins: 0,
             turn_seat: None,
+            throttle: harvest::Throttle::default(),
             // A restored instance's processes report counters that span the restart: their first
             // report is a baseline (docs/arbiter.md, threat model).
             usage: if restored {
@@ -253,9 +265,13 @@ impl Instance {
         }
     }
 
-    /// The share its page carries: the grant's, lowered while it pays back an over-use debt.
+    /// The share its page carries: the grant's, lowered while it pays back an over-use debt or
+    /// while its GPU's collision budget cannot hold θ without it ([`harvest::Throttle`]).
     pub fn page_share(&self) -> u32 {
-        self.share_debt.page_share(self.rec.share)
+        let processes = self.gpu_processes.max(self.gpu_pids.len() as u32);
+        self.share_debt
+            .page_share(self.rec.share)
+            .min(self.throttle.per_process(processes))
     }
 
     /// Deferral (docs/harvest.md, "Deferral"): at the admission of a request that already waited

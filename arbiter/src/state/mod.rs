@@ -1312,9 +1312,12 @@ impl State {
             i.contention_used_ppm = r.contention_ppm;
             i.gpu_used_ppm = r.gpu_ppm;
             let paying = r.paying_processes.max(1);
-            if i.contention_processes != paying {
+            let share = i.page_share();
+            i.gpu_processes = r.gpu_processes.max(1);
+            if i.contention_processes != paying || i.page_share() != share {
                 // Each process's bucket enforces the page's budget: the page carries the part
-                // divided among the processes paying from it (docs/arbiter.md, threat model).
+                // divided among the processes paying from it (docs/arbiter.md, threat model);
+                // and a throttled function's raw share among its processes.
                 i.contention_processes = paying;
                 i.write_page();
             }
@@ -1322,9 +1325,12 @@ impl State {
         self.attribute_collisions();
         let observe = self.rounds.is_multiple_of(OBSERVE_EVERY);
         let mut resplit = Vec::new();
+        let mut throttle_steps = Vec::new();
         for g in &mut self.gpus {
             if g.training.is_empty() {
                 g.meter.reset();
+                // No trainer to protect: nothing holds a function's GPU time back.
+                throttle_steps.push((g.info.index, harvest::ThrottleStep::Recover, None, 0.0));
                 continue;
             }
             g.meter.tick(now);
@@ -1339,14 +1345,80 @@ impl State {
                             g.harvest.calibration()
                         );
                     }
+                    if self.cfg.harvest {
+                        throttle_steps.push((
+                            g.info.index,
+                            g.harvest.throttle_step(s),
+                            Some(s),
+                            g.harvest.theta(),
+                        ));
+                    }
                 }
             }
             if self.cfg.harvest {
                 resplit.push(g.info.index);
             }
         }
+        if observe {
+            self.throttle(&throttle_steps);
+        }
         for gpu in resplit {
             self.reshare(gpu);
+        }
+    }
+
+    /// The raw-share throttle (docs/harvest.md, "When the budget cannot hold θ"): on each GPU
+    /// whose collision budget is at its floor while the estimate stays above θ, the functions
+    /// that spent more than their part have their raw share cut from what they used; where the
+    /// estimate is well under θ (or no trainer is left), throttled functions get GPU time back.
+    /// `steps`: per GPU, what its estimate says, the estimate (None: no training job) and θ.
+    fn throttle(&mut self, steps: &[(u32, harvest::ThrottleStep, Option<f64>, f64)]) {
+        let mut events = Vec::new();
+        for i in self.instances.values_mut() {
+            let Some(&(gpu, step, s, theta)) = steps.iter().find(|(g, ..)| *g == i.rec.gpu) else {
+                continue;
+            };
+            let before = i.page_share();
+            let changed = match step {
+                harvest::ThrottleStep::Cut
+                    if i.contention_ppm > 0 && i.contention_used_ppm > i.contention_ppm =>
+                {
+                    i.throttle.cut(i.gpu_used_ppm)
+                }
+                harvest::ThrottleStep::Recover => i.throttle.recover(),
+                _ => false,
+            };
+            if !changed {
+                continue;
+            }
+            i.write_page();
+            let what = match step {
+                harvest::ThrottleStep::Cut => format!(
+                    "function {} spent {} ppm of collision time against its part of {} ppm while GPU {gpu}'s training slowdown estimate read {:.1} % (θ {:.0} %) with the collision budget at its floor: its raw share is cut from {before} % to {} % (it used {:.1} % of the GPU)",
+                    i.rec.function,
+                    i.contention_used_ppm,
+                    i.contention_ppm,
+                    s.unwrap_or(0.0) * 100.0,
+                    theta * 100.0,
+                    i.page_share(),
+                    i.gpu_used_ppm as f64 / 1e4
+                ),
+                _ => format!(
+                    "function {} gets GPU time back on GPU {gpu} ({}): its raw share is raised from {before} % to {} %",
+                    i.rec.function,
+                    match s {
+                        Some(s) => format!("training slowdown estimate {:.1} %", s * 100.0),
+                        None => "no training job".to_owned(),
+                    },
+                    i.page_share()
+                ),
+            };
+            // The event log writes it to the daemon's log too.
+            events.push((i.rec.id, what));
+        }
+        for (instance, what) in events {
+            self.event(EventKind::Share, Some(instance), None, what);
+            self.dirty = true;
         }
     }
 
@@ -1614,7 +1686,12 @@ impl State {
                     inst.sm_used_mean =
                         Some(training::ewma(inst.sm_used_mean, f64::from(sm) / 100.0));
                 }
+                let share = inst.page_share();
                 inst.gpu_pids.clone_from(&usage.pids);
+                if inst.page_share() != share {
+                    // A throttled function's ceiling is divided among its processes NVML shows.
+                    inst.write_page();
+                }
                 let mode = page_sharing(gpu_mode, one_server, &inst.gpu_pids);
                 if inst.sharing != mode {
                     inst.sharing = mode;
@@ -2614,6 +2691,110 @@ mod tests {
             let f = &s.snapshot()["gpus"][0]["functions"][0];
             assert!(f["contention_used_ppm"].as_u64().unwrap() > 40_000, "{f}");
         }
+    }
+
+    #[test]
+    fn a_function_the_budget_at_its_floor_cannot_hold_has_its_raw_share_cut_and_given_back() {
+        // One function keeps colliding 120 ms a second (c = 0.12: 13.6 % against θ 10 %) however
+        // small its part; another collides nothing. The calibration falls to its floor, then the
+        // first function's raw share is cut from what it used (30 % of the GPU); the second's is
+        // untouched. Once the first collides no more, it gets its GPU time back step by step.
+        let mut s = harvest_state();
+        s.cfg.grants_per_process = 100;
+        let clock = facts::fake::FakeClock::default();
+        s.clock = Box::new(clock.clone());
+        let (g, page) = s.register(me(), args(1 << 30)).unwrap();
+        let (quiet, quiet_page) = s.register(me(), args(1 << 30)).unwrap();
+        s.instances.get_mut(&quiet.instance).unwrap().rec.gpu = g.gpu_index;
+        let (mut gpu_ns, mut collided_ns) = (0u64, 0u64);
+        let mut step = |s: &mut State, collide_ns: u64| {
+            gpu_ns += 300_000_000;
+            collided_ns += collide_ns;
+            s.report_usage(
+                g.instance,
+                me().pid,
+                ShimUsage {
+                    gpu_ns,
+                    contention_ns: collided_ns,
+                    measured_contention_ns: Some(collided_ns),
+                    ..Default::default()
+                },
+            );
+            s.report_usage(
+                quiet.instance,
+                me().pid,
+                ShimUsage {
+                    gpu_ns: gpu_ns / 3,
+                    ..Default::default()
+                },
+            );
+            for _ in 0..HARVEST_EVERY {
+                s.reconcile(&[(g.gpu_index, training_sample(40, &[]))]);
+            }
+            clock.advance(1.0);
+        };
+        let mut cut_at = None;
+        for sec in 0..120 {
+            step(&mut s, 120_000_000);
+            if page.page().share(0) < 100 {
+                cut_at = Some(sec);
+                break;
+            }
+        }
+        let gi = s
+            .gpus
+            .iter()
+            .position(|x| x.info.index == g.gpu_index)
+            .unwrap();
+        assert!(cut_at.is_some(), "never cut");
+        assert_eq!(
+            s.gpus[gi].harvest.calibration(),
+            harvest::CALIBRATION_MIN,
+            "the budget was cut to its floor first"
+        );
+        let first = page.page().share(0);
+        // 80 % of what it used (300 ms a second, as its use window reads it).
+        let used = s.instances[&g.instance].gpu_used_ppm;
+        assert!((250_000..=450_000).contains(&used), "{used}");
+        assert_eq!(first, (used.div_ceil(10_000) as f64 * 0.8) as u32);
+        assert_eq!(
+            quiet_page.page().share(0),
+            100,
+            "the quiet one is untouched"
+        );
+        let snap = s.snapshot();
+        let f = snap["gpus"][0]["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["id"] == g.instance)
+            .unwrap()
+            .clone();
+        assert_eq!(f["throttle_pct"], first, "{f}");
+        assert!(
+            s.events.recent().iter().any(|e| e.kind == EventKind::Share
+                && e.instance == Some(g.instance)
+                && e.message
+                    .contains(&format!("raw share is cut from 100 % to {first} %"))),
+            "the cut is an event that says why"
+        );
+        // Still over θ: cut again (the reports still say 30 % used: from the ceiling).
+        for _ in 0..OBSERVE_EVERY / HARVEST_EVERY {
+            step(&mut s, 120_000_000);
+        }
+        assert!(page.page().share(0) < first, "{}", page.page().share(0));
+        // No more collisions: once the estimate's window is well under θ, the share comes back,
+        // a step per observation, until there is no throttle at all.
+        for _ in 0..400 {
+            step(&mut s, 0);
+        }
+        assert_eq!(page.page().share(0), 100);
+        let snap = s.snapshot();
+        assert!(snap["gpus"][0]["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["throttle_pct"].is_null()));
     }
 
     #[test]
