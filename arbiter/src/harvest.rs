@@ -226,6 +226,9 @@ pub struct UseRate {
     pub paying_processes: u32,
     /// Processes whose reports added GPU time over the window.
     pub gpu_processes: u32,
+    /// Collision time its shims' samples measured over the window (what the GPU's estimate
+    /// counts; a shim that does not report it has its paid figure stand in), ppm of wall time.
+    pub measured_ppm: u32,
     /// Collision time per reported request over the window, ns (None without requests).
     pub collision_per_request_ns: Option<f64>,
     /// GPU time per reported request over the window (its shims' calibrated solo cost), ns
@@ -422,12 +425,16 @@ impl UsageLedger {
         let span = self
             .first
             .map_or(USE_WINDOW_S, |f| (t - f).clamp(1.0, USE_WINDOW_S));
-        let (g, c) = self.added.iter().fold((0u64, 0u64), |(g, c), (_, _, d)| {
-            (
-                g.saturating_add(d.gpu_ns),
-                c.saturating_add(d.contention_ns),
-            )
-        });
+        let (g, c, m) = self
+            .added
+            .iter()
+            .fold((0u64, 0u64, 0u64), |(g, c, m), (_, _, d)| {
+                (
+                    g.saturating_add(d.gpu_ns),
+                    c.saturating_add(d.contention_ns),
+                    m.saturating_add(d.measured_contention_ns.unwrap_or(d.contention_ns)),
+                )
+            });
         let ppm = |ns: u64| {
             ((ns as f64 / 1e9 / span) * PPM as f64)
                 .round()
@@ -461,6 +468,7 @@ impl UsageLedger {
             miss_rate: (n > 0).then(|| missed as f64 / n as f64),
             paying_processes: paying.len() as u32,
             gpu_processes: gpu.len() as u32,
+            measured_ppm: ppm(m),
             collision_per_request_ns: (n > 0).then(|| c as f64 / n as f64),
             gpu_per_request_ns: (n > 0).then(|| g as f64 / n as f64),
         }
@@ -864,11 +872,12 @@ impl Harvest {
     }
 
     /// What the GPU's raw-share throttle ([`Throttle`]) does after an observation of
-    /// `slowdown`: the collision budget is at its floor and the estimate still above θ — the
-    /// budget can do no more, so the functions that spent over their part have their GPU time
-    /// cut; well under θ, throttled functions get GPU time back; in between, nothing moves.
-    pub fn throttle_step(&self, slowdown: f64) -> ThrottleStep {
-        if slowdown > self.theta && self.calibration <= CALIBRATION_MIN {
+    /// `slowdown`, the calibration having been `calibration_before` before it: the collision
+    /// budget was already at its floor and the estimate is still above θ — the budget can do no
+    /// more, so the functions that spent over their part have their GPU time cut; well under θ,
+    /// throttled functions get GPU time back; in between, nothing moves.
+    pub fn throttle_step(&self, calibration_before: f64, slowdown: f64) -> ThrottleStep {
+        if slowdown > self.theta && calibration_before <= CALIBRATION_MIN {
             ThrottleStep::Cut
         } else if slowdown < INCREASE_BELOW * self.theta {
             ThrottleStep::Recover
@@ -887,19 +896,45 @@ pub const THROTTLE_MIN_PCT: u32 = 5;
 /// Raw share given back to a throttled function per observation (every
 /// `state::OBSERVE_EVERY` rounds, 5 s) while the estimate stays under [`INCREASE_BELOW`] × θ:
 /// 5 points. Reasoning: additive increase, as the calibration's (TGS, NSDI'23); from the floor
-/// back to no throttle in about 95 observations of a quiet trainer, so a function the budget
-/// could not hold does not return at once to the use that broke θ.
+/// back to no throttle in 19 observations (about 95 s) of a quiet trainer, so a function the
+/// budget could not hold does not return at once to the use that broke θ.
 pub const THROTTLE_STEP_PCT: u32 = 5;
 
 /// What a GPU's estimate says to do about its functions' raw shares ([`Harvest::throttle_step`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ThrottleStep {
-    /// Cut the GPU time of the functions that spent over their part of the budget.
+    /// Cut the GPU time of the functions that spent over their part of the budget
+    /// ([`takes_more_than_its_part`]).
     Cut,
     /// Give throttled functions GPU time back.
     Recover,
     /// Leave the throttles as they are.
     Hold,
+    /// Lift every throttle at once: no training job to protect, or harvest turned off.
+    Lift,
+}
+
+/// Whether a function is one the throttle cuts: it measured more collision time than its part
+/// of the budget (`measured_ppm` against `part_ppm`, both in the shims' units), and more than its
+/// proportion of what the GPU's functions measured (`all_measured_ppm`) against its proportion of
+/// the budget (`all_parts_ppm`). Reasoning: the estimate that triggers a cut is the sum of what
+/// the functions say they measured; a function that inflates its figure to drive the GPU's
+/// budget to its floor then takes the largest proportion and is cut itself, while a neighbour
+/// that overspends its small part no more than the others is not (an honest function often
+/// spends over its part: the bucket's horizon and its probes; docs/harvest.md, "When the budget
+/// cannot hold θ").
+pub fn takes_more_than_its_part(
+    measured_ppm: u32,
+    part_ppm: u32,
+    all_measured_ppm: u64,
+    all_parts_ppm: u64,
+) -> bool {
+    if part_ppm == 0 || measured_ppm <= part_ppm || all_measured_ppm == 0 {
+        return false;
+    }
+    // measured / all_measured ≥ part / all_parts, in integers.
+    u128::from(measured_ppm) * u128::from(all_parts_ppm.max(1))
+        >= u128::from(part_ppm) * u128::from(all_measured_ppm)
 }
 
 /// One function's raw-share throttle: the last lever when the collision budget cannot hold θ.
@@ -913,21 +948,37 @@ pub enum ThrottleStep {
 /// caps its GPU time, which the shim's launch gate enforces exactly whatever the launch pattern:
 /// cut multiplicatively from what it used ([`DECREASE`]), down to [`THROTTLE_MIN_PCT`], and
 /// given back additively ([`THROTTLE_STEP_PCT`]) once the trainer is well within θ.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
-pub struct Throttle(Option<u32>);
+///
+/// Cuts are at least [`WINDOW_S`] apart: the estimate spans that window, so an observation
+/// sooner after a cut still reads mostly the time before it. The throttle lives in the daemon's
+/// memory, as the calibration does: an arbiter restart lifts it, and it comes back as the
+/// estimate again exceeds θ with the calibration at its floor.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Throttle {
+    /// The ceiling, percent of the GPU for the whole function (None: no throttle).
+    ceiling: Option<u32>,
+    /// When it was last cut (seconds, the caller's clock).
+    cut_at: Option<f64>,
+}
+
+/// Status shows the ceiling alone (`throttle_pct`: percent, or null).
+impl Serialize for Throttle {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.ceiling.serialize(s)
+    }
+}
 
 impl Throttle {
     /// The raw share ceiling it sets for the function, percent (100: none).
     pub fn ceiling(&self) -> u32 {
-        self.0.unwrap_or(100)
+        self.ceiling.unwrap_or(100)
     }
 
     /// The ceiling each of the function's `processes` gets, percent: its part of
     /// [`Throttle::ceiling`], at least 1. Each process's shim gates its own launches by the
     /// page's share, so the function's processes together get the ceiling, not a ceiling each.
     pub fn per_process(&self, processes: u32) -> u32 {
-        match self.0 {
+        match self.ceiling {
             None => 100,
             Some(c) => c.div_ceil(processes.max(1)).max(1),
         }
@@ -935,29 +986,41 @@ impl Throttle {
 
     /// Whether it lowers the share now.
     pub fn is_on(&self) -> bool {
-        self.0.is_some()
+        self.ceiling.is_some()
     }
 
-    /// Cuts the ceiling to [`DECREASE`] × the lower of itself and what the function used
-    /// (`gpu_used_ppm` of wall time; a ceiling above the use would not cut), at least
-    /// [`THROTTLE_MIN_PCT`]. Returns whether it changed.
-    pub fn cut(&mut self, gpu_used_ppm: u32) -> bool {
+    /// At `now` (seconds), cuts the ceiling to [`DECREASE`] × the lower of itself and what the
+    /// function used (`gpu_used_ppm` of wall time; a ceiling above the use would not cut), at
+    /// least [`THROTTLE_MIN_PCT`] — unless the last cut was less than [`WINDOW_S`] ago. Returns
+    /// whether the ceiling changed.
+    pub fn cut(&mut self, now: f64, gpu_used_ppm: u32) -> bool {
+        if self.cut_at.is_some_and(|t| now - t < WINDOW_S) {
+            return false;
+        }
         let used_pct = gpu_used_ppm.div_ceil(PPM / 100);
         let from = self.ceiling().min(used_pct.max(THROTTLE_MIN_PCT));
         let to = ((from as f64 * DECREASE).floor() as u32).max(THROTTLE_MIN_PCT);
-        let changed = Some(to) != self.0;
-        self.0 = Some(to);
+        let changed = Some(to) != self.ceiling;
+        self.ceiling = Some(to);
+        self.cut_at = Some(now);
         changed
+    }
+
+    /// Lifts the throttle at once. Returns whether there was one.
+    pub fn lift(&mut self) -> bool {
+        let on = self.is_on();
+        *self = Throttle::default();
+        on
     }
 
     /// Raises the ceiling by [`THROTTLE_STEP_PCT`]; at 100 the throttle is off. Returns whether
     /// it changed.
     pub fn recover(&mut self) -> bool {
-        match self.0 {
+        match self.ceiling {
             None => false,
             Some(c) => {
                 let to = c.saturating_add(THROTTLE_STEP_PCT);
-                self.0 = (to < 100).then_some(to);
+                self.ceiling = (to < 100).then_some(to);
                 true
             }
         }
@@ -1579,20 +1642,32 @@ mod tests {
     fn the_throttle_cuts_only_when_the_budget_is_at_its_floor_and_the_trainer_above_theta() {
         let mut h = Harvest::new(0.02);
         // Above θ with a calibration to spare: the budget is cut first.
-        assert_eq!(h.throttle_step(0.03), ThrottleStep::Hold);
+        let c = h.calibration();
+        assert_eq!(h.throttle_step(c, 0.03), ThrottleStep::Hold);
+        let mut before = c;
         while h.calibration() > CALIBRATION_MIN {
+            before = h.calibration();
             h.observe(0.03);
         }
-        assert_eq!(h.throttle_step(0.03), ThrottleStep::Cut);
         assert_eq!(
-            h.throttle_step(0.02),
+            h.throttle_step(before, 0.03),
+            ThrottleStep::Hold,
+            "the observation that reaches the floor tries the floor's budget first"
+        );
+        let c = h.calibration();
+        assert_eq!(h.throttle_step(c, 0.03), ThrottleStep::Cut);
+        assert_eq!(
+            h.throttle_step(c, 0.02),
             ThrottleStep::Hold,
             "at θ nothing moves"
         );
-        assert_eq!(h.throttle_step(0.015), ThrottleStep::Hold);
-        assert_eq!(h.throttle_step(0.013), ThrottleStep::Recover);
+        assert_eq!(h.throttle_step(c, 0.015), ThrottleStep::Hold);
+        assert_eq!(h.throttle_step(c, 0.013), ThrottleStep::Recover);
         // A GPU without a bound to exceed never cuts.
-        assert_eq!(Harvest::new(0.0).throttle_step(0.0), ThrottleStep::Hold);
+        assert_eq!(
+            Harvest::new(0.0).throttle_step(CALIBRATION_MIN, 0.0),
+            ThrottleStep::Hold
+        );
     }
 
     #[test]
@@ -1601,19 +1676,25 @@ mod tests {
         assert_eq!(t.ceiling(), 100);
         assert!(!t.recover(), "nothing to give back");
         // 30 % of the GPU used: the first cut already bites (24 %, not 80 % of 100).
-        assert!(t.cut(300_000));
+        assert!(t.cut(0.0, 300_000));
+        assert_eq!(t.ceiling(), 24);
+        // Not again within the estimate's window.
+        assert!(!t.cut(WINDOW_S - 1.0, 100_000));
         assert_eq!(t.ceiling(), 24);
         // The use has fallen under the ceiling: cut from the use.
-        assert!(t.cut(100_000));
+        assert!(t.cut(WINDOW_S, 100_000));
         assert_eq!(t.ceiling(), 8);
         // A use reported above the ceiling never raises it.
-        assert!(t.cut(900_000));
+        assert!(t.cut(2.0 * WINDOW_S, 900_000));
         assert_eq!(t.ceiling(), 6);
-        for _ in 0..10 {
-            t.cut(0);
+        for k in 3..14 {
+            t.cut(k as f64 * WINDOW_S, 0);
         }
         assert_eq!(t.ceiling(), THROTTLE_MIN_PCT);
-        assert!(!t.cut(0), "at the floor a cut changes nothing");
+        assert!(
+            !t.cut(20.0 * WINDOW_S, 0),
+            "at the floor a cut changes nothing"
+        );
         assert!(t.is_on());
         let mut steps = 0;
         while t.recover() {
@@ -1622,6 +1703,31 @@ mod tests {
         assert!(!t.is_on());
         assert_eq!(t.ceiling(), 100);
         assert_eq!(steps, (100 - THROTTLE_MIN_PCT) / THROTTLE_STEP_PCT);
+        assert!(t.cut(100.0 * WINDOW_S, 500_000));
+        assert!(t.lift());
+        assert!(!t.is_on() && !t.lift());
+        assert!(
+            t.cut(0.0, 500_000),
+            "a lifted throttle may be cut again at once"
+        );
+    }
+
+    #[test]
+    fn the_throttle_cuts_the_function_that_takes_more_than_its_proportion_not_its_neighbours() {
+        // Alone on the GPU, over its part: cut. At or under its part: never.
+        assert!(takes_more_than_its_part(40_000, 4_000, 40_000, 4_000));
+        assert!(!takes_more_than_its_part(4_000, 4_000, 4_000, 4_000));
+        assert!(!takes_more_than_its_part(40_000, 0, 40_000, 0));
+        // One function says it measured 900 000 ppm against a part of 2 000; its neighbour
+        // spent 6 000 against 2 000, over its part but a sliver of what was measured: only the
+        // first is cut.
+        let all = 906_000;
+        assert!(takes_more_than_its_part(900_000, 2_000, all, 4_000));
+        assert!(!takes_more_than_its_part(6_000, 2_000, all, 4_000));
+        // Two that overspend alike are both cut.
+        assert!(takes_more_than_its_part(6_000, 2_000, 12_000, 4_000));
+        // Any figures: no overflow.
+        assert!(takes_more_than_its_part(u32::MAX, 1, u64::MAX, u64::MAX));
     }
 
     #[test]
@@ -1632,7 +1738,7 @@ mod tests {
             100,
             "no throttle: each process its whole share"
         );
-        t.cut(300_000);
+        t.cut(0.0, 300_000);
         assert_eq!(t.ceiling(), 24);
         assert_eq!(t.per_process(0), 24);
         assert_eq!(t.per_process(1), 24);

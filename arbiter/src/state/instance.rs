@@ -87,6 +87,9 @@ pub struct Instance {
     /// Harvest: collision time it used over the last 3 s (`harvest::USE_WINDOW_S`), ppm of wall
     /// time.
     pub contention_used_ppm: u32,
+    /// Harvest: collision time its shims' samples measured over the last 3 s (what the GPU's
+    /// estimate counts), ppm of wall time.
+    pub contention_measured_ppm: u32,
     /// Harvest: GPU time it used over the last 3 s (its shims' estimate), ppm of wall time.
     pub gpu_used_ppm: u32,
 
@@ -178,6 +181,7 @@ impl Instance {
             timing_noise: TimingNoise::NONE,
             sharing: None,
             contention_used_ppm: 0,
+            contention_measured_ppm: 0,
             gpu_used_ppm: 0,
             miss_rate: None,
             collision_per_request_ns: None,

@@ -1310,6 +1310,7 @@ impl State {
             i.collision_per_request_ns = r.collision_per_request_ns;
             i.gpu_per_request_ns = r.gpu_per_request_ns;
             i.contention_used_ppm = r.contention_ppm;
+            i.contention_measured_ppm = r.measured_ppm;
             i.gpu_used_ppm = r.gpu_ppm;
             let paying = r.paying_processes.max(1);
             let share = i.page_share();
@@ -1327,15 +1328,18 @@ impl State {
         let mut resplit = Vec::new();
         let mut throttle_steps = Vec::new();
         for g in &mut self.gpus {
+            if g.training.is_empty() || !self.cfg.harvest {
+                // No trainer to protect, or harvest off: no throttle holds a function back.
+                throttle_steps.push((g.info.index, harvest::ThrottleStep::Lift, None, 0.0));
+            }
             if g.training.is_empty() {
                 g.meter.reset();
-                // No trainer to protect: nothing holds a function's GPU time back.
-                throttle_steps.push((g.info.index, harvest::ThrottleStep::Recover, None, 0.0));
                 continue;
             }
             g.meter.tick(now);
             if observe {
                 if let Some(s) = g.meter.slowdown() {
+                    let before = g.harvest.calibration();
                     if g.harvest.observe(s) {
                         tracing::info!(
                             "GPU {}: estimated training slowdown {:.1} % (θ {:.0} %) → collision budget ×{:.2}",
@@ -1348,7 +1352,7 @@ impl State {
                     if self.cfg.harvest {
                         throttle_steps.push((
                             g.info.index,
-                            g.harvest.throttle_step(s),
+                            g.harvest.throttle_step(before, s),
                             Some(s),
                             g.harvest.theta(),
                         ));
@@ -1368,49 +1372,74 @@ impl State {
     }
 
     /// The raw-share throttle (docs/harvest.md, "When the budget cannot hold θ"): on each GPU
-    /// whose collision budget is at its floor while the estimate stays above θ, the functions
-    /// that spent more than their part have their raw share cut from what they used; where the
-    /// estimate is well under θ (or no trainer is left), throttled functions get GPU time back.
-    /// `steps`: per GPU, what its estimate says, the estimate (None: no training job) and θ.
+    /// whose collision budget was at its floor while the estimate stays above θ, the functions
+    /// that measured more than their part, and more than their proportion of what the GPU's
+    /// functions measured ([`harvest::takes_more_than_its_part`]), have their raw share cut from
+    /// what they used; where the estimate is well under θ, throttled functions get GPU time
+    /// back; without a trainer, or with harvest off, every throttle is lifted. `steps`: per GPU,
+    /// what to do, the estimate (None: no training job or harvest off) and θ.
     fn throttle(&mut self, steps: &[(u32, harvest::ThrottleStep, Option<f64>, f64)]) {
+        let now = self.clock.now();
+        // Per GPU, what its functions measured and their parts, for the proportions.
+        let mut sums: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        for i in self.instances.values() {
+            let e = sums.entry(i.rec.gpu).or_default();
+            e.0 += u64::from(i.contention_measured_ppm);
+            e.1 += u64::from(i.contention_ppm);
+        }
         let mut events = Vec::new();
         for i in self.instances.values_mut() {
             let Some(&(gpu, step, s, theta)) = steps.iter().find(|(g, ..)| *g == i.rec.gpu) else {
                 continue;
             };
-            let before = i.page_share();
+            let before = i.throttle.ceiling();
+            let (all_measured, all_parts) = sums.get(&gpu).copied().unwrap_or_default();
+            // What it used: the smaller of its report and NVML's figure, where NVML has one
+            // (an over-report must not make the cut start from 100).
+            let used = match i.sm_used_mean {
+                Some(nvml) => i.gpu_used_ppm.min((nvml.clamp(0.0, 1.0) * 1e6) as u32),
+                None => i.gpu_used_ppm,
+            };
             let changed = match step {
                 harvest::ThrottleStep::Cut
-                    if i.contention_ppm > 0 && i.contention_used_ppm > i.contention_ppm =>
+                    if harvest::takes_more_than_its_part(
+                        i.contention_measured_ppm,
+                        i.contention_ppm,
+                        all_measured,
+                        all_parts,
+                    ) =>
                 {
-                    i.throttle.cut(i.gpu_used_ppm)
+                    i.throttle.cut(now, used)
                 }
                 harvest::ThrottleStep::Recover => i.throttle.recover(),
+                harvest::ThrottleStep::Lift => i.throttle.lift(),
                 _ => false,
             };
             if !changed {
                 continue;
             }
             i.write_page();
+            let processes = i.gpu_processes.max(i.gpu_pids.len() as u32).max(1);
+            let after = i.throttle.ceiling();
             let what = match step {
                 harvest::ThrottleStep::Cut => format!(
-                    "function {} spent {} ppm of collision time against its part of {} ppm while GPU {gpu}'s training slowdown estimate read {:.1} % (θ {:.0} %) with the collision budget at its floor: its raw share is cut from {before} % to {} % (it used {:.1} % of the GPU)",
+                    "function {} measured {} ppm of collision time against its part of {} ppm while GPU {gpu}'s training slowdown estimate read {:.1} % (θ {:.0} %) with the collision budget at its floor: its raw share is cut from {before} % to {after} % of the GPU ({} % per process over {processes}; it used {:.1} %)",
                     i.rec.function,
-                    i.contention_used_ppm,
+                    i.contention_measured_ppm,
                     i.contention_ppm,
                     s.unwrap_or(0.0) * 100.0,
                     theta * 100.0,
-                    i.page_share(),
-                    i.gpu_used_ppm as f64 / 1e4
+                    i.throttle.per_process(processes),
+                    used as f64 / 1e4
+                ),
+                harvest::ThrottleStep::Lift => format!(
+                    "function {}'s raw share is no longer cut on GPU {gpu} (no training job, or harvest off): {before} % -> {after} %",
+                    i.rec.function,
                 ),
                 _ => format!(
-                    "function {} gets GPU time back on GPU {gpu} ({}): its raw share is raised from {before} % to {} %",
+                    "function {} gets GPU time back on GPU {gpu} (training slowdown estimate {:.1} %): its raw share is raised from {before} % to {after} % of the GPU",
                     i.rec.function,
-                    match s {
-                        Some(s) => format!("training slowdown estimate {:.1} %", s * 100.0),
-                        None => "no training job".to_owned(),
-                    },
-                    i.page_share()
+                    s.unwrap_or(0.0) * 100.0,
                 ),
             };
             // The event log writes it to the daemon's log too.
@@ -1418,7 +1447,6 @@ impl State {
         }
         for (instance, what) in events {
             self.event(EventKind::Share, Some(instance), None, what);
-            self.dirty = true;
         }
     }
 
@@ -1748,7 +1776,11 @@ impl State {
                 // every second) stands in for the share. A function that never reports after
                 // [`REPORT_GRACE_S`] is held to 0.
                 let share = if inst.rec.share >= 100 && inst.contention_ppm > 0 {
-                    let reported = (inst.gpu_used_ppm / 10_000).min(99);
+                    // A throttled function is held to its ceiling whatever it reports: NVML
+                    // checks the ceiling too (docs/harvest.md, "When the budget cannot hold θ").
+                    let reported = (inst.gpu_used_ppm / 10_000)
+                        .min(99)
+                        .min(inst.throttle.ceiling());
                     let quiet =
                         !inst.usage.has_reports() && now - inst.registered_at > REPORT_GRACE_S;
                     if inst.usage.has_reports() || quiet {
@@ -2695,21 +2727,24 @@ mod tests {
 
     #[test]
     fn a_function_the_budget_at_its_floor_cannot_hold_has_its_raw_share_cut_and_given_back() {
-        // One function keeps colliding 120 ms a second (c = 0.12: 13.6 % against θ 10 %) however
-        // small its part; another collides nothing. The calibration falls to its floor, then the
-        // first function's raw share is cut from what it used (30 % of the GPU); the second's is
-        // untouched. Once the first collides no more, it gets its GPU time back step by step.
+        // One function keeps colliding 120 ms a second (c ≥ 0.12: over θ 10 %) however small its
+        // part; its neighbour measures 20 ms a second, over its own small part but a sliver of
+        // what the GPU's functions measured. The calibration falls to its floor, then the first
+        // function's raw share is cut from what it used (30 % of the GPU); the neighbour's is
+        // untouched. Once the first collides no more, it gets its GPU time back step by step;
+        // cut again, it is lifted at once when harvest is turned off.
         let mut s = harvest_state();
         s.cfg.grants_per_process = 100;
         let clock = facts::fake::FakeClock::default();
         s.clock = Box::new(clock.clone());
         let (g, page) = s.register(me(), args(1 << 30)).unwrap();
-        let (quiet, quiet_page) = s.register(me(), args(1 << 30)).unwrap();
-        s.instances.get_mut(&quiet.instance).unwrap().rec.gpu = g.gpu_index;
-        let (mut gpu_ns, mut collided_ns) = (0u64, 0u64);
+        let (other, other_page) = s.register(me(), args(1 << 30)).unwrap();
+        s.instances.get_mut(&other.instance).unwrap().rec.gpu = g.gpu_index;
+        let (mut gpu_ns, mut collided_ns, mut other_ns) = (0u64, 0u64, 0u64);
         let mut step = |s: &mut State, collide_ns: u64| {
             gpu_ns += 300_000_000;
             collided_ns += collide_ns;
+            other_ns += 20_000_000;
             s.report_usage(
                 g.instance,
                 me().pid,
@@ -2721,10 +2756,12 @@ mod tests {
                 },
             );
             s.report_usage(
-                quiet.instance,
+                other.instance,
                 me().pid,
                 ShimUsage {
                     gpu_ns: gpu_ns / 3,
+                    contention_ns: other_ns,
+                    measured_contention_ns: Some(other_ns),
                     ..Default::default()
                 },
             );
@@ -2733,35 +2770,42 @@ mod tests {
             }
             clock.advance(1.0);
         };
-        let mut cut_at = None;
-        for sec in 0..120 {
-            step(&mut s, 120_000_000);
-            if page.page().share(0) < 100 {
-                cut_at = Some(sec);
-                break;
-            }
-        }
+        let observation = OBSERVE_EVERY / HARVEST_EVERY;
         let gi = s
             .gpus
             .iter()
             .position(|x| x.info.index == g.gpu_index)
             .unwrap();
-        assert!(cut_at.is_some(), "never cut");
-        assert_eq!(
-            s.gpus[gi].harvest.calibration(),
-            harvest::CALIBRATION_MIN,
-            "the budget was cut to its floor first"
+        let mut floor_at = None;
+        let mut cut_at = None;
+        for sec in 0..200 {
+            step(&mut s, 120_000_000);
+            if floor_at.is_none() && s.gpus[gi].harvest.calibration() == harvest::CALIBRATION_MIN {
+                floor_at = Some(sec);
+            }
+            if page.page().share(0) < 100 {
+                cut_at = Some(sec);
+                break;
+            }
+        }
+        let (floor_at, cut_at) = (floor_at.expect("no floor"), cut_at.expect("never cut"));
+        assert!(
+            cut_at >= floor_at + observation,
+            "the floor's budget is tried for an observation first: floor {floor_at}, cut {cut_at}"
         );
         let first = page.page().share(0);
         // 80 % of what it used (300 ms a second, as its use window reads it).
         let used = s.instances[&g.instance].gpu_used_ppm;
         assert!((250_000..=450_000).contains(&used), "{used}");
         assert_eq!(first, (used.div_ceil(10_000) as f64 * 0.8) as u32);
-        assert_eq!(
-            quiet_page.page().share(0),
-            100,
-            "the quiet one is untouched"
+        let o = &s.instances[&other.instance];
+        assert!(
+            o.contention_measured_ppm > o.contention_ppm,
+            "the neighbour is over its own part: {} > {}",
+            o.contention_measured_ppm,
+            o.contention_ppm
         );
+        assert_eq!(other_page.page().share(0), 100, "but it is not cut");
         let snap = s.snapshot();
         let f = snap["gpus"][0]["functions"]
             .as_array()
@@ -2778,23 +2822,56 @@ mod tests {
                     .contains(&format!("raw share is cut from 100 % to {first} %"))),
             "the cut is an event that says why"
         );
-        // Still over θ: cut again (the reports still say 30 % used: from the ceiling).
-        for _ in 0..OBSERVE_EVERY / HARVEST_EVERY {
+        // Still over θ: cut again, but not before the estimate's window has passed.
+        for _ in 0..observation {
+            step(&mut s, 120_000_000);
+        }
+        assert_eq!(
+            page.page().share(0),
+            first,
+            "not within the estimate's window"
+        );
+        for _ in 0..observation {
             step(&mut s, 120_000_000);
         }
         assert!(page.page().share(0) < first, "{}", page.page().share(0));
         // No more collisions: once the estimate's window is well under θ, the share comes back,
         // a step per observation, until there is no throttle at all.
+        let mut seen = vec![page.page().share(0)];
         for _ in 0..400 {
             step(&mut s, 0);
+            let now = page.page().share(0);
+            if seen.last() != Some(&now) {
+                seen.push(now);
+            }
         }
         assert_eq!(page.page().share(0), 100);
+        assert!(
+            seen.windows(2)
+                .all(|w| w[1] == w[0] + harvest::THROTTLE_STEP_PCT
+                    || (w[1] == 100 && w[0] + harvest::THROTTLE_STEP_PCT >= 100)),
+            "additive steps: {seen:?}"
+        );
         let snap = s.snapshot();
         assert!(snap["gpus"][0]["functions"]
             .as_array()
             .unwrap()
             .iter()
             .all(|f| f["throttle_pct"].is_null()));
+        // Cut again, then harvest is turned off: lifted at the next observation.
+        for _ in 0..200 {
+            step(&mut s, 120_000_000);
+            if page.page().share(0) < 100 {
+                break;
+            }
+        }
+        assert!(page.page().share(0) < 100, "cut again");
+        s.cfg.harvest = false;
+        for _ in 0..observation {
+            step(&mut s, 120_000_000);
+        }
+        assert_eq!(page.page().share(0), 100, "harvest off: no throttle");
+        assert!(!s.instances[&g.instance].throttle.is_on());
     }
 
     #[test]

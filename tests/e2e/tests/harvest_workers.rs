@@ -140,7 +140,7 @@ fn measure(
     let f = &g["functions"][0];
     let c = (i1 - i0) as f64 / wall;
     eprintln!(
-        "{mode:?}, θ {theta}, {workers} worker(s) every {interval_ms} ms: trainer {:.1} %, estimate {:.1} %, part {} ppm, paid {} ppm, GPU {} ppm, paying processes {}, held {} ms, raw share {} (throttle {})",
+        "{mode:?}, θ {theta}, {workers} worker(s) every {interval_ms} ms: trainer {:.1} %, estimate {:.1} %, part {} ppm, paid {} ppm, GPU {} ppm, paying processes {}, held {} ms, GPU processes {}, throttle {}",
         100.0 * c / (1.0 - c),
         100.0 * g["harvest"]["slowdown_estimate"].as_f64().unwrap_or(f64::NAN),
         f["contention_ppm"],
@@ -148,7 +148,7 @@ fn measure(
         f["gpu_used_ppm"],
         f["contention_processes"],
         f["throttled_ns"].as_u64().unwrap_or(0) / 1_000_000,
-        f["share"],
+        f["gpu_processes"],
         f["throttle_pct"]
     );
 }
