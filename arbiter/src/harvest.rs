@@ -889,9 +889,9 @@ impl Harvest {
 
 /// The least raw share, percent, the throttle leaves a function: 5 %. Reasoning: a function cut
 /// to nothing would serve nothing and report nothing, and its demand would vanish from the
-/// split; 5 % of a GPU still serves a request of a few ms every 50–100 ms, and collides at most
-/// 5 % of wall time however it launches — the bound a trainer beside a function the budget
-/// cannot hold is left with (docs/harvest.md, "When the budget cannot hold θ").
+/// split; 5 % of a GPU still serves a request of a few ms every 50–100 ms, and a function of one
+/// process held there collides at most 5 % of wall time however it launches (one of n processes:
+/// n × ⌈5 / n⌉ %, [`Throttle::allowed`]; docs/harvest.md, "When the budget cannot hold θ").
 pub const THROTTLE_MIN_PCT: u32 = 5;
 /// Raw share given back to a throttled function per observation (every
 /// `state::OBSERVE_EVERY` rounds, 5 s) while the estimate stays under [`INCREASE_BELOW`] × θ:
@@ -904,7 +904,7 @@ pub const THROTTLE_STEP_PCT: u32 = 5;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ThrottleStep {
     /// Cut the GPU time of the functions that spent over their part of the budget
-    /// ([`takes_more_than_its_part`]).
+    /// ([`throttle_targets`]).
     Cut,
     /// Give throttled functions GPU time back.
     Recover,
@@ -914,27 +914,40 @@ pub enum ThrottleStep {
     Lift,
 }
 
-/// Whether a function is one the throttle cuts: it measured more collision time than its part
-/// of the budget (`measured_ppm` against `part_ppm`, both in the shims' units), and more than its
-/// proportion of what the GPU's functions measured (`all_measured_ppm`) against its proportion of
-/// the budget (`all_parts_ppm`). Reasoning: the estimate that triggers a cut is the sum of what
-/// the functions say they measured; a function that inflates its figure to drive the GPU's
-/// budget to its floor then takes the largest proportion and is cut itself, while a neighbour
-/// that overspends its small part no more than the others is not (an honest function often
-/// spends over its part: the bucket's horizon and its probes; docs/harvest.md, "When the budget
-/// cannot hold θ").
-pub fn takes_more_than_its_part(
-    measured_ppm: u32,
-    part_ppm: u32,
-    all_measured_ppm: u64,
-    all_parts_ppm: u64,
-) -> bool {
-    if part_ppm == 0 || measured_ppm <= part_ppm || all_measured_ppm == 0 {
-        return false;
+/// The functions a throttle's cut falls on ([`ThrottleStep::Cut`]): those whose collision time
+/// over the estimate's window exceeds their part by at least an equal share of the GPU's whole
+/// excess. `contributions`: per function, what it added to the estimate over [`WINDOW_S`] and its
+/// part, both as fractions of wall time in the estimate's units (collisions attributed to
+/// training; a part in the shims' units times the GPU's training share); `gpu_collided`: what
+/// the estimate counted over the window, every function that reported included — also one that
+/// has since left. A function is cut when its excess `m − p` is positive and at least
+/// `(gpu_collided − Σ p) / k`, `k` being how many functions have a positive excess.
+///
+/// Reasoning: the estimate that triggers a cut is the sum of what the functions *say* they
+/// measured. A function that inflates its figure to drive the GPU's budget to its floor owns
+/// nearly all the excess and is cut itself; a neighbour that spends over its small part — an
+/// honest function often does, through its bucket's horizon and its probes — owns a sliver and is
+/// not; nor is one whose excess is smaller than a function that burst and left (the window counts
+/// both); functions that overspend alike are cut alike. Judged on one window for all, so that a
+/// function that bursts just after an observation cannot leave its neighbours holding the excess
+/// (docs/harvest.md, "When the budget cannot hold θ").
+pub fn throttle_targets(contributions: &[(f64, f64)], gpu_collided: f64) -> Vec<bool> {
+    let parts: f64 = contributions.iter().map(|&(_, p)| p.max(0.0)).sum();
+    let over: Vec<f64> = contributions
+        .iter()
+        .map(|&(m, p)| if m.is_finite() { m - p.max(0.0) } else { 0.0 })
+        .collect();
+    let k = over.iter().filter(|&&e| e > 0.0).count();
+    let whole = if gpu_collided.is_finite() {
+        gpu_collided - parts
+    } else {
+        0.0
+    };
+    if k == 0 || whole <= 0.0 {
+        return vec![false; contributions.len()];
     }
-    // measured / all_measured ≥ part / all_parts, in integers.
-    u128::from(measured_ppm) * u128::from(all_parts_ppm.max(1))
-        >= u128::from(part_ppm) * u128::from(all_measured_ppm)
+    let least = whole / k as f64;
+    over.iter().map(|&e| e > 0.0 && e >= least).collect()
 }
 
 /// One function's raw-share throttle: the last lever when the collision budget cannot hold θ.
@@ -1004,6 +1017,20 @@ impl Throttle {
         self.ceiling = Some(to);
         self.cut_at = Some(now);
         changed
+    }
+
+    /// What the pages let `processes` processes of the function use together under the
+    /// throttle, percent: each gets [`Throttle::per_process`] (whole percent, at least 1), so
+    /// `processes` × that, at most 100 (100 without a throttle). What the watchdog holds a
+    /// throttled function to: a function that obeys its pages is never acted on.
+    pub fn allowed(&self, processes: u32) -> u32 {
+        match self.ceiling {
+            None => 100,
+            Some(_) => processes
+                .max(1)
+                .saturating_mul(self.per_process(processes))
+                .min(100),
+        }
     }
 
     /// Lifts the throttle at once. Returns whether there was one.
@@ -1713,21 +1740,34 @@ mod tests {
     }
 
     #[test]
-    fn the_throttle_cuts_the_function_that_takes_more_than_its_proportion_not_its_neighbours() {
+    fn the_throttle_cuts_the_functions_that_own_the_excess_not_their_neighbours() {
         // Alone on the GPU, over its part: cut. At or under its part: never.
-        assert!(takes_more_than_its_part(40_000, 4_000, 40_000, 4_000));
-        assert!(!takes_more_than_its_part(4_000, 4_000, 4_000, 4_000));
-        assert!(!takes_more_than_its_part(40_000, 0, 40_000, 0));
-        // One function says it measured 900 000 ppm against a part of 2 000; its neighbour
-        // spent 6 000 against 2 000, over its part but a sliver of what was measured: only the
-        // first is cut.
-        let all = 906_000;
-        assert!(takes_more_than_its_part(900_000, 2_000, all, 4_000));
-        assert!(!takes_more_than_its_part(6_000, 2_000, all, 4_000));
-        // Two that overspend alike are both cut.
-        assert!(takes_more_than_its_part(6_000, 2_000, 12_000, 4_000));
-        // Any figures: no overflow.
-        assert!(takes_more_than_its_part(u32::MAX, 1, u64::MAX, u64::MAX));
+        assert_eq!(throttle_targets(&[(0.04, 0.004)], 0.04), [true]);
+        assert_eq!(throttle_targets(&[(0.004, 0.004)], 0.03), [false]);
+        // One function says it measured 90 % of wall time against a part of 0.2 %; its neighbour
+        // 0.6 % against 0.2 %, over its part but a sliver of the excess: only the first is cut.
+        assert_eq!(
+            throttle_targets(&[(0.9, 0.002), (0.006, 0.002)], 0.906),
+            [true, false]
+        );
+        // A large part three times over beside a small part four times over: the one that owns
+        // the excess is cut, not the one with the larger ratio.
+        assert_eq!(
+            throttle_targets(&[(0.045, 0.015), (0.012, 0.003)], 0.057),
+            [true, false]
+        );
+        // A function that burst and left: the window still counts it, and the neighbour that
+        // stayed, over its part, owns too little of the excess to be cut.
+        assert_eq!(throttle_targets(&[(0.006, 0.002)], 0.2), [false]);
+        // Three that overspend alike are all cut.
+        assert_eq!(
+            throttle_targets(&[(0.01, 0.002), (0.01, 0.002), (0.01, 0.002)], 0.03),
+            [true, true, true]
+        );
+        // Nonsense figures cut nobody and never panic.
+        assert_eq!(throttle_targets(&[(f64::NAN, 0.002)], 0.1), [false]);
+        assert_eq!(throttle_targets(&[(0.5, 0.002)], f64::NAN), [false]);
+        assert!(throttle_targets(&[], 0.5).is_empty());
     }
 
     #[test]
@@ -1749,5 +1789,10 @@ mod tests {
             1,
             "never 0: a process at 0 % could not run at all"
         );
+        assert_eq!(t.allowed(3), 24);
+        assert_eq!(t.allowed(5), 25, "rounding: at most n − 1 points over");
+        assert_eq!(t.allowed(64), 64, "n % once n passes the ceiling");
+        assert_eq!(t.allowed(500), 100);
+        assert_eq!(Throttle::default().allowed(3), 100);
     }
 }

@@ -123,6 +123,10 @@ pub struct Instance {
     /// Harvest: its shims' reports.
     #[serde(skip)]
     pub usage: UsageLedger,
+    /// Harvest: what its reports added to its GPU's slowdown estimate, over the estimate's
+    /// window (the raw-share throttle judges who owns the excess on it).
+    #[serde(skip)]
+    pub meter: harvest::ContentionMeter,
     /// Harvest: the mirror of its shim's contention bucket that request admission consults.
     #[serde(skip)]
     pub pacer: RequestPacer,
@@ -201,6 +205,7 @@ impl Instance {
                 UsageLedger::starting_at(now)
             },
             pacer: RequestPacer::default(),
+            meter: harvest::ContentionMeter::default(),
             latencies: VecDeque::new(),
             escalation: Default::default(),
             ungranted_escalation: Default::default(),
@@ -272,10 +277,15 @@ impl Instance {
     /// The share its page carries: the grant's, lowered while it pays back an over-use debt or
     /// while its GPU's collision budget cannot hold θ without it ([`harvest::Throttle`]).
     pub fn page_share(&self) -> u32 {
-        let processes = self.gpu_processes.max(self.gpu_pids.len() as u32);
         self.share_debt
             .page_share(self.rec.share)
-            .min(self.throttle.per_process(processes))
+            .min(self.throttle.per_process(self.processes()))
+    }
+
+    /// How many processes a throttled function's ceiling is divided among: those that reported
+    /// GPU time over the last 3 s or NVML lists on its GPU, whichever are more (at least 1).
+    pub fn processes(&self) -> u32 {
+        self.gpu_processes.max(self.gpu_pids.len() as u32).max(1)
     }
 
     /// Deferral (docs/harvest.md, "Deferral"): at the admission of a request that already waited

@@ -1228,6 +1228,8 @@ impl State {
         // estimate from what was measured").
         let collided = added.measured_contention_ns.unwrap_or(added.contention_ns);
         let with_training = (collided as f64 * i.training_share).round() as u64;
+        // Its own part of the estimate, over the same window (the throttle's judge).
+        i.meter.add(with_training);
         if let Some(g) = self.gpus.iter_mut().find(|g| g.info.index == gpu) {
             g.meter.add(with_training);
         }
@@ -1305,6 +1307,7 @@ impl State {
     fn harvest_step(&mut self) {
         let now = self.clock.now();
         for i in self.instances.values_mut() {
+            i.meter.tick(now);
             let r = i.usage.rate(now);
             i.miss_rate = r.miss_rate;
             i.collision_per_request_ns = r.collision_per_request_ns;
@@ -1373,19 +1376,44 @@ impl State {
 
     /// The raw-share throttle (docs/harvest.md, "When the budget cannot hold θ"): on each GPU
     /// whose collision budget was at its floor while the estimate stays above θ, the functions
-    /// that measured more than their part, and more than their proportion of what the GPU's
-    /// functions measured ([`harvest::takes_more_than_its_part`]), have their raw share cut from
-    /// what they used; where the estimate is well under θ, throttled functions get GPU time
+    /// that own the GPU's excess over the estimate's window ([`harvest::throttle_targets`]) have
+    /// their raw share cut from what they used; where the estimate is well under θ, throttled functions get GPU time
     /// back; without a trainer, or with harvest off, every throttle is lifted. `steps`: per GPU,
     /// what to do, the estimate (None: no training job or harvest off) and θ.
     fn throttle(&mut self, steps: &[(u32, harvest::ThrottleStep, Option<f64>, f64)]) {
         let now = self.clock.now();
-        // Per GPU, what its functions measured and their parts, for the proportions.
-        let mut sums: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
-        for i in self.instances.values() {
-            let e = sums.entry(i.rec.gpu).or_default();
-            e.0 += u64::from(i.contention_measured_ppm);
-            e.1 += u64::from(i.contention_ppm);
+        // On each GPU to cut, who owns its excess, judged over the estimate's own window.
+        let mut cut: Vec<InstanceId> = Vec::new();
+        for &(gpu, step, ..) in steps {
+            if step != harvest::ThrottleStep::Cut {
+                continue;
+            }
+            let Some(g) = self.gpus.iter().find(|g| g.info.index == gpu) else {
+                continue;
+            };
+            let on: Vec<&Instance> = self
+                .instances
+                .values()
+                .filter(|i| i.rec.gpu == gpu)
+                .collect();
+            let contributions: Vec<(f64, f64)> = on
+                .iter()
+                .map(|i| {
+                    (
+                        i.meter.fraction().unwrap_or(0.0),
+                        f64::from(i.contention_ppm) / 1e6 * g.harvest.training_share(),
+                    )
+                })
+                .collect();
+            let whole = g.meter.fraction().unwrap_or(0.0);
+            for (i, target) in on
+                .iter()
+                .zip(harvest::throttle_targets(&contributions, whole))
+            {
+                if target {
+                    cut.push(i.rec.id);
+                }
+            }
         }
         let mut events = Vec::new();
         for i in self.instances.values_mut() {
@@ -1393,23 +1421,10 @@ impl State {
                 continue;
             };
             let before = i.throttle.ceiling();
-            let (all_measured, all_parts) = sums.get(&gpu).copied().unwrap_or_default();
-            // What it used: the smaller of its report and NVML's figure, where NVML has one
-            // (an over-report must not make the cut start from 100).
-            let used = match i.sm_used_mean {
-                Some(nvml) => i.gpu_used_ppm.min((nvml.clamp(0.0, 1.0) * 1e6) as u32),
-                None => i.gpu_used_ppm,
-            };
             let changed = match step {
-                harvest::ThrottleStep::Cut
-                    if harvest::takes_more_than_its_part(
-                        i.contention_measured_ppm,
-                        i.contention_ppm,
-                        all_measured,
-                        all_parts,
-                    ) =>
-                {
-                    i.throttle.cut(now, used)
+                // From what its shims report it used: an over-report only delays its own cut.
+                harvest::ThrottleStep::Cut if cut.contains(&i.rec.id) => {
+                    i.throttle.cut(now, i.gpu_used_ppm)
                 }
                 harvest::ThrottleStep::Recover => i.throttle.recover(),
                 harvest::ThrottleStep::Lift => i.throttle.lift(),
@@ -1419,18 +1434,18 @@ impl State {
                 continue;
             }
             i.write_page();
-            let processes = i.gpu_processes.max(i.gpu_pids.len() as u32).max(1);
+            let processes = i.processes();
             let after = i.throttle.ceiling();
             let what = match step {
                 harvest::ThrottleStep::Cut => format!(
-                    "function {} measured {} ppm of collision time against its part of {} ppm while GPU {gpu}'s training slowdown estimate read {:.1} % (θ {:.0} %) with the collision budget at its floor: its raw share is cut from {before} % to {after} % of the GPU ({} % per process over {processes}; it used {:.1} %)",
+                    "function {} collided {:.2} % of wall time with training over the estimate's window against its part of {:.2} % while GPU {gpu}'s training slowdown estimate read {:.1} % (θ {:.0} %) with the collision budget at its floor: its raw share is cut from {before} % to {after} % of the GPU ({} % per process over {processes}; it reported using {:.1} %)",
                     i.rec.function,
-                    i.contention_measured_ppm,
-                    i.contention_ppm,
+                    i.meter.fraction().unwrap_or(0.0) * 100.0,
+                    f64::from(i.contention_ppm) / 1e4,
                     s.unwrap_or(0.0) * 100.0,
                     theta * 100.0,
                     i.throttle.per_process(processes),
-                    used as f64 / 1e4
+                    f64::from(i.gpu_used_ppm) / 1e4
                 ),
                 harvest::ThrottleStep::Lift => format!(
                     "function {}'s raw share is no longer cut on GPU {gpu} (no training job, or harvest off): {before} % -> {after} %",
@@ -1776,11 +1791,12 @@ impl State {
                 // every second) stands in for the share. A function that never reports after
                 // [`REPORT_GRACE_S`] is held to 0.
                 let share = if inst.rec.share >= 100 && inst.contention_ppm > 0 {
-                    // A throttled function is held to its ceiling whatever it reports: NVML
-                    // checks the ceiling too (docs/harvest.md, "When the budget cannot hold θ").
+                    // A throttled function is held to what its pages allow whatever it
+                    // reports: NVML checks that too (docs/harvest.md, "When the budget cannot
+                    // hold θ").
                     let reported = (inst.gpu_used_ppm / 10_000)
                         .min(99)
-                        .min(inst.throttle.ceiling());
+                        .min(inst.throttle.allowed(inst.processes()));
                     let quiet =
                         !inst.usage.has_reports() && now - inst.registered_at > REPORT_GRACE_S;
                     if inst.usage.has_reports() || quiet {
@@ -1789,7 +1805,7 @@ impl State {
                         100
                     }
                 } else {
-                    inst.rec.share
+                    inst.rec.share.min(inst.throttle.allowed(inst.processes()))
                 };
                 // What NVML shows of the function that cannot have been another process's time
                 // (a time-sliced GPU's per-process figures overlap: docs/real-gpu.md, section 8).
@@ -2799,12 +2815,11 @@ mod tests {
         assert!((250_000..=450_000).contains(&used), "{used}");
         assert_eq!(first, (used.div_ceil(10_000) as f64 * 0.8) as u32);
         let o = &s.instances[&other.instance];
-        assert!(
-            o.contention_measured_ppm > o.contention_ppm,
-            "the neighbour is over its own part: {} > {}",
-            o.contention_measured_ppm,
-            o.contention_ppm
+        let (m, p) = (
+            o.meter.fraction().unwrap(),
+            f64::from(o.contention_ppm) / 1e6 * s.gpus[gi].harvest.training_share(),
         );
+        assert!(m > p, "the neighbour is over its own part: {m} > {p}");
         assert_eq!(other_page.page().share(0), 100, "but it is not cut");
         let snap = s.snapshot();
         let f = snap["gpus"][0]["functions"]
@@ -2871,6 +2886,78 @@ mod tests {
             step(&mut s, 120_000_000);
         }
         assert_eq!(page.page().share(0), 100, "harvest off: no throttle");
+        assert!(!s.instances[&g.instance].throttle.is_on());
+    }
+
+    #[test]
+    fn a_function_that_bursts_and_leaves_does_not_get_its_neighbour_throttled() {
+        // A neighbour collides 20 ms a second, over its small part. A bursting function adds
+        // 400 ms a second and is released just before an observation: the estimate's window
+        // still holds its burst, and the neighbour, owning a sliver of that excess, is not cut.
+        let mut s = harvest_state();
+        s.cfg.grants_per_process = 100;
+        let clock = facts::fake::FakeClock::default();
+        s.clock = Box::new(clock.clone());
+        let (g, page) = s.register(me(), args(1 << 30)).unwrap();
+        let (burst, _) = s.register(me(), args(1 << 30)).unwrap();
+        s.instances.get_mut(&burst.instance).unwrap().rec.gpu = g.gpu_index;
+        let (mut mine, mut theirs, mut gpu_ns) = (0u64, 0u64, 0u64);
+        let (mut released, mut above_after) = (false, 0);
+        let gi = s
+            .gpus
+            .iter()
+            .position(|x| x.info.index == g.gpu_index)
+            .unwrap();
+        for sec in 0..300u64 {
+            gpu_ns += 300_000_000;
+            mine += 20_000_000;
+            s.report_usage(
+                g.instance,
+                me().pid,
+                ShimUsage {
+                    gpu_ns,
+                    contention_ns: mine,
+                    measured_contention_ns: Some(mine),
+                    ..Default::default()
+                },
+            );
+            if !released {
+                theirs += 400_000_000;
+                s.report_usage(
+                    burst.instance,
+                    me().pid,
+                    ShimUsage {
+                        gpu_ns,
+                        contention_ns: theirs,
+                        measured_contention_ns: Some(theirs),
+                        ..Default::default()
+                    },
+                );
+            }
+            for _ in 0..HARVEST_EVERY {
+                s.reconcile(&[(g.gpu_index, training_sample(40, &[]))]);
+            }
+            clock.advance(1.0);
+            // Once the budget has been at its floor a while, the burster leaves between two
+            // observations, its burst still in the estimate's window.
+            let at_floor = s.gpus[gi].harvest.calibration() == harvest::CALIBRATION_MIN;
+            if !released && at_floor && sec % (OBSERVE_EVERY / HARVEST_EVERY) == 1 {
+                s.release(burst.instance, "test");
+                released = true;
+            }
+            if released && s.gpus[gi].meter.slowdown().is_some_and(|x| x > 0.1) {
+                above_after += 1;
+            }
+            if released && sec > 200 {
+                break;
+            }
+        }
+        assert!(released, "the budget never reached its floor");
+        assert!(
+            above_after >= OBSERVE_EVERY / HARVEST_EVERY,
+            "an observation saw the burst above θ after it left: {above_after} s"
+        );
+        assert_eq!(page.page().share(0), 100, "the neighbour is not throttled");
         assert!(!s.instances[&g.instance].throttle.is_on());
     }
 
