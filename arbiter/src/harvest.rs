@@ -113,6 +113,28 @@ impl ContentionMeter {
     pub fn slowdown(&self) -> Option<f64> {
         self.fraction().map(slowdown_of_fraction)
     }
+
+    /// The window's first and last ticks (seconds), once it has two.
+    pub fn span(&self) -> Option<(f64, f64)> {
+        let (&(t0, _), &(t1, _)) = (self.ring.front()?, self.ring.back()?);
+        (t1 > t0).then_some((t0, t1))
+    }
+
+    /// Collision ns added from tick `t0` to the last tick: what another meter's window
+    /// ([`ContentionMeter::span`]) holds of this one's. Everything up to the last tick when this
+    /// meter has no tick at or before `t0` (it began after it).
+    pub fn added_since(&self, t0: f64) -> u64 {
+        let Some(&(_, last)) = self.ring.back() else {
+            return 0;
+        };
+        let base = self
+            .ring
+            .iter()
+            .rev()
+            .find(|&&(t, _)| t <= t0)
+            .map_or(0, |&(_, c)| c);
+        last.saturating_sub(base)
+    }
 }
 
 /// What a function process's shim reported: cumulative estimated GPU and collision time on its
@@ -916,7 +938,7 @@ pub enum ThrottleStep {
 
 /// The functions a throttle's cut falls on ([`ThrottleStep::Cut`]): those whose collision time
 /// over the estimate's window exceeds their part by at least an equal share of the GPU's whole
-/// excess. `contributions`: per function, what it added to the estimate over [`WINDOW_S`] and its
+/// excess (to a millionth). `contributions`: per function, what it added to the estimate over [`WINDOW_S`] and its
 /// part, both as fractions of wall time in the estimate's units (collisions attributed to
 /// training; a part in the shims' units times the GPU's training share); `gpu_collided`: what
 /// the estimate counted over the window, every function that reported included — also one that
@@ -946,7 +968,9 @@ pub fn throttle_targets(contributions: &[(f64, f64)], gpu_collided: f64) -> Vec<
     if k == 0 || whole <= 0.0 {
         return vec![false; contributions.len()];
     }
-    let least = whole / k as f64;
+    // A millionth below the mean excess still counts: functions that overspend alike must not
+    // be told apart by rounding.
+    let least = whole / k as f64 * (1.0 - 1e-6);
     over.iter().map(|&e| e > 0.0 && e >= least).collect()
 }
 
@@ -1737,6 +1761,30 @@ mod tests {
             t.cut(0.0, 500_000),
             "a lifted throttle may be cut again at once"
         );
+    }
+
+    #[test]
+    fn a_meter_tells_what_it_added_within_another_meters_window() {
+        let mut gpu = ContentionMeter::default();
+        let mut young = ContentionMeter::default();
+        for t in 0..5 {
+            gpu.add(10);
+            gpu.tick(f64::from(t));
+        }
+        // The young one began at 3 s with 30 ns already reported before its first tick.
+        young.add(30);
+        young.tick(3.0);
+        young.add(20);
+        young.tick(4.0);
+        assert_eq!(gpu.span(), Some((0.0, 4.0)));
+        assert_eq!(
+            young.added_since(0.0),
+            50,
+            "all of it: it began after the window did"
+        );
+        assert_eq!(young.added_since(3.0), 20);
+        assert_eq!(ContentionMeter::default().added_since(0.0), 0);
+        assert_eq!(ContentionMeter::default().span(), None);
     }
 
     #[test]
