@@ -160,6 +160,9 @@ pub struct ShimUsage {
     /// The process charges the collision bucket its grant's processes share (the report's
     /// `contention_shared`), not one of its own.
     pub shared: bool,
+    /// The process gates its launches by the raw-share gate its grant's processes share (the
+    /// report's `raw_shared`), not one of its own.
+    pub raw_shared: bool,
 }
 
 /// How far back a function's use and deadline misses are averaged for the split: 3 s.
@@ -248,6 +251,9 @@ pub struct UseRate {
     pub paying_processes: u32,
     /// Processes whose reports added GPU time over the window.
     pub gpu_processes: u32,
+    /// Raw-share gates those processes gate by: one per process with a gate of its own, and one
+    /// for all those sharing the grant's ([`per_gate`]).
+    pub raw_gates: u32,
     /// Collision time its shims' samples measured over the window (what the GPU's estimate
     /// counts; a shim that does not report it has its paid figure stand in), ppm of wall time.
     pub measured_ppm: u32,
@@ -355,6 +361,7 @@ impl UsageLedger {
             turn_cut_ins: delta(now.turn_cut_ins, prev.turn_cut_ins),
             held_ns: delta(now.held_ns, prev.held_ns),
             shared: now.shared,
+            raw_shared: now.raw_shared,
         };
         if baseline {
             d = ShimUsage {
@@ -484,12 +491,22 @@ impl UsageLedger {
             .collect();
         gpu.sort_unstable();
         gpu.dedup();
+        // The same for raw-share gates, among the processes that used the GPU.
+        let mut gates: Vec<u32> = self
+            .added
+            .iter()
+            .filter(|(_, _, d)| d.gpu_ns > 0)
+            .map(|&(_, pid, d)| if d.raw_shared { 0 } else { pid.max(1) })
+            .collect();
+        gates.sort_unstable();
+        gates.dedup();
         UseRate {
             gpu_ppm: ppm(g),
             contention_ppm: ppm(c),
             miss_rate: (n > 0).then(|| missed as f64 / n as f64),
             paying_processes: paying.len() as u32,
             gpu_processes: gpu.len() as u32,
+            raw_gates: gates.len() as u32,
             measured_ppm: ppm(m),
             collision_per_request_ns: (n > 0).then(|| c as f64 / n as f64),
             gpu_per_request_ns: (n > 0).then(|| g as f64 / n as f64),
@@ -1005,20 +1022,41 @@ impl Serialize for Throttle {
     }
 }
 
+/// The raw share each of a function's `gates` carries for a function whose processes together
+/// may have `total` % of the GPU: its part, rounded up to whole percent and at least 1 (100:
+/// ungated). Each gate holds the processes that gate by it to the page's share, so the function
+/// gets `total` across its gates, not `total` each: one gate for all the processes that share the
+/// grant's (its ledger table's, under `smore run`), one for each process with its own
+/// (docs/shim.md, "One share per grant").
+pub fn per_gate(total: u32, gates: u32) -> u32 {
+    if total >= 100 {
+        100
+    } else {
+        total.div_ceil(gates.max(1)).max(1)
+    }
+}
+
+/// What a function's pages allow its processes together, percent, when they may have `total` %
+/// over `gates` gates and NVML lists `listed` processes for it: [`per_gate`] for each gate, but
+/// for no more gates than processes NVML lists (a gate no process runs behind uses nothing, so
+/// reports of more gates do not raise it); at most 100. What the watchdog holds the function to:
+/// a function that obeys its pages is never acted on, and one of `g` gates gets at most `g − 1`
+/// points over `total` from the rounding.
+pub fn raw_allowed(total: u32, gates: u32, listed: u32) -> u32 {
+    if total >= 100 {
+        return 100;
+    }
+    gates
+        .min(listed)
+        .max(1)
+        .saturating_mul(per_gate(total, gates))
+        .min(100)
+}
+
 impl Throttle {
     /// The raw share ceiling it sets for the function, percent (100: none).
     pub fn ceiling(&self) -> u32 {
         self.ceiling.unwrap_or(100)
-    }
-
-    /// The ceiling each of the function's `processes` gets, percent: its part of
-    /// [`Throttle::ceiling`], at least 1. Each process's shim gates its own launches by the
-    /// page's share, so the function's processes together get the ceiling, not a ceiling each.
-    pub fn per_process(&self, processes: u32) -> u32 {
-        match self.ceiling {
-            None => 100,
-            Some(c) => c.div_ceil(processes.max(1)).max(1),
-        }
     }
 
     /// Whether it lowers the share now.
@@ -1041,20 +1079,6 @@ impl Throttle {
         self.ceiling = Some(to);
         self.cut_at = Some(now);
         changed
-    }
-
-    /// What the pages let `processes` processes of the function use together under the
-    /// throttle, percent: each gets [`Throttle::per_process`] (whole percent, at least 1), so
-    /// `processes` × that, at most 100 (100 without a throttle). What the watchdog holds a
-    /// throttled function to: a function that obeys its pages is never acted on.
-    pub fn allowed(&self, processes: u32) -> u32 {
-        match self.ceiling {
-            None => 100,
-            Some(_) => processes
-                .max(1)
-                .saturating_mul(self.per_process(processes))
-                .min(100),
-        }
     }
 
     /// Lifts the throttle at once. Returns whether there was one.
@@ -1545,6 +1569,7 @@ mod tests {
             turn_cut_ins: 3,
             held_ns: u64::MAX,
             shared: false,
+            raw_shared: false,
         }
     }
 
@@ -1819,28 +1844,39 @@ mod tests {
     }
 
     #[test]
-    fn a_throttled_functions_processes_share_its_ceiling() {
+    fn a_functions_raw_share_is_divided_among_its_gates() {
         let mut t = Throttle::default();
-        assert_eq!(
-            t.per_process(3),
-            100,
-            "no throttle: each process its whole share"
-        );
+        assert_eq!(per_gate(t.ceiling(), 3), 100, "no throttle: no gate at all");
         t.cut(0.0, 300_000);
         assert_eq!(t.ceiling(), 24);
-        assert_eq!(t.per_process(0), 24);
-        assert_eq!(t.per_process(1), 24);
-        assert_eq!(t.per_process(3), 8);
-        assert_eq!(t.per_process(5), 5, "rounded up");
+        assert_eq!(per_gate(24, 0), 24);
         assert_eq!(
-            t.per_process(64),
+            per_gate(24, 1),
+            24,
+            "processes sharing the grant's gate: one gate"
+        );
+        assert_eq!(per_gate(24, 3), 8);
+        assert_eq!(per_gate(24, 5), 5, "rounded up");
+        assert_eq!(
+            per_gate(24, 64),
             1,
             "never 0: a process at 0 % could not run at all"
         );
-        assert_eq!(t.allowed(3), 24);
-        assert_eq!(t.allowed(5), 25, "rounding: at most n − 1 points over");
-        assert_eq!(t.allowed(64), 64, "n % once n passes the ceiling");
-        assert_eq!(t.allowed(500), 100);
-        assert_eq!(Throttle::default().allowed(3), 100);
+        assert_eq!(raw_allowed(24, 1, 3), 24, "three processes, one gate");
+        assert_eq!(raw_allowed(24, 3, 3), 24);
+        assert_eq!(
+            raw_allowed(24, 5, 5),
+            25,
+            "rounding: at most g − 1 points over"
+        );
+        assert_eq!(raw_allowed(24, 64, 64), 64, "g % once g passes the total");
+        assert_eq!(
+            raw_allowed(24, 64, 2),
+            2,
+            "reports of more gates than NVML's processes do not raise it"
+        );
+        assert_eq!(raw_allowed(24, 3, 0), 8, "at least one gate's part");
+        assert_eq!(raw_allowed(24, 500, 500), 100);
+        assert_eq!(raw_allowed(100, 3, 3), 100);
     }
 }

@@ -646,6 +646,7 @@ fn handle(
             turn_cut_ins,
             contention_ahead_ns,
             contention_shared,
+            raw_shared,
         } => match need(registered) {
             Ok(id) => {
                 if let Some(i) = st.instances.get(&id) {
@@ -669,6 +670,7 @@ fn handle(
                             turn_cut_ins: turn_cut_ins.unwrap_or(0),
                             held_ns: throttled_ns.unwrap_or(0),
                             shared: contention_shared.unwrap_or(false),
+                            raw_shared: raw_shared.unwrap_or(false),
                         },
                     );
                 }

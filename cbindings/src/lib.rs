@@ -496,6 +496,7 @@ fn report(inner: &mut Inner) -> SmoreStatus {
         measured_contention_ns: None,
         contention_ahead_ns: None,
         contention_shared: None,
+        raw_shared: None,
     }) {
         Ok(Reply::Ok) => SmoreStatus::Ok,
         Ok(Reply::Preempted {

@@ -504,6 +504,7 @@ fn malformed_messages_get_errors_and_do_not_disturb_others() {
             measured_contention_ns: None,
             contention_ahead_ns: None,
             contention_shared: None,
+            raw_shared: None,
         })
         .unwrap(),
         Reply::Ok

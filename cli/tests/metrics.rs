@@ -207,6 +207,7 @@ fn metrics_parse_under_hostile_function_names_and_follow_the_conventions() {
                 measured_contention_ns: None,
                 contention_ahead_ns: None,
                 contention_shared: None,
+                raw_shared: None,
             })
             .unwrap();
         assert!(matches!(r, Reply::Ok), "{r:?}");

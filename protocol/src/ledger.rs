@@ -27,9 +27,10 @@ pub const ENV_LEDGER_FD: &str = "SMORE_LEDGER_FD";
 /// `b"SMORELED"` — identifies a shared ledger (checked after mmap).
 pub const LEDGER_MAGIC: u64 = 0x4445_4c45_524f_4d53;
 /// Layout version of [`LedgerTable`] as [`create`] writes it.
-pub const LEDGER_VERSION: u32 = 4;
-/// The oldest layout a shim maps: 2. Layouts 3 and 4 only added words (the collision buckets,
-/// then the probe clocks and the collision evidence) in what was the zero-filled tail of the same
+pub const LEDGER_VERSION: u32 = 5;
+/// The oldest layout a shim maps: 2. Layouts 3 to 5 only added words (the collision buckets,
+/// then the probe clocks and the collision evidence, then the raw-share gates) in what was the
+/// zero-filled tail of the same
 /// [`LEDGER_BYTES`], so an older table (from an older `smore run`) is a newer one whose added
 /// words are empty — refusing it would give every process of the grant a cap of its own.
 pub const LEDGER_VERSION_MIN: u32 = 2;
@@ -53,8 +54,8 @@ pub struct LedgerSlot {
 }
 
 /// The table: header, footprints, first-context claims, [`LEDGER_SLOTS`] slots, the shared
-/// collision buckets, probe clocks and collision evidence. 16 + 128 + 128 + 128 × 136 + 3 × 128 =
-/// 18 064 bytes.
+/// collision buckets, probe clocks, collision evidence and raw-share gates. 16 + 128 + 128 +
+/// 128 × 136 + 4 × 128 = 18 192 bytes.
 #[repr(C)]
 #[derive(Debug)]
 pub struct LedgerTable {
@@ -90,6 +91,14 @@ pub struct LedgerTable {
     /// (0: none). A probe's measurement holds or releases every process of the grant, not only
     /// the one that made it. Since layout 4.
     pub evidence: [AtomicU64; MAX_DEVICES],
+    /// Per device (grant-page slot), under a raw share below 100 % (an operator's `smore share`,
+    /// an over-use correction or the arbiter's throttle): the launch gate every process of the
+    /// grant shares — its theoretical arrival time, when what was admitted so far is paid for at
+    /// the share's rate, ns of CLOCK_MONOTONIC (0: none). One gate per grant, as one cap: with a
+    /// gate each, a function's three workers at a 20 % share took 60 % of the GPU, and the
+    /// watchdog then stopped the function for it (docs/shim.md, "One share per grant"). Since
+    /// layout 5.
+    pub raw: [AtomicU64; MAX_DEVICES],
 }
 
 /// Bits of an evidence word ([`LedgerTable::evidence`]) that hold the probability (ppm, at most
@@ -195,11 +204,15 @@ mod tests {
             std::mem::offset_of!(LedgerTable, evidence),
             std::mem::offset_of!(LedgerTable, probe) + 8 * MAX_DEVICES
         );
-        assert_eq!(std::mem::size_of::<LedgerTable>(), 18_064);
+        assert_eq!(
+            std::mem::offset_of!(LedgerTable, raw),
+            std::mem::offset_of!(LedgerTable, evidence) + 8 * MAX_DEVICES
+        );
+        assert_eq!(std::mem::size_of::<LedgerTable>(), 18_192);
         assert_eq!(
             LEDGER_BYTES,
             5 * 4096,
-            "the same memfd size as layouts 2 and 3"
+            "the same memfd size as layouts 2 to 4"
         );
         let fd = create().unwrap();
         let st = rustix::fs::fstat(&fd).unwrap();

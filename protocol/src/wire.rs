@@ -130,6 +130,12 @@ pub enum Request {
         /// (docs/harvest.md, "Several processes of one function"). Left out when not.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         contention_shared: Option<bool>,
+        /// Whether the reporting process gates its launches by the raw-share gate its grant's
+        /// processes share (the grant's ledger table under `smore run`) rather than one of its
+        /// own: the arbiter divides the function's raw share only among gates of their own
+        /// (docs/shim.md, "One share per grant"). Left out when not, like `contention_shared`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        raw_shared: Option<bool>,
     },
     /// Request-level admission (SMORE style): may one more request run now?
     Admit {
@@ -600,6 +606,7 @@ mod tests {
             turn_cut_ins: Some(7),
             contention_ahead_ns: Some(1_200_000_000),
             contention_shared: Some(true),
+            raw_shared: Some(true),
         }));
         for r in [
             Request::Admit {

@@ -500,6 +500,7 @@ impl Reporter {
             turn_cut_ins: (usage.turn_cut_ins > 0).then_some(usage.turn_cut_ins),
             contention_ahead_ns: Some(usage.contention_ahead_ns),
             contention_shared: usage.contention_shared.then_some(true),
+            raw_shared: usage.raw_shared.then_some(true),
         });
         match r {
             Ok(Reply::Ok) => {

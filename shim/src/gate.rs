@@ -7,6 +7,9 @@
 //!   `c` moves the TAT by `c / share`; if the TAT then lies more than one window ahead of now the
 //!   caller sleeps until it does not. Work submitted by time t is therefore at most
 //!   `share × (t + window)`: the queued-but-unrun work a burst can build is bounded by the bucket.
+//! - [`SharedGate`]: a gate that is the process's own until it is attached to the word its grant's
+//!   processes share (in the grant's ledger table), so that a function of several processes is
+//!   held as one process of several threads is: the raw share's gate and the collision bucket.
 //! - [`CostTable`]: fixed-size open-addressed table CUfunction / CUgraphExec → estimated GPU ns,
 //!   learned from sampled event pairs (no allocation, no lock; a key the table has no room for
 //!   stays unmeasured and is sampled on each launch, see `Runtime::launch`), and beside it a solo
@@ -18,7 +21,7 @@
 //! Must never: allocate, lock or make a syscall (the caller does the sleep, with an absolute
 //! deadline), or sleep a launch of a share-100 device.
 
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
 
 /// At most one sampled (event-pair) launch per 1 ms per process. Source: Olympian's 1–2 ms
 /// GPU-time quanta (Hu et al., Middleware 2018); recording an event costs a few µs of CPU
@@ -137,6 +140,62 @@ impl Gate {
     /// Forgets all debt (fork child, share change to 100).
     pub fn reset(&self) {
         self.tat.store(0, Release);
+    }
+}
+
+/// A [`Gate`] that is this process's own until [`SharedGate::attach`]ed to a word every process
+/// of its grant charges (the grant's ledger table, `smore_protocol::ledger::LedgerTable::raw` and
+/// `contention`). CLOCK_MONOTONIC is one clock for every process of the node, so their launches
+/// pay one bucket: a function's workers get one share, not one each (docs/shim.md, "One share
+/// per grant").
+#[derive(Debug, Default)]
+pub struct SharedGate {
+    /// This process's own bucket: the gate until attached.
+    own: Gate,
+    /// The grant's word once attached (null: `own`). Only ever set from a `&'static AtomicU64`.
+    shared: AtomicPtr<AtomicU64>,
+}
+
+impl SharedGate {
+    /// A full bucket of this process's own.
+    pub fn new() -> SharedGate {
+        SharedGate::default()
+    }
+
+    /// Makes `word` the gate from now on, carrying this process's own debt into it (the later
+    /// arrival time of the two: what this process admitted before it attached stays owed).
+    /// Attaches once: later calls, and a racing second one, change nothing.
+    pub fn attach(&self, word: &'static AtomicU64) {
+        if self.is_shared() {
+            return;
+        }
+        word.fetch_max(self.own.tat.load(Acquire), AcqRel);
+        let _ = self.shared.compare_exchange(
+            std::ptr::null_mut(),
+            word as *const AtomicU64 as *mut AtomicU64,
+            AcqRel,
+            Acquire,
+        );
+    }
+
+    /// Whether the gate is the grant's shared word. One atomic load.
+    #[inline]
+    pub fn is_shared(&self) -> bool {
+        !self.shared.load(Acquire).is_null()
+    }
+
+    /// The gate: the grant's shared word once attached, else this process's own. One atomic
+    /// load.
+    #[inline]
+    pub fn get(&self) -> &Gate {
+        let p = self.shared.load(Acquire);
+        if p.is_null() {
+            &self.own
+        } else {
+            // SAFETY: a non-null pointer was stored by `attach` from a `&'static AtomicU64` (the
+            // grant's ledger table, mapped for the process's life and never unmapped).
+            Gate::of(unsafe { &*p })
+        }
     }
 }
 
@@ -466,6 +525,44 @@ mod tests {
         let g = emptied(now);
         g.reset();
         assert_eq!(g.admit(now, MS, 50, 10 * MS), None);
+    }
+
+    #[test]
+    fn processes_attached_to_one_word_share_one_share_and_carry_their_debt_in() {
+        let now = 1_000 * MS;
+        let word: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+        // A process that used its own bucket before attaching: 8 ms owed at 50 %.
+        let a = SharedGate::new();
+        a.get().charge(now, 8 * MS, 50);
+        assert!(!a.is_shared());
+        a.attach(word);
+        assert!(a.is_shared());
+        // Its sibling attaches with an empty bucket and finds the debt there.
+        let b = SharedGate::new();
+        b.attach(word);
+        assert_eq!(b.get().admit(now, MS, 50, 10 * MS), Some(now + 8 * MS));
+        // Two processes at 25 % of a 100 ms window: 25 ms of launches between them, not each.
+        let word: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+        let (a, b) = (SharedGate::new(), SharedGate::new());
+        a.attach(word);
+        b.attach(word);
+        let mut free = 0;
+        for i in 0.. {
+            let g = if i % 2 == 0 { &a } else { &b };
+            if g.get().admit(now, MS, 25, 100 * MS).is_some() {
+                break;
+            }
+            free += 1;
+        }
+        assert_eq!(free, 25, "25 % of 100 ms between two processes");
+        // Attached once: a second word changes nothing.
+        let other: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+        a.attach(other);
+        assert_eq!(other.load(Relaxed), 0);
+        assert!(
+            a.get().admit(now, MS, 25, 100 * MS).is_some(),
+            "still the first word, spent"
+        );
     }
 
     #[test]

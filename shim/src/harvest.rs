@@ -25,7 +25,7 @@
 //! Must never: allocate, lock or make a syscall; charge contention while the budget is 0 (harvest
 //! off: the raw share alone applies).
 
-use crate::gate::{Gate, PPM};
+use crate::gate::{Gate, SharedGate, PPM};
 pub use smore_protocol::grant::{Sharing, TimingNoise};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
@@ -368,12 +368,11 @@ pub fn ran_until(r: Ran, now: u64) -> u64 {
 /// [`CONTENTION_HORIZON_NS`].
 #[derive(Debug, Default)]
 pub struct Contention {
-    gate: Gate,
+    /// The bucket: this process's own until attached to the one the grant's processes share (its
+    /// theoretical arrival time in the grant's ledger table, [`Contention::share`]).
+    gate: SharedGate,
     /// When a launch last probed because the bucket was in debt (ns).
     last_probe: AtomicU64,
-    /// The bucket the grant's processes share (its theoretical arrival time in the grant's
-    /// ledger table), once attached ([`Contention::share`]); null: this process's own (`gate`).
-    shared: AtomicPtr<AtomicU64>,
     /// The grant's probe word, attached with the bucket (null: none): when a process of the
     /// grant last probed. A process that finds another's probe there within the period goes on
     /// that probe's measurement, which every process of the grant reads ([`Collision::share`]),
@@ -411,12 +410,11 @@ impl Contention {
     /// as they check one memory cap: with a bucket each, a function's worker processes each
     /// spent the grant's whole budget (docs/harvest.md, "Several processes of one function").
     pub fn share(&self, words: SharedWords) {
-        if self.shared.load(Acquire).is_null() {
-            words.bucket.fetch_max(self.gate.ahead(0), AcqRel);
+        if !self.gate.is_shared() {
+            // The probe word first: a bucket that reads shared has its probe word.
             self.shared_probe
                 .store(words.probe as *const AtomicU64 as *mut _, Release);
-            self.shared
-                .store(words.bucket as *const AtomicU64 as *mut _, Release);
+            self.gate.attach(words.bucket);
         }
     }
 
@@ -463,21 +461,14 @@ impl Contention {
     /// Whether this device's bucket is the grant's shared one.
     #[inline]
     pub fn is_shared(&self) -> bool {
-        !self.shared.load(Acquire).is_null()
+        self.gate.is_shared()
     }
 
     /// The bucket: the grant's shared one once attached, else this process's own. One atomic
     /// load.
     #[inline]
     fn bucket(&self) -> &Gate {
-        let p = self.shared.load(Acquire);
-        if p.is_null() {
-            &self.gate
-        } else {
-            // SAFETY: a non-null pointer was stored by `share` from a `&'static AtomicU64` (the
-            // grant's ledger table, mapped for the process's life and never unmapped).
-            Gate::of(unsafe { &*p })
-        }
+        self.gate.get()
     }
 
     /// Whether a launch at `now` with the trainer busy would wait: the bucket holds more than its
@@ -993,6 +984,9 @@ pub struct Usage {
     /// Not cumulative: the contention bucket is the grant's, shared by its processes
     /// ([`Contention::share`]); false from the counters alone.
     pub contention_shared: bool,
+    /// Not cumulative: the raw share's gate is the grant's, shared by its processes
+    /// ([`crate::gate::SharedGate`]); false from the counters alone.
+    pub raw_shared: bool,
 }
 
 /// How long a deferred launch is held before the training job's phase is measured again: 4 ms.
@@ -1248,6 +1242,7 @@ impl UsageCounters {
             turn_cut_ins: self.turn_cut_ins.load(Relaxed),
             contention_ahead_ns: 0,
             contention_shared: false,
+            raw_shared: false,
         }
     }
 }
@@ -2184,6 +2179,7 @@ mod tests {
                 turn_cut_ins: 2,
                 contention_ahead_ns: 0,
                 contention_shared: false,
+                raw_shared: false,
             }
         );
     }

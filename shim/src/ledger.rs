@@ -357,6 +357,12 @@ impl Ledger {
         self.group.as_ref()?.contention(slot)
     }
 
+    /// The raw-share gate the processes of this grant share on grant-page slot `slot` (none
+    /// without a shared ledger: the process keeps a gate of its own).
+    pub fn shared_raw(&self, slot: usize) -> Option<&'static std::sync::atomic::AtomicU64> {
+        self.group.as_ref()?.raw(slot)
+    }
+
     /// The context footprint another process of the grant measured on `dev` (0: none, or no
     /// shared ledger).
     pub fn shared_footprint(&self, dev: usize) -> u64 {

@@ -18,7 +18,7 @@
 
 use crate::client::{self, Source};
 use crate::config::{self, Config, FailurePolicy, Level};
-use crate::gate::{CostTable, Gate, SampleClock, PPM, SAMPLE_PERIOD_NS};
+use crate::gate::{CostTable, SampleClock, SharedGate, PPM, SAMPLE_PERIOD_NS};
 use crate::harvest::{
     self, Backlog, Calibration, Chained, Chains, Collision, Contention, Defer, Deferral, InDebt,
     Link, Usage, UsageCounters,
@@ -161,7 +161,7 @@ pub struct Runtime {
     turns: os::StaticRef<Option<Seat<'static>>>,
     /// Device memory this process holds, per device and per handle.
     pub ledger: Ledger,
-    gates: [Gate; MAX_DEVICES],
+    gates: [SharedGate; MAX_DEVICES],
     /// Per device: the collision probability of recent launches.
     collision: [Collision; MAX_DEVICES],
     /// Per device: the contention bucket (harvest mode).
@@ -680,7 +680,7 @@ impl Runtime {
             limits: os::StaticRef::new(limits),
             turns: os::StaticRef::new(&NO_SEAT),
             ledger: Ledger::new(),
-            gates: std::array::from_fn(|_| Gate::new()),
+            gates: std::array::from_fn(|_| SharedGate::new()),
             collision: std::array::from_fn(|_| Collision::default()),
             contention: std::array::from_fn(|_| Contention::default()),
             calibration: std::array::from_fn(|_| Calibration::default()),
@@ -1246,8 +1246,18 @@ impl Runtime {
         // launch released by the gate on evidence of before its hold ran into the trainer's
         // busy phases unheld (docs/harvest.md, "When the budget cannot hold θ").
         if share < 100 {
+            let gate = &self.gates[dev];
+            if !gate.is_shared() {
+                // The grant's processes gate by one raw share (its ledger table's word), as they
+                // check one memory cap and pay one collision bucket; a process without a shared
+                // ledger keeps a gate of its own, and the arbiter divides the share among such
+                // gates (docs/shim.md, "One share per grant").
+                if let Some(word) = self.ledger.shared_raw(slot) {
+                    gate.attach(word);
+                }
+            }
             let now = os::now_ns();
-            if let Some(t) = self.gates[dev].admit(now, cost, share, self.window_ns) {
+            if let Some(t) = gate.get().admit(now, cost, share, self.window_ns) {
                 os::sleep_until(t);
                 self.usage[dev].add_held(t.saturating_sub(now));
                 // Another thread's unmeasured launch or blocking probe may have gone meanwhile.
@@ -1770,7 +1780,9 @@ impl Runtime {
             self.usage[dev].add(cost.saturating_sub(m.charged), 0);
             if cost > m.charged {
                 let share = self.share(dev);
-                self.gates[dev].charge(m.admitted, cost - m.charged, share);
+                self.gates[dev]
+                    .get()
+                    .charge(m.admitted, cost - m.charged, share);
             }
             return None;
         }
@@ -1966,10 +1978,20 @@ impl Runtime {
     /// What this process's launches on `dev` used, as the shim estimates it (cumulative; only
     /// launches on a throttled or harvesting device are counted — others take the fast path).
     pub fn usage(&self, dev: usize) -> Usage {
-        match (self.usage.get(dev), self.contention.get(dev)) {
-            (Some(u), Some(c)) => Usage {
+        match (
+            self.usage.get(dev),
+            self.contention.get(dev),
+            self.gates.get(dev),
+        ) {
+            (Some(u), Some(c), Some(g)) => Usage {
                 contention_ahead_ns: c.ahead_ns(os::now_ns()),
                 contention_shared: c.is_shared(),
+                // Shared already, or will be at its first gated launch: the grant's word is
+                // there to attach to, so the arbiter need not divide the share for this process.
+                raw_shared: g.is_shared()
+                    || self
+                        .device_slot(dev)
+                        .is_some_and(|slot| self.ledger.shared_raw(slot).is_some()),
                 ..u.get()
             },
             _ => Usage::default(),

@@ -133,6 +133,12 @@ impl Group {
         })
     }
 
+    /// The raw-share gate the grant's processes share on grant-page slot `slot`
+    /// (`LedgerTable::raw`: its theoretical arrival time).
+    pub fn raw(&self, slot: usize) -> Option<&'static std::sync::atomic::AtomicU64> {
+        self.table.raw.get(slot)
+    }
+
     /// Takes the measurement of the grant's first context on `dev` for this process, or waits
     /// (at most [`FIRST_CONTEXT_WAIT`]) while another live process of the grant measures it.
     /// Context creation is the slow path (a driver call of milliseconds), never a launch.
@@ -294,6 +300,7 @@ mod tests {
             contention: std::array::from_fn(|_| AtomicU64::new(0)),
             probe: std::array::from_fn(|_| AtomicU64::new(0)),
             evidence: std::array::from_fn(|_| AtomicU64::new(0)),
+            raw: std::array::from_fn(|_| AtomicU64::new(0)),
         }))
     }
 

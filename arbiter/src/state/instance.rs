@@ -66,11 +66,17 @@ pub struct Instance {
     /// workers share the instance's part rather than each taking all of it (docs/arbiter.md,
     /// threat model).
     pub contention_processes: u32,
-    /// Harvest: its processes whose shims reported GPU time over the last few seconds
-    /// ([`harvest::UseRate::gpu_processes`]). Each process's shim gates its launches by the page's
-    /// raw share, so a throttled function's ceiling is divided among them and the processes NVML
-    /// shows on the GPU, whichever are more ([`Instance::page_share`]).
+    /// Its processes whose shims reported GPU time over the last few seconds
+    /// ([`harvest::UseRate::gpu_processes`]).
     pub gpu_processes: u32,
+    /// The raw-share gates those processes reported gating by over the same seconds
+    /// ([`harvest::UseRate::raw_gates`]): one for all that share the grant's, one for each with
+    /// its own.
+    #[serde(skip)]
+    pub reported_gates: u32,
+    /// The gates its raw share is divided among ([`Instance::raw_gates`], as of the last change
+    /// of what it counts).
+    pub raw_gates: u32,
     /// Harvest: what one context switch costs on its GPU, ns, as written to its page (0: free,
     /// harvest off, or an MPS GPU).
     pub switch_ns: u64,
@@ -180,7 +186,9 @@ impl Instance {
             shim_loaded: None,
             contention_ppm: 0,
             contention_processes: 1,
-            gpu_processes: 1,
+            gpu_processes: 0,
+            reported_gates: 0,
+            raw_gates: 1,
             switch_ns: 0,
             timing_noise: TimingNoise::NONE,
             sharing: None,
@@ -274,18 +282,36 @@ impl Instance {
         }
     }
 
-    /// The share its page carries: the grant's, lowered while it pays back an over-use debt or
-    /// while its GPU's collision budget cannot hold θ without it ([`harvest::Throttle`]).
-    pub fn page_share(&self) -> u32 {
+    /// The raw share of all its processes together, percent: the grant's, lowered while it pays
+    /// back an over-use debt or while its GPU's collision budget cannot hold θ without it
+    /// ([`harvest::Throttle`]).
+    pub fn raw_total(&self) -> u32 {
         self.share_debt
             .page_share(self.rec.share)
-            .min(self.throttle.per_process(self.processes()))
+            .min(self.throttle.ceiling())
     }
 
-    /// How many processes a throttled function's ceiling is divided among: those that reported
-    /// GPU time over the last 3 s or NVML lists on its GPU, whichever are more (at least 1).
-    pub fn processes(&self) -> u32 {
-        self.gpu_processes.max(self.gpu_pids.len() as u32).max(1)
+    /// The share its page carries: [`Instance::raw_total`] divided among its processes' gates
+    /// ([`harvest::per_gate`]).
+    pub fn page_share(&self) -> u32 {
+        harvest::per_gate(self.raw_total(), self.raw_gates())
+    }
+
+    /// How many raw-share gates its processes gate by: those its shims reported over the last
+    /// 3 s (one for all that share the grant's, one for each with its own), plus one for each
+    /// process NVML lists on its GPU that has not reported — a gate of its own as far as the
+    /// arbiter knows (a process just started, or one whose reports are silenced), so dividing
+    /// errs on the side of less; at least 1.
+    pub fn raw_gates(&self) -> u32 {
+        let unreported = (self.gpu_pids.len() as u32).saturating_sub(self.gpu_processes);
+        self.reported_gates.saturating_add(unreported).max(1)
+    }
+
+    /// What its pages allow its processes together, percent, for a raw share of `total` % over
+    /// its gates and the processes NVML lists for it ([`harvest::raw_allowed`]): what the
+    /// watchdog holds it to.
+    pub fn raw_allowed(&self, total: u32) -> u32 {
+        harvest::raw_allowed(total, self.raw_gates(), self.gpu_pids.len() as u32)
     }
 
     /// Deferral (docs/harvest.md, "Deferral"): at the admission of a request that already waited

@@ -1317,11 +1317,13 @@ impl State {
             i.gpu_used_ppm = r.gpu_ppm;
             let paying = r.paying_processes.max(1);
             let share = i.page_share();
-            i.gpu_processes = r.gpu_processes.max(1);
+            i.gpu_processes = r.gpu_processes;
+            i.reported_gates = r.raw_gates;
+            i.raw_gates = i.raw_gates();
             if i.contention_processes != paying || i.page_share() != share {
                 // Each process's bucket enforces the page's budget: the page carries the part
                 // divided among the processes paying from it (docs/arbiter.md, threat model);
-                // and a throttled function's raw share among its processes.
+                // and its raw share among its gates (docs/shim.md, "One share per grant").
                 i.contention_processes = paying;
                 i.write_page();
             }
@@ -1447,17 +1449,17 @@ impl State {
                 continue;
             }
             i.write_page();
-            let processes = i.processes();
+            let gates = i.raw_gates();
             let after = i.throttle.ceiling();
             let what = match step {
                 harvest::ThrottleStep::Cut => format!(
-                    "function {} collided {:.2} % of wall time with training over the estimate's window against its part of {:.2} % while GPU {gpu}'s training slowdown estimate read {:.1} % (θ {:.0} %) with the collision budget at its floor: its raw share is cut from {before} % to {after} % of the GPU ({} % per process over {processes}; it reported using {:.1} %)",
+                    "function {} collided {:.2} % of wall time with training over the estimate's window against its part of {:.2} % while GPU {gpu}'s training slowdown estimate read {:.1} % (θ {:.0} %) with the collision budget at its floor: its raw share is cut from {before} % to {after} % of the GPU ({} % per gate over {gates}; it reported using {:.1} %)",
                     i.rec.function,
                     i.meter.fraction().unwrap_or(0.0) * 100.0,
                     f64::from(i.contention_ppm) / 1e4,
                     s.unwrap_or(0.0) * 100.0,
                     theta * 100.0,
-                    i.throttle.per_process(processes),
+                    harvest::per_gate(after, gates),
                     f64::from(i.gpu_used_ppm) / 1e4
                 ),
                 harvest::ThrottleStep::Lift => format!(
@@ -1744,8 +1746,10 @@ impl State {
                 }
                 let share = inst.page_share();
                 inst.gpu_pids.clone_from(&usage.pids);
+                inst.raw_gates = inst.raw_gates();
                 if inst.page_share() != share {
-                    // A throttled function's ceiling is divided among its processes NVML shows.
+                    // Its raw share is divided among its gates, which count the processes NVML
+                    // shows that have not reported.
                     inst.write_page();
                 }
                 let mode = page_sharing(gpu_mode, one_server, &inst.gpu_pids);
@@ -1803,15 +1807,15 @@ impl State {
                 // time matches what its shim accounts for: the shim's own estimate (reported
                 // every second) stands in for the share. A function that never reports after
                 // [`REPORT_GRACE_S`] is held to 0.
-                // A throttled function is held to what its pages allow whatever it reports, for
-                // the processes NVML shows (its reports do not raise it; each page's share falls
-                // as its process count grows, so a function that obeys its pages is within it;
-                // docs/harvest.md, "When the budget cannot hold θ").
-                let nvml_processes = inst.gpu_pids.len().max(1) as u32;
+                // A function is held to what its pages allow its processes together, for the
+                // processes NVML shows (its reports of more gates do not raise it; each page's
+                // share falls as its gates grow, so a function that obeys its pages is within
+                // it; docs/shim.md, "One share per grant", and docs/harvest.md, "When the budget
+                // cannot hold θ").
                 let share = if inst.rec.share >= 100 && inst.contention_ppm > 0 {
                     let reported = (inst.gpu_used_ppm / 10_000)
                         .min(99)
-                        .min(inst.throttle.allowed(nvml_processes));
+                        .min(inst.raw_allowed(inst.throttle.ceiling()));
                     let quiet =
                         !inst.usage.has_reports() && now - inst.registered_at > REPORT_GRACE_S;
                     if inst.usage.has_reports() || quiet {
@@ -1820,7 +1824,7 @@ impl State {
                         100
                     }
                 } else {
-                    inst.rec.share.min(inst.throttle.allowed(nvml_processes))
+                    inst.raw_allowed(inst.rec.share.min(inst.throttle.ceiling()))
                 };
                 // What NVML shows of the function that cannot have been another process's time
                 // (a time-sliced GPU's per-process figures overlap: docs/real-gpu.md, section 8).
@@ -1837,7 +1841,10 @@ impl State {
                 let debt = if harvest {
                     Ok(None)
                 } else {
-                    inst.share_debt.observe(now, own_sm, inst.rec.share)
+                    // Against what its pages allow its processes at the grant (the rounding among
+                    // its gates is not a debt); the correction then lowers the grant.
+                    let granted = inst.raw_allowed(inst.rec.share);
+                    inst.share_debt.observe(now, own_sm, granted)
                 };
                 let debt = match debt {
                     Ok(Some(change)) => {
@@ -3027,6 +3034,61 @@ mod tests {
         assert_eq!(page.page().contention(0), whole);
     }
 
+    #[test]
+    fn a_functions_raw_share_is_divided_among_its_gates_not_its_processes() {
+        // Under `smore run` a function's processes gate by the grant's one raw-share gate: the
+        // page carries the whole share, whatever their number. A process with a gate of its own
+        // (no shared ledger) gets a part, and so does each process NVML lists that has not
+        // reported (as far as the arbiter knows, a gate of its own).
+        let mut s = harvest_state();
+        let clock = facts::fake::FakeClock::default();
+        s.clock = Box::new(clock.clone());
+        let (g, page) = s.register(me(), args(1 << 30)).unwrap();
+        s.set_share(g.instance, Some(30)).unwrap();
+        let (a, b, c) = (me().pid, me().pid + 1, me().pid + 2);
+        let used = |sec: u64, raw_shared: bool| ShimUsage {
+            gpu_ns: sec * 100_000_000,
+            raw_shared,
+            ..Default::default()
+        };
+        let step = |s: &mut State| {
+            for _ in 0..HARVEST_EVERY {
+                s.reconcile(&[(g.gpu_index, training_sample(60, &[]))]);
+            }
+            clock.advance(1.0);
+        };
+        step(&mut s);
+        for sec in 1..=3 {
+            for pid in [a, b, c] {
+                s.report_usage(g.instance, pid, used(sec, true));
+            }
+            step(&mut s);
+        }
+        let i = &s.instances[&g.instance];
+        assert_eq!(
+            (i.gpu_processes, i.raw_gates),
+            (3, 1),
+            "three processes, one gate"
+        );
+        assert_eq!(page.page().share(0), 30, "the whole share on the page");
+        assert_eq!(i.raw_allowed(30), 30);
+        // One worker loses the shared ledger: a gate of its own, so two gates of 15 % each.
+        for sec in 4..=7 {
+            s.report_usage(g.instance, a, used(sec, true));
+            s.report_usage(g.instance, c, used(sec, true));
+            s.report_usage(g.instance, b, used(sec, false));
+            step(&mut s);
+        }
+        assert_eq!(s.instances[&g.instance].raw_gates, 2);
+        assert_eq!(page.page().share(0), 15);
+        // Two more processes NVML lists that never reported: each counted as a gate of its own.
+        let i = s.instances.get_mut(&g.instance).unwrap();
+        i.gpu_pids = vec![a, b, c, c + 1, c + 2];
+        assert_eq!(i.raw_gates(), 4);
+        assert_eq!(i.page_share(), 8, "30 over 4 gates, rounded up");
+        assert_eq!(i.raw_allowed(30), 32, "what four pages of 8 % allow");
+    }
+
     /// A harvesting state on a fake clock with one function of a 20 ms SLO that served 20
     /// requests a second for 4 s, each 2 ms of GPU time of which `collided_ns` collided, beside a
     /// trainer busy `trainer_util` % of the time: request admission has a cost per request to
@@ -3177,6 +3239,7 @@ mod tests {
                     turn_cut_ins: sec * 3,
                     held_ns: sec * 3_000_000,
                     shared: false,
+                    raw_shared: false,
                 },
             );
             s.report(g.instance, &[2.5; 20], None, None, None);

@@ -278,6 +278,7 @@ impl Admission {
                 measured_contention_ns: None,
                 contention_ahead_ns: None,
                 contention_shared: None,
+                raw_shared: None,
             }) {
                 return Err(Preempted {
                     reason,
