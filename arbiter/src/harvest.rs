@@ -864,6 +864,14 @@ impl Harvest {
         self.calibration
     }
 
+    /// Takes up a calibration a previous arbiter learnt (its saved state), bounded to
+    /// [[`CALIBRATION_MIN`], 1]; a figure that is not a number leaves the budget as it is.
+    pub fn restore_calibration(&mut self, calibration: f64) {
+        if calibration.is_finite() {
+            self.calibration = calibration.clamp(CALIBRATION_MIN, 1.0);
+        }
+    }
+
     /// The GPU's total collision budget, ppm of wall time:
     /// `θ/(1+θ)` × [`UNSEEN_COLLISION_MARGIN`] × the calibration.
     pub fn total_ppm(&self) -> u32 {
@@ -929,8 +937,8 @@ impl Harvest {
 /// The least raw share, percent, the throttle leaves a function: 5 %. Reasoning: a function cut
 /// to nothing would serve nothing and report nothing, and its demand would vanish from the
 /// split; 5 % of a GPU still serves a request of a few ms every 50–100 ms, and a function of one
-/// process held there collides at most 5 % of wall time however it launches (one of n processes:
-/// n × ⌈5 / n⌉ %, [`Throttle::allowed`]; docs/harvest.md, "When the budget cannot hold θ").
+/// process held there collides at most 5 % of wall time however it launches (one of g gates of
+/// their own: g × ⌈5 / g⌉ %, [`raw_allowed`]; docs/harvest.md, "When the budget cannot hold θ").
 pub const THROTTLE_MIN_PCT: u32 = 5;
 /// Raw share given back to a throttled function per observation (every
 /// `state::OBSERVE_EVERY` rounds, 5 s) while the estimate stays under [`INCREASE_BELOW`] × θ:
@@ -1057,6 +1065,21 @@ impl Throttle {
     /// The raw share ceiling it sets for the function, percent (100: none).
     pub fn ceiling(&self) -> u32 {
         self.ceiling.unwrap_or(100)
+    }
+
+    /// A throttle a previous arbiter had set (its saved state): the ceiling, bounded to
+    /// [[`THROTTLE_MIN_PCT`], 99] (100 is none), as if just cut — the next cut waits its
+    /// [`WINDOW_S`] from the first observation.
+    pub fn restored(ceiling_pct: u32, now: f64) -> Throttle {
+        Throttle {
+            ceiling: Some(ceiling_pct.clamp(THROTTLE_MIN_PCT, 99)),
+            cut_at: Some(now),
+        }
+    }
+
+    /// The ceiling while it lowers the share (percent; None: no throttle).
+    pub fn ceiling_pct(&self) -> Option<u32> {
+        self.ceiling
     }
 
     /// Whether it lowers the share now.

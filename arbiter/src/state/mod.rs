@@ -38,7 +38,9 @@ use events::{Event, EventKind, EventLog};
 use facts::{Clock, LiveProcs, ProcFacts, SystemClock};
 pub use instance::Instance;
 pub use memory::TrainingMemory;
-pub use persist::{PersistFile, Persisted, Preemption, Record, PERSIST_VERSION};
+pub use persist::{
+    HarvestRecord, PersistFile, Persisted, Preemption, Record, ThrottleRecord, PERSIST_VERSION,
+};
 use serde::Serialize;
 use smore_protocol::board::BOARD_MEMBERS;
 use smore_protocol::grant::TimingNoise;
@@ -1348,6 +1350,8 @@ impl State {
                 if let Some(s) = g.meter.slowdown() {
                     let before = g.harvest.calibration();
                     if g.harvest.observe(s) {
+                        // Kept across a restart (docs/harvest.md, "Across an arbiter restart").
+                        self.dirty = true;
                         tracing::info!(
                             "GPU {}: estimated training slowdown {:.1} % (θ {:.0} %) → collision budget ×{:.2}",
                             g.info.index,
@@ -1474,6 +1478,10 @@ impl State {
             };
             // The event log writes it to the daemon's log too.
             events.push((i.rec.id, what));
+        }
+        if !events.is_empty() {
+            // Kept across a restart (docs/harvest.md, "Across an arbiter restart").
+            self.dirty = true;
         }
         for (instance, what) in events {
             self.event(EventKind::Share, Some(instance), None, what);
@@ -2106,6 +2114,25 @@ impl State {
                 .iter()
                 .map(|g| g.memory.record(g.info.index))
                 .collect(),
+            harvest: self
+                .gpus
+                .iter()
+                .map(|g| HarvestRecord {
+                    gpu: g.info.index,
+                    calibration: g.harvest.calibration(),
+                    throttles: self
+                        .instances
+                        .values()
+                        .filter(|i| i.rec.gpu == g.info.index)
+                        .filter_map(|i| {
+                            i.throttle.ceiling_pct().map(|c| ThrottleRecord {
+                                instance: i.rec.id,
+                                ceiling_pct: c,
+                            })
+                        })
+                        .collect(),
+                })
+                .collect(),
         }
     }
 
@@ -2135,6 +2162,42 @@ impl State {
             self.lineage.add_root(inst.rec.pid, inst.rec.start);
             self.instances.insert(id, inst);
             self.event(EventKind::Restored, Some(id), Some(pid), msg);
+        }
+        // What harvest had learnt: the budget's calibration and the throttles of the instances
+        // kept (docs/harvest.md, "Across an arbiter restart"). Both recover by themselves while
+        // the trainer is well within θ, and a GPU without a training job lifts its throttles.
+        let now = self.clock.now();
+        for h in file.harvest {
+            let Some(g) = self.gpus.iter_mut().find(|g| g.info.index == h.gpu) else {
+                continue;
+            };
+            g.harvest.restore_calibration(h.calibration);
+            let calibration = g.harvest.calibration();
+            if calibration < 1.0 {
+                let msg = format!(
+                    "GPU {}: collision budget ×{calibration:.2} kept from the previous arbiter",
+                    h.gpu
+                );
+                self.event(EventKind::Share, None, None, msg);
+            }
+            for t in h.throttles {
+                let Some(i) = self
+                    .instances
+                    .get_mut(&t.instance)
+                    .filter(|i| i.rec.gpu == h.gpu)
+                else {
+                    continue;
+                };
+                i.throttle = harvest::Throttle::restored(t.ceiling_pct, now);
+                let msg = format!(
+                    "function {}'s raw share stays cut to {} % of GPU {} (kept from the previous arbiter)",
+                    i.rec.function,
+                    i.throttle.ceiling(),
+                    h.gpu
+                );
+                let (id, pid) = (i.rec.id, i.rec.pid);
+                self.event(EventKind::Share, Some(id), Some(pid), msg);
+            }
         }
     }
 
@@ -3554,6 +3617,57 @@ mod tests {
         let mut s3 = state();
         s3.restore(file);
         assert!(s3.instances.is_empty());
+    }
+
+    #[test]
+    fn harvests_calibration_and_throttles_survive_a_restart() {
+        let mut s = harvest_state();
+        let (g, _) = s.register(me(), args(1 << 30)).unwrap();
+        // The budget cut to its floor, the function throttled to 24 %.
+        for _ in 0..10 {
+            s.gpus[0].harvest.observe(1.0);
+        }
+        assert_eq!(s.gpus[0].harvest.calibration(), harvest::CALIBRATION_MIN);
+        s.instances
+            .get_mut(&g.instance)
+            .unwrap()
+            .throttle
+            .cut(0.0, 300_000);
+        // Through the file's own format, as the daemon writes and reads it.
+        let text = serde_json::to_string(&s.persisted()).unwrap();
+        let mut s2 = harvest_state();
+        s2.restore(serde_json::from_str(&text).unwrap());
+        assert_eq!(s2.gpus[0].harvest.calibration(), harvest::CALIBRATION_MIN);
+        assert_eq!(
+            s2.instances[&g.instance].throttle.ceiling_pct(),
+            Some(24),
+            "{text}"
+        );
+        // Its page, once it re-registers, carries the ceiling.
+        let mut a = args(1 << 30);
+        a.resume = Some(g.instance);
+        let (_, page) = s2.register(me(), a).unwrap();
+        assert_eq!(page.page().share(0), 24);
+        assert!(
+            s2.events
+                .recent()
+                .iter()
+                .any(|e| e.message.contains("stays cut to 24 %")),
+            "an event says so"
+        );
+        // A throttle of an instance that did not survive is not applied to another; a file of an
+        // arbiter before this (no `harvest`) restores whole budgets; nonsense is bounded.
+        let mut file: serde_json::Value = serde_json::from_str(&text).unwrap();
+        file["harvest"][0]["throttles"][0]["instance"] = serde_json::json!(g.instance + 7);
+        file["harvest"][0]["calibration"] = serde_json::json!(-3.0);
+        let mut s3 = harvest_state();
+        s3.restore(serde_json::from_value(file.clone()).unwrap());
+        assert_eq!(s3.instances[&g.instance].throttle.ceiling_pct(), None);
+        assert_eq!(s3.gpus[0].harvest.calibration(), harvest::CALIBRATION_MIN);
+        file.as_object_mut().unwrap().remove("harvest");
+        let mut s4 = harvest_state();
+        s4.restore(serde_json::from_value(file).unwrap());
+        assert_eq!(s4.gpus[0].harvest.calibration(), 1.0);
     }
 
     #[test]

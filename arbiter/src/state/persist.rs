@@ -79,6 +79,33 @@ pub struct PersistFile {
     /// arbiters before headroom tracking: read as none).
     #[serde(default)]
     pub gpus: Vec<GpuMemoryRecord>,
+    /// Harvest per GPU: the collision budget's calibration and the raw-share throttles (absent
+    /// in files of arbiters before 2026-11-29: read as none, every budget whole).
+    #[serde(default)]
+    pub harvest: Vec<HarvestRecord>,
+}
+
+/// What one GPU's harvest had learnt (docs/harvest.md, "Across an arbiter restart"): without it a
+/// restarted arbiter handed the functions their whole collision budget and no throttle again,
+/// and the trainer paid for it until the calibration's cuts caught up (about 40 s).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HarvestRecord {
+    /// NVML index of the GPU.
+    pub gpu: u32,
+    /// Its collision budget's calibration, in [`crate::harvest::CALIBRATION_MIN`]..=1.
+    pub calibration: f64,
+    /// The instances on it whose raw share is throttled.
+    #[serde(default)]
+    pub throttles: Vec<ThrottleRecord>,
+}
+
+/// A throttled instance's ceiling.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ThrottleRecord {
+    /// Instance id.
+    pub instance: u64,
+    /// Its raw share's ceiling, percent of the GPU for the whole function.
+    pub ceiling_pct: u32,
 }
 
 /// Why the state could not be saved or loaded.
@@ -176,6 +203,7 @@ mod tests {
             next_id: 3,
             instances: vec![],
             gpus: vec![],
+            harvest: vec![],
         };
         save(&path, &f).unwrap();
         assert_eq!(load(&path).unwrap().unwrap().next_id, 3);
