@@ -251,9 +251,6 @@ pub struct UseRate {
     pub paying_processes: u32,
     /// Processes whose reports added GPU time over the window.
     pub gpu_processes: u32,
-    /// Raw-share gates those processes gate by: one per process with a gate of its own, and one
-    /// for all those sharing the grant's ([`per_gate`]).
-    pub raw_gates: u32,
     /// Collision time its shims' samples measured over the window (what the GPU's estimate
     /// counts; a shim that does not report it has its paid figure stand in), ppm of wall time.
     pub measured_ppm: u32,
@@ -415,6 +412,34 @@ impl UsageLedger {
         !self.last.is_empty()
     }
 
+    /// How many raw-share gates the processes `listed` (NVML's processes of the function on its
+    /// GPU) and those whose reports added GPU time over the window (as of the last report or
+    /// [`UsageLedger::rate`], which drop what left it) gate by: one for all
+    /// whose last report says they share the grant's gate (`raw_shared`), one for each other —
+    /// a process that never reported, or whose report the ledger no longer keeps, counts as a
+    /// gate of its own (the side of less for the rest); at least 1. By pid, whatever a process
+    /// last reported using: a process that holds a context but idles reported once when its
+    /// shim started, and is known by that report.
+    pub fn raw_gates(&self, listed: &[u32]) -> u32 {
+        let active = self
+            .added
+            .iter()
+            .filter(|(_, _, d)| d.gpu_ns > 0)
+            .map(|&(_, pid, _)| pid);
+        let mut gates: Vec<u32> = listed
+            .iter()
+            .copied()
+            .chain(active)
+            .map(|pid| match self.last.get(&pid) {
+                Some(r) if r.raw.raw_shared => 0,
+                _ => pid.max(1),
+            })
+            .collect();
+        gates.sort_unstable();
+        gates.dedup();
+        (gates.len() as u32).max(1)
+    }
+
     /// Counts reported request latencies (ms) against the SLO, arrived at `t` (s).
     pub fn record_latencies(&mut self, latencies_ms: &[f64], slo_ms: Option<f64>, t: f64) {
         let valid = latencies_ms.iter().filter(|l| l.is_finite() && **l >= 0.0);
@@ -491,22 +516,12 @@ impl UsageLedger {
             .collect();
         gpu.sort_unstable();
         gpu.dedup();
-        // The same for raw-share gates, among the processes that used the GPU.
-        let mut gates: Vec<u32> = self
-            .added
-            .iter()
-            .filter(|(_, _, d)| d.gpu_ns > 0)
-            .map(|&(_, pid, d)| if d.raw_shared { 0 } else { pid.max(1) })
-            .collect();
-        gates.sort_unstable();
-        gates.dedup();
         UseRate {
             gpu_ppm: ppm(g),
             contention_ppm: ppm(c),
             miss_rate: (n > 0).then(|| missed as f64 / n as f64),
             paying_processes: paying.len() as u32,
             gpu_processes: gpu.len() as u32,
-            raw_gates: gates.len() as u32,
             measured_ppm: ppm(m),
             collision_per_request_ns: (n > 0).then(|| c as f64 / n as f64),
             gpu_per_request_ns: (n > 0).then(|| g as f64 / n as f64),
@@ -1058,8 +1073,17 @@ pub fn raw_allowed(total: u32, gates: u32, listed: u32) -> u32 {
         .min(listed)
         .max(1)
         .saturating_mul(per_gate(total, gates))
-        .min(100)
+        .min(total + GATE_ROUNDING_MAX_PCT)
+        .min(99)
 }
+
+/// Points over a function's raw share that the rounding among its gates ([`raw_allowed`]) may
+/// allow it at most: 5. Reasoning: only processes with gates of their own round (a `smore run`
+/// grant's processes share one gate), a few at most — an older shim, or a process without the
+/// grant's ledger; past this a function that starts many such processes (each page at least 1 %)
+/// is held to its share plus this, like any other, and never to 100, which the watchdog reads as
+/// no share at all.
+pub const GATE_ROUNDING_MAX_PCT: u32 = 5;
 
 impl Throttle {
     /// The raw share ceiling it sets for the function, percent (100: none).
@@ -1892,14 +1916,18 @@ mod tests {
             25,
             "rounding: at most g − 1 points over"
         );
-        assert_eq!(raw_allowed(24, 64, 64), 64, "g % once g passes the total");
+        assert_eq!(
+            raw_allowed(24, 64, 64),
+            29,
+            "pages of 1 % for 64 gates: held to the share + 5 points"
+        );
+        assert_eq!(raw_allowed(99, 2, 2), 99, "never 100: that is no share");
         assert_eq!(
             raw_allowed(24, 64, 2),
             2,
             "reports of more gates than NVML's processes do not raise it"
         );
         assert_eq!(raw_allowed(24, 3, 0), 8, "at least one gate's part");
-        assert_eq!(raw_allowed(24, 500, 500), 100);
         assert_eq!(raw_allowed(100, 3, 3), 100);
     }
 }

@@ -16,7 +16,8 @@
 //! NVML watchdog, which sums a function's processes, stays the authority (docs/arbiter.md,
 //! "Threat model").
 //!
-//! Must never: change layout without bumping [`LEDGER_VERSION`].
+//! Must never: change layout without bumping [`LEDGER_VERSION`]; move or change a word without a
+//! new [`LEDGER_MAGIC`] (shims map tables of newer versions: [`LedgerTable::is_valid`]).
 
 use crate::grant::MAX_DEVICES;
 use std::os::fd::OwnedFd;
@@ -133,9 +134,14 @@ pub fn unpack_evidence(word: u64) -> Option<(u64, u32)> {
 pub const LEDGER_BYTES: usize = std::mem::size_of::<LedgerTable>().div_ceil(4096) * 4096;
 
 impl LedgerTable {
-    /// Whether a mapped table is one of ours, of this layout version.
+    /// Whether a mapped table is one of ours: the magic, and a layout version from
+    /// [`LEDGER_VERSION_MIN`] on. A newer layout only adds words in the zero-filled tail of the
+    /// same [`LEDGER_BYTES`] (an older shim then reads the words it knows and leaves the rest), so
+    /// a shim maps tables of layouts newer than its own: refusing one gave each of a grant's
+    /// processes a cap of its own. A layout that moves or changes a word takes a new
+    /// [`LEDGER_MAGIC`].
     pub fn is_valid(&self) -> bool {
-        self.magic == LEDGER_MAGIC && (LEDGER_VERSION_MIN..=LEDGER_VERSION).contains(&self.version)
+        self.magic == LEDGER_MAGIC && self.version >= LEDGER_VERSION_MIN
     }
 }
 

@@ -448,6 +448,13 @@ pub fn reregister(r: &Resume, last_cap: u64, visible: Option<&str>) -> Rejoin {
     }
 }
 
+/// How long unchanged usage goes unreported at most: 10 s. Reasoning: an idle process of a
+/// function — a context held, nothing launched — is known to the arbiter by its reports (which
+/// gate it shares: docs/shim.md, "One share per grant"), and a restarted arbiter knows only what
+/// it was told since; one report per 10 s per idle process costs the arbiter nothing, and a
+/// connection an arbiter restart broke is found and replaced at the latest then.
+pub const REPORT_REFRESH: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The shim's usage reports to the arbiter (docs/harvest.md): cumulative estimated GPU and
 /// collision time on the granted device, sent over a connection of the reporter's own, attached to
 /// the instance — never over the registration connection, which other processes of the function
@@ -456,6 +463,8 @@ pub fn reregister(r: &Resume, last_cap: u64, visible: Option<&str>) -> Rejoin {
 pub struct Reporter {
     conn: Option<Client>,
     last: Option<Usage>,
+    /// When a report was last sent (None: never).
+    sent_at: Option<std::time::Instant>,
     /// The arbiter's preemption was already said on stderr.
     told_preempted: bool,
 }
@@ -471,9 +480,10 @@ impl Reporter {
         force: bool,
     ) -> Result<(), String> {
         // Unchanged usage is not sent again, unless forced (the page cap went to 0) and the
-        // preemption was not said yet.
+        // preemption was not said yet, or the last report is [`REPORT_REFRESH`] old.
         let forced = force && !self.told_preempted;
-        if self.last == Some(usage) && !forced {
+        let fresh = self.sent_at.is_some_and(|t| t.elapsed() < REPORT_REFRESH);
+        if self.last == Some(usage) && !forced && fresh {
             return Ok(());
         }
         if self.conn.is_none() {
@@ -505,6 +515,7 @@ impl Reporter {
         match r {
             Ok(Reply::Ok) => {
                 self.last = Some(usage);
+                self.sent_at = Some(std::time::Instant::now());
                 Ok(())
             }
             Ok(Reply::Preempted {
@@ -516,6 +527,7 @@ impl Reporter {
                 // "Memory headroom and reclaim"): its page cap is already 0. Say why once, on
                 // the process's stderr, so the out-of-memory errors that follow are explained.
                 self.last = Some(usage);
+                self.sent_at = Some(std::time::Instant::now());
                 if !self.told_preempted {
                     self.told_preempted = true;
                     crate::log::line(
@@ -713,11 +725,16 @@ mod tests {
         // Unchanged usage: not sent again, forced or not, once the preemption was said.
         assert_eq!(rep.report(&sock, 7, u, true), Ok(()));
         assert_eq!(rep.report(&sock, 7, u, false), Ok(()));
+        // Unless the last report is older than the refresh: an idle process stays known (and a
+        // restarted arbiter learns of it).
+        rep.sent_at = std::time::Instant::now().checked_sub(REPORT_REFRESH);
+        assert_eq!(rep.report(&sock, 7, u, false), Ok(()));
+        assert_eq!(rep.report(&sock, 7, u, false), Ok(()));
         drop(rep);
         assert_eq!(
             server.join().unwrap(),
-            1,
-            "one report, answered `preempted`"
+            2,
+            "one report answered `preempted`, one refresh"
         );
         let _ = std::fs::remove_file(&sock);
     }

@@ -145,7 +145,7 @@ impl Gate {
 
 /// A [`Gate`] that is this process's own until [`SharedGate::attach`]ed to a word every process
 /// of its grant charges (the grant's ledger table, `smore_protocol::ledger::LedgerTable::raw` and
-/// `contention`). CLOCK_MONOTONIC is one clock for every process of the node, so their launches
+/// `contention`). CLOCK_MONOTONIC is one clock for every process of the node (outside a time namespace of its own, which takes privileges), so their launches
 /// pay one bucket: a function's workers get one share, not one each (docs/shim.md, "One share
 /// per grant").
 #[derive(Debug, Default)]
@@ -170,12 +170,16 @@ impl SharedGate {
             return;
         }
         word.fetch_max(self.own.tat.load(Acquire), AcqRel);
-        let _ = self.shared.compare_exchange(
+        let attached = self.shared.compare_exchange(
             std::ptr::null_mut(),
             word as *const AtomicU64 as *mut AtomicU64,
             AcqRel,
             Acquire,
         );
+        if attached.is_ok() {
+            // What another thread admitted on the own gate between the carry and the switch.
+            word.fetch_max(self.own.tat.load(Acquire), AcqRel);
+        }
     }
 
     /// Whether the gate is the grant's shared word. One atomic load.

@@ -357,6 +357,12 @@ impl Ledger {
         self.group.as_ref()?.contention(slot)
     }
 
+    /// Whether this process charges its grant's shared ledger (under `smore run`), and so gates
+    /// by the raw-share gate and pays the collision bucket its grant's processes share.
+    pub fn has_group(&self) -> bool {
+        self.group.is_some()
+    }
+
     /// The raw-share gate the processes of this grant share on grant-page slot `slot` (none
     /// without a shared ledger: the process keeps a gate of its own).
     pub fn shared_raw(&self, slot: usize) -> Option<&'static std::sync::atomic::AtomicU64> {

@@ -1986,12 +1986,9 @@ impl Runtime {
             (Some(u), Some(c), Some(g)) => Usage {
                 contention_ahead_ns: c.ahead_ns(os::now_ns()),
                 contention_shared: c.is_shared(),
-                // Shared already, or will be at its first gated launch: the grant's word is
+                // Shared already, or will be at its first gated launch: the grant's ledger is
                 // there to attach to, so the arbiter need not divide the share for this process.
-                raw_shared: g.is_shared()
-                    || self
-                        .device_slot(dev)
-                        .is_some_and(|slot| self.ledger.shared_raw(slot).is_some()),
+                raw_shared: g.is_shared() || self.ledger.has_group(),
                 ..u.get()
             },
             _ => Usage::default(),

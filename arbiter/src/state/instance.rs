@@ -69,14 +69,6 @@ pub struct Instance {
     /// Its processes whose shims reported GPU time over the last few seconds
     /// ([`harvest::UseRate::gpu_processes`]).
     pub gpu_processes: u32,
-    /// The raw-share gates those processes reported gating by over the same seconds
-    /// ([`harvest::UseRate::raw_gates`]): one for all that share the grant's, one for each with
-    /// its own.
-    #[serde(skip)]
-    pub reported_gates: u32,
-    /// The gates its raw share is divided among ([`Instance::raw_gates`], as of the last change
-    /// of what it counts).
-    pub raw_gates: u32,
     /// Harvest: what one context switch costs on its GPU, ns, as written to its page (0: free,
     /// harvest off, or an MPS GPU).
     pub switch_ns: u64,
@@ -187,8 +179,6 @@ impl Instance {
             contention_ppm: 0,
             contention_processes: 1,
             gpu_processes: 0,
-            reported_gates: 0,
-            raw_gates: 1,
             switch_ns: 0,
             timing_noise: TimingNoise::NONE,
             sharing: None,
@@ -297,21 +287,28 @@ impl Instance {
         harvest::per_gate(self.raw_total(), self.raw_gates())
     }
 
-    /// How many raw-share gates its processes gate by: those its shims reported over the last
-    /// 3 s (one for all that share the grant's, one for each with its own), plus one for each
-    /// process NVML lists on its GPU that has not reported — a gate of its own as far as the
-    /// arbiter knows (a process just started, or one whose reports are silenced), so dividing
-    /// errs on the side of less; at least 1.
+    /// How many raw-share gates its processes gate by — the processes NVML lists on its GPU and
+    /// those that reported GPU time over the last 3 s, by pid: one for all whose last report says
+    /// they share the grant's gate, one for each other (a process not heard from yet counts as
+    /// a gate of its own, so dividing errs on the side of less); at least 1
+    /// ([`harvest::UsageLedger::raw_gates`]).
     pub fn raw_gates(&self) -> u32 {
-        let unreported = (self.gpu_pids.len() as u32).saturating_sub(self.gpu_processes);
-        self.reported_gates.saturating_add(unreported).max(1)
+        self.usage.raw_gates(&self.gpu_pids)
     }
 
     /// What its pages allow its processes together, percent, for a raw share of `total` % over
     /// its gates and the processes NVML lists for it ([`harvest::raw_allowed`]): what the
-    /// watchdog holds it to.
+    /// watchdog's streak holds it to.
     pub fn raw_allowed(&self, total: u32) -> u32 {
         harvest::raw_allowed(total, self.raw_gates(), self.gpu_pids.len() as u32)
+    }
+
+    /// What its pages allow its gates, percent, whichever of its processes NVML lists now: what
+    /// its mean use over seconds is judged against (a process that just left still counts
+    /// there, as its use does in the mean).
+    pub fn raw_allowed_gates(&self, total: u32) -> u32 {
+        let gates = self.raw_gates();
+        harvest::raw_allowed(total, gates, gates)
     }
 
     /// Deferral (docs/harvest.md, "Deferral"): at the admission of a request that already waited
@@ -377,6 +374,15 @@ impl Instance {
         if let Some(p) = &self.page {
             p.page().set_sharing(self.rec.slot as usize, self.sharing);
         }
+    }
+
+    /// Whether its page carries another raw share than [`Instance::page_share`] says now: what
+    /// the share is divided by (its gates, from its reports and NVML's processes) changes between
+    /// page writes.
+    pub fn page_share_stale(&self) -> bool {
+        self.page
+            .as_ref()
+            .is_some_and(|p| p.page().share(self.rec.slot as usize) != self.page_share())
     }
 
     /// Writes the grant (cap and share) into its slot; other slots get no memory.

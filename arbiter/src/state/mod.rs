@@ -1318,11 +1318,8 @@ impl State {
             i.contention_measured_ppm = r.measured_ppm;
             i.gpu_used_ppm = r.gpu_ppm;
             let paying = r.paying_processes.max(1);
-            let share = i.page_share();
             i.gpu_processes = r.gpu_processes;
-            i.reported_gates = r.raw_gates;
-            i.raw_gates = i.raw_gates();
-            if i.contention_processes != paying || i.page_share() != share {
+            if i.contention_processes != paying || i.page_share_stale() {
                 // Each process's bucket enforces the page's budget: the page carries the part
                 // divided among the processes paying from it (docs/arbiter.md, threat model);
                 // and its raw share among its gates (docs/shim.md, "One share per grant").
@@ -1752,10 +1749,8 @@ impl State {
                     inst.sm_used_mean =
                         Some(training::ewma(inst.sm_used_mean, f64::from(sm) / 100.0));
                 }
-                let share = inst.page_share();
                 inst.gpu_pids.clone_from(&usage.pids);
-                inst.raw_gates = inst.raw_gates();
-                if inst.page_share() != share {
+                if inst.page_share_stale() {
                     // Its raw share is divided among its gates, which count the processes NVML
                     // shows that have not reported.
                     inst.write_page();
@@ -1851,7 +1846,7 @@ impl State {
                 } else {
                     // Against what its pages allow its processes at the grant (the rounding among
                     // its gates is not a debt); the correction then lowers the grant.
-                    let granted = inst.raw_allowed(inst.rec.share);
+                    let granted = inst.raw_allowed_gates(inst.rec.share);
                     inst.share_debt.observe(now, own_sm, granted)
                 };
                 let debt = match debt {
@@ -2240,6 +2235,9 @@ impl State {
                     .filter(|i| i.rec.gpu == g.info.index)
                     .map(|i| {
                         let mut v = serde_json::to_value(i).unwrap_or_default();
+                        // The gates its raw share is divided among (docs/shim.md, "One share
+                        // per grant").
+                        v["raw_gates"] = serde_json::json!(i.raw_gates());
                         v["p50_ms"] = serde_json::json!(i.latency_percentile(0.5));
                         v["p99_ms"] = serde_json::json!(i.latency_percentile(0.99));
                         v
@@ -3129,7 +3127,7 @@ mod tests {
         }
         let i = &s.instances[&g.instance];
         assert_eq!(
-            (i.gpu_processes, i.raw_gates),
+            (i.gpu_processes, i.raw_gates()),
             (3, 1),
             "three processes, one gate"
         );
@@ -3142,14 +3140,30 @@ mod tests {
             s.report_usage(g.instance, b, used(sec, false));
             step(&mut s);
         }
-        assert_eq!(s.instances[&g.instance].raw_gates, 2);
+        assert_eq!(s.instances[&g.instance].raw_gates(), 2);
         assert_eq!(page.page().share(0), 15);
-        // Two more processes NVML lists that never reported: each counted as a gate of its own.
+        assert_eq!(
+            s.snapshot()["gpus"][0]["functions"][0]["raw_gates"],
+            2,
+            "in status"
+        );
+        // An idle process that holds a context and reported once, when its shim started (no GPU
+        // time), sharing the gate: known by that report, not a gate of its own. Two more that NVML
+        // lists and that never reported: a gate of its own each.
+        let idle = c + 3;
+        s.report_usage(g.instance, idle, used(0, true));
         let i = s.instances.get_mut(&g.instance).unwrap();
-        i.gpu_pids = vec![a, b, c, c + 1, c + 2];
+        i.gpu_pids = vec![a, b, c, idle];
+        assert_eq!(i.raw_gates(), 2, "the idle process shares the gate");
+        i.gpu_pids = vec![a, b, c, idle, c + 4, c + 5];
         assert_eq!(i.raw_gates(), 4);
         assert_eq!(i.page_share(), 8, "30 over 4 gates, rounded up");
         assert_eq!(i.raw_allowed(30), 32, "what four pages of 8 % allow");
+        assert_eq!(
+            i.raw_allowed(3),
+            4,
+            "1 % pages for 4 gates at 3 %: the rounding, not more than 5 points"
+        );
     }
 
     /// A harvesting state on a fake clock with one function of a 20 ms SLO that served 20

@@ -6,6 +6,10 @@
 //! its shims had allowed. Now the grant's processes gate by one word of its ledger table, as they
 //! check one memory cap and pay one collision bucket.
 //!
+//! A fourth process holds a context and launches nothing, as a server's parent or an idle worker
+//! does: NVML lists it, and it reported once when its shim started, so the arbiter knows it shares
+//! the gate and does not divide the share for it.
+//!
 //! Measured from the simulated node's per-process GPU time (`Node::gpu_time_of`, what NVML
 //! reports), never from what the shims believe; ±3 pp over 5 s, as in `shim_share.rs`. In a file
 //! of its own: it is a timing measurement, and cargo runs test binaries one at a time.
@@ -56,17 +60,25 @@ fn a_functions_workers_get_its_share_together_not_each() {
             .args(["run", "--function", "workers", "--memory", "1GiB", "--shim"])
             .arg(shim_lib())
             .args(["--", "sh", "-c"])
-            .arg(format!("{worker} & {worker} & {worker} & wait"))
+            .arg(format!(
+                "{worker} & {worker} & {worker} & (echo alloc 1MiB; sleep {}) | {} hold >/dev/null & wait",
+                SETTLE_S + SECS + 12.0,
+                bin("shim-client").display()
+            ))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("smore run sh -c"),
     );
     let mut seen = serde_json::Value::Null;
-    wait_until("three workers on the GPU", Duration::from_secs(20), || {
-        seen = arb.functions().into_iter().next().unwrap_or_default();
-        seen["gpu_pids"].as_array().map_or(0, Vec::len) == 3
-    });
+    wait_until(
+        "three workers and an idle process on the GPU",
+        Duration::from_secs(20),
+        || {
+            seen = arb.functions().into_iter().next().unwrap_or_default();
+            seen["gpu_pids"].as_array().map_or(0, Vec::len) == 4
+        },
+    );
     let id = seen["id"].as_u64().expect("an instance id");
     run_ok(
         arb.smore()
@@ -86,22 +98,22 @@ fn a_functions_workers_get_its_share_together_not_each() {
     let got = (gpu() - g0) / t0.elapsed().as_nanos() as f64;
     let after = arb.functions().into_iter().next().unwrap_or_default();
     eprintln!(
-        "three workers at a {SHARE} % share: {:.1} % of the GPU together; {} gates, page {} %",
+        "three workers and an idle process at a {SHARE} % share: {:.1} % of the GPU together; {} gates, page {} %",
         got * 100.0,
         after["raw_gates"],
         after["share"]
     );
-    // All three still run: the watchdog did not act on a function that obeyed its page.
+    // All four still run: the watchdog did not act on a function that obeyed its page.
     assert_eq!(
         after["gpu_pids"].as_array().map_or(0, Vec::len),
-        3,
+        4,
         "{after}\n{}",
         arb.logs()
     );
     assert_eq!(
         after["raw_gates"].as_u64(),
         Some(1),
-        "the workers gate by the grant's one gate: {after}"
+        "the workers and the idle process gate by the grant's one gate: {after}"
     );
     let want = SHARE as f64 / 100.0;
     assert!(
