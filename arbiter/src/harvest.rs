@@ -281,6 +281,11 @@ pub struct UsageLedger {
     /// Restored after an arbiter restart: a process's first report is its baseline, not what it
     /// added (its counters hold its whole life before the restart).
     restored: bool,
+    /// A report that counts arrived (not only baselines): the figures read what was used.
+    counted: bool,
+    /// The processes NVML lists for the instance ([`UsageLedger::keep_listed`]): the last to be
+    /// forgotten when the ledger is full.
+    listed: Vec<u32>,
     /// What the instance's collision time (paid, measured) across its processes may still add.
     contention_allow: [Allowance; 2],
     /// (arrival s, reporting pid, what the report added), oldest first.
@@ -389,27 +394,43 @@ impl UsageLedger {
         }
         self.added.push_back((t, pid, d));
         self.forget(t);
+        self.counted |= !baseline;
         d
     }
 
-    /// Forgets the process that reported longest ago once [`MAX_REPORTING_PIDS`] are kept.
+    /// Notes the processes NVML lists for the instance now: when the ledger is full the process
+    /// that reported longest ago among the others is forgotten first, so a function that starts
+    /// a reporting process per request does not push its live idle workers out (which would then
+    /// count as gates of their own until their next report).
+    pub fn keep_listed(&mut self, pids: &[u32]) {
+        self.listed.clear();
+        self.listed.extend_from_slice(pids);
+    }
+
+    /// Forgets the process that reported longest ago once [`MAX_REPORTING_PIDS`] are kept —
+    /// among those NVML does not list for the instance first ([`UsageLedger::keep_listed`]).
     fn make_room(&mut self) {
         while self.last.len() >= MAX_REPORTING_PIDS {
-            let Some(oldest) = self
-                .last
-                .iter()
-                .min_by(|a, b| a.1.at.total_cmp(&b.1.at))
-                .map(|(&pid, _)| pid)
-            else {
+            let oldest = |listed: bool| {
+                self.last
+                    .iter()
+                    .filter(|(pid, _)| self.listed.contains(pid) == listed)
+                    .min_by(|a, b| a.1.at.total_cmp(&b.1.at))
+                    .map(|(&pid, _)| pid)
+            };
+            let Some(pid) = oldest(false).or_else(|| oldest(true)) else {
                 return;
             };
-            self.last.remove(&oldest);
+            self.last.remove(&pid);
         }
     }
 
-    /// Whether any process of the function has reported usage yet.
+    /// Whether a process of the function has reported usage that counts: after an arbiter
+    /// restart a process's first report is only its baseline, and the figures read nothing used
+    /// until its next one (the watchdog's grace for a function that never reports holds until
+    /// then).
     pub fn has_reports(&self) -> bool {
-        !self.last.is_empty()
+        self.counted
     }
 
     /// How many raw-share gates the processes `listed` (NVML's processes of the function on its
@@ -1053,18 +1074,24 @@ impl Serialize for Throttle {
 /// (docs/shim.md, "One share per grant").
 pub fn per_gate(total: u32, gates: u32) -> u32 {
     if total >= 100 {
-        100
-    } else {
-        total.div_ceil(gates.max(1)).max(1)
+        return 100;
     }
+    let gates = gates.max(1);
+    // Rounded up, but never so far that the gates together pass what the watchdog allows
+    // ([`raw_allowed`]): a page the watchdog then corrected would be corrected again and again.
+    total
+        .div_ceil(gates)
+        .min((total + GATE_ROUNDING_MAX_PCT).min(99) / gates)
+        .max(1)
 }
 
 /// What a function's pages allow its processes together, percent, when they may have `total` %
 /// over `gates` gates and NVML lists `listed` processes for it: [`per_gate`] for each gate, but
 /// for no more gates than processes NVML lists (a gate no process runs behind uses nothing, so
-/// reports of more gates do not raise it); at most 100. What the watchdog holds the function to:
-/// a function that obeys its pages is never acted on, and one of `g` gates gets at most `g − 1`
-/// points over `total` from the rounding.
+/// reports of more gates do not raise it), at most [`GATE_ROUNDING_MAX_PCT`] over `total` and
+/// never 100. What the watchdog holds the function to: a function that obeys its pages is never
+/// acted on while it has at most `total` + 5 gates (each page at least 1 %); one of more gates of
+/// their own — processes without the grant's ledger — is, once their pages add up past that.
 pub fn raw_allowed(total: u32, gates: u32, listed: u32) -> u32 {
     if total >= 100 {
         return 100;
@@ -1921,7 +1948,11 @@ mod tests {
             29,
             "pages of 1 % for 64 gates: held to the share + 5 points"
         );
-        assert_eq!(raw_allowed(99, 2, 2), 99, "never 100: that is no share");
+        assert_eq!(
+            raw_allowed(99, 2, 2),
+            98,
+            "two pages of 49 %: never 100, which is no share"
+        );
         assert_eq!(
             raw_allowed(24, 64, 2),
             2,
@@ -1929,5 +1960,21 @@ mod tests {
         );
         assert_eq!(raw_allowed(24, 3, 0), 8, "at least one gate's part");
         assert_eq!(raw_allowed(100, 3, 3), 100);
+        // The pages never allow more than the watchdog: every share, every count of gates up to
+        // the share + 5 and 99 (each page at least 1 %).
+        for total in 1..100 {
+            for gates in 1..=(total + GATE_ROUNDING_MAX_PCT).min(99) {
+                let pages = gates * per_gate(total, gates);
+                assert!(
+                    pages <= raw_allowed(total, gates, gates),
+                    "{gates} gates at {total} %: pages {pages} %"
+                );
+                assert!(
+                    pages + gates > total,
+                    "{gates} gates at {total} %: pages {pages} %, short by the gates at most"
+                );
+            }
+        }
+        assert_eq!(per_gate(49, 12), 4, "not ⌈49 / 12⌉ = 5: 12 × 5 passes 54");
     }
 }

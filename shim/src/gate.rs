@@ -146,8 +146,8 @@ impl Gate {
 /// A [`Gate`] that is this process's own until [`SharedGate::attach`]ed to a word every process
 /// of its grant charges (the grant's ledger table, `smore_protocol::ledger::LedgerTable::raw` and
 /// `contention`). CLOCK_MONOTONIC is one clock for every process of the node (outside a time
-/// namespace of its own, which takes privileges), so their launches pay one bucket: a function's
-/// workers get one share, not one each (docs/shim.md, "One share per grant").
+/// namespace of its own: docs/shim.md), so their launches pay one bucket: a function's workers
+/// get one share, not one each (docs/shim.md, "One share per grant").
 #[derive(Debug, Default)]
 pub struct SharedGate {
     /// This process's own bucket: the gate until attached.

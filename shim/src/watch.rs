@@ -46,8 +46,9 @@ pub const MAX_RETRY: Duration = Duration::from_secs(1);
 pub const REFUSED_RETRY: Duration = Duration::from_secs(10);
 /// Period of the usage reports (docs/harvest.md): 1 s, in ms. Reasoning: the arbiter re-splits
 /// collision budgets every second and estimates the training slowdown over 10 s; an idle
-/// function whose counters did not move sends nothing, so the arbiter's cost grows with the
-/// functions that run, not with those that exist.
+/// function whose counters did not move sends only a refresh every
+/// [`client::REPORT_REFRESH`] (10 s), so the arbiter's cost grows with the functions that run,
+/// hardly with those that exist.
 pub const REPORT_PERIOD_MS: i32 = 1000;
 
 /// Where the watcher reads this process's usage on a device (the runtime's counters, passed down:

@@ -69,6 +69,9 @@ pub struct Instance {
     /// Its processes whose shims reported GPU time over the last few seconds
     /// ([`harvest::UseRate::gpu_processes`]).
     pub gpu_processes: u32,
+    /// The raw-share gates its processes gate by, as last counted ([`Instance::refresh_gates`]).
+    #[serde(skip)]
+    gates: u32,
     /// Harvest: what one context switch costs on its GPU, ns, as written to its page (0: free,
     /// harvest off, or an MPS GPU).
     pub switch_ns: u64,
@@ -179,6 +182,7 @@ impl Instance {
             contention_ppm: 0,
             contention_processes: 1,
             gpu_processes: 0,
+            gates: 1,
             switch_ns: 0,
             timing_noise: TimingNoise::NONE,
             sharing: None,
@@ -293,7 +297,15 @@ impl Instance {
     /// a gate of its own, so dividing errs on the side of less); at least 1
     /// ([`harvest::UsageLedger::raw_gates`]).
     pub fn raw_gates(&self) -> u32 {
-        self.usage.raw_gates(&self.gpu_pids)
+        self.gates
+    }
+
+    /// Counts its gates again ([`Instance::raw_gates`]): after a report, after its use window
+    /// moved on, after NVML's list of its processes changed — the only inputs. Counted once
+    /// there, not at every read of the page's share (a function flooding reports must not make
+    /// its neighbours' reads cost its window).
+    pub fn refresh_gates(&mut self) {
+        self.gates = self.usage.raw_gates(&self.gpu_pids);
     }
 
     /// What its pages allow its processes together, percent, for a raw share of `total` % over

@@ -39,7 +39,8 @@ use facts::{Clock, LiveProcs, ProcFacts, SystemClock};
 pub use instance::Instance;
 pub use memory::TrainingMemory;
 pub use persist::{
-    HarvestRecord, PersistFile, Persisted, Preemption, Record, ThrottleRecord, PERSIST_VERSION,
+    HarvestRecord, PersistFile, Persisted, Preemption, Record, ThrottleRecord, Trainer,
+    PERSIST_VERSION,
 };
 use serde::Serialize;
 use smore_protocol::board::BOARD_MEMBERS;
@@ -854,12 +855,18 @@ impl State {
         Ok((self.grant_of(id), page))
     }
 
-    /// Whether `peer` is the instance's process or a descendant of it, with the same uid (who
-    /// may resume or attach to it).
+    /// Whether `peer` is the instance's process or a descendant of it, or a GPU process NVML's
+    /// attribution gives to it (a worker that left the parent chain: its launcher exited, or it
+    /// was double-forked — the attribution follows fork records and the session), with the same
+    /// uid (who may resume or attach to it). A worker the attribution counts as the function's
+    /// must be able to report as it, or its gate could never be known (docs/shim.md, "One share
+    /// per grant").
     pub fn may_bind(&self, peer: Peer, id: InstanceId) -> bool {
         self.instances.get(&id).is_some_and(|i| {
             i.rec.uid == peer.uid
-                && (i.rec.pid == peer.pid || self.procs.is_descendant_of(peer.pid, i.rec.pid))
+                && (i.rec.pid == peer.pid
+                    || self.procs.is_descendant_of(peer.pid, i.rec.pid)
+                    || i.gpu_pids.contains(&peer.pid))
         })
     }
 
@@ -1220,6 +1227,7 @@ impl State {
             return;
         };
         let added = i.usage.record(pid, usage, self.clock.now());
+        i.refresh_gates();
         i.deferred_ns = i.deferred_ns.saturating_add(added.deferred_ns);
         i.turn_waited_ns = i.turn_waited_ns.saturating_add(added.turn_waited_ns);
         i.turn_cut_ins = i.turn_cut_ins.saturating_add(added.turn_cut_ins);
@@ -1319,6 +1327,7 @@ impl State {
             i.gpu_used_ppm = r.gpu_ppm;
             let paying = r.paying_processes.max(1);
             i.gpu_processes = r.gpu_processes;
+            i.refresh_gates();
             if i.contention_processes != paying || i.page_share_stale() {
                 // Each process's bucket enforces the page's budget: the page carries the part
                 // divided among the processes paying from it (docs/arbiter.md, threat model);
@@ -1750,6 +1759,8 @@ impl State {
                         Some(training::ewma(inst.sm_used_mean, f64::from(sm) / 100.0));
                 }
                 inst.gpu_pids.clone_from(&usage.pids);
+                inst.usage.keep_listed(&usage.pids);
+                inst.refresh_gates();
                 if inst.page_share_stale() {
                     // Its raw share is divided among its gates, which count the processes NVML
                     // shows that have not reported.
@@ -2115,6 +2126,14 @@ impl State {
                 .map(|g| HarvestRecord {
                     gpu: g.info.index,
                     calibration: g.harvest.calibration(),
+                    trainers: g
+                        .training
+                        .iter()
+                        .filter_map(|t| {
+                            let start = self.procs.start_time(t.pid)?;
+                            Some(Trainer { pid: t.pid, start })
+                        })
+                        .collect(),
                     throttles: self
                         .instances
                         .values()
@@ -2166,14 +2185,22 @@ impl State {
             let Some(g) = self.gpus.iter_mut().find(|g| g.info.index == h.gpu) else {
                 continue;
             };
-            g.harvest.restore_calibration(h.calibration);
-            let calibration = g.harvest.calibration();
-            if calibration < 1.0 {
-                let msg = format!(
-                    "GPU {}: collision budget ×{calibration:.2} kept from the previous arbiter",
-                    h.gpu
-                );
-                self.event(EventKind::Share, None, None, msg);
+            // Learnt beside a training job: kept only while one of its processes lives (after a
+            // reboot or with another job it says nothing).
+            let procs = self.procs.as_ref();
+            if h.trainers
+                .iter()
+                .any(|t| procs.is_same_process(t.pid, t.start))
+            {
+                g.harvest.restore_calibration(h.calibration);
+                let calibration = g.harvest.calibration();
+                if calibration < 1.0 {
+                    let msg = format!(
+                        "GPU {}: collision budget ×{calibration:.2} kept from the previous arbiter",
+                        h.gpu
+                    );
+                    self.event(EventKind::Share, None, None, msg);
+                }
             }
             for t in h.throttles {
                 let Some(i) = self
@@ -3154,13 +3181,25 @@ mod tests {
         s.report_usage(g.instance, idle, used(0, true));
         let i = s.instances.get_mut(&g.instance).unwrap();
         i.gpu_pids = vec![a, b, c, idle];
+        i.refresh_gates();
         assert_eq!(i.raw_gates(), 2, "the idle process shares the gate");
         i.gpu_pids = vec![a, b, c, idle, c + 4, c + 5];
+        i.refresh_gates();
         assert_eq!(i.raw_gates(), 4);
         assert_eq!(i.page_share(), 8, "30 over 4 gates, rounded up");
         assert_eq!(i.raw_allowed(30), 32, "what four pages of 8 % allow");
+        // Its over-use debt is judged against all its gates, NVML's list or not (a process that
+        // just left counts there, as its use does in the mean); the streak against no more gates
+        // than NVML lists.
+        i.gpu_pids = vec![a];
         assert_eq!(
-            i.raw_allowed(3),
+            i.raw_allowed(30),
+            8,
+            "one process listed: one page's 8 % at most… "
+        );
+        assert_eq!(i.raw_allowed_gates(30), 32, "…the debt, all four gates'");
+        assert_eq!(
+            i.raw_allowed_gates(3),
             4,
             "1 % pages for 4 gates at 3 %: the rounding, not more than 5 points"
         );
@@ -3637,6 +3676,8 @@ mod tests {
     fn harvests_calibration_and_throttles_survive_a_restart() {
         let mut s = harvest_state();
         let (g, _) = s.register(me(), args(1 << 30)).unwrap();
+        // Beside a training job (pid 1 in the samples: a process that lives through the test).
+        s.reconcile(&[(g.gpu_index, training_sample(60, &[]))]);
         // The budget cut to its floor, the function throttled to 24 %.
         for _ in 0..10 {
             s.gpus[0].harvest.observe(1.0);
@@ -3678,6 +3719,18 @@ mod tests {
         s3.restore(serde_json::from_value(file.clone()).unwrap());
         assert_eq!(s3.instances[&g.instance].throttle.ceiling_pct(), None);
         assert_eq!(s3.gpus[0].harvest.calibration(), harvest::CALIBRATION_MIN);
+        // A throttle saved under another GPU than the instance's is not applied; a calibration
+        // learnt beside a training job none of whose processes lives (a reboot, another job) is
+        // not taken up.
+        let mut other: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let moved = other["harvest"][0]["throttles"].take();
+        other["harvest"][0]["throttles"] = serde_json::json!([]);
+        other["harvest"][1]["throttles"] = moved;
+        other["harvest"][0]["trainers"][0]["start"] = serde_json::json!(u64::MAX);
+        let mut s5 = harvest_state();
+        s5.restore(serde_json::from_value(other).unwrap());
+        assert_eq!(s5.instances[&g.instance].throttle.ceiling_pct(), None);
+        assert_eq!(s5.gpus[0].harvest.calibration(), 1.0);
         file.as_object_mut().unwrap().remove("harvest");
         let mut s4 = harvest_state();
         s4.restore(serde_json::from_value(file).unwrap());

@@ -92,11 +92,24 @@ pub struct PersistFile {
 pub struct HarvestRecord {
     /// NVML index of the GPU.
     pub gpu: u32,
-    /// Its collision budget's calibration, in [`crate::harvest::CALIBRATION_MIN`]..=1.
+    /// Its collision budget's calibration, in [`crate::harvest::CALIBRATION_MIN`]..=1: learnt
+    /// beside the training processes below, and taken up only while one of them still lives.
     pub calibration: f64,
+    /// The training processes on it when it was saved (pid and start time).
+    #[serde(default)]
+    pub trainers: Vec<Trainer>,
     /// The instances on it whose raw share is throttled.
     #[serde(default)]
     pub throttles: Vec<ThrottleRecord>,
+}
+
+/// A training process, as a calibration was learnt beside it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Trainer {
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time (clock ticks since boot): a recycled pid is another process.
+    pub start: u64,
 }
 
 /// A throttled instance's ceiling.
