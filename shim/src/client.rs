@@ -141,7 +141,7 @@ pub fn source(get: impl Fn(&str) -> Option<String>, config: &Config) -> (Source,
                 None,
             );
         };
-        return match grant::map_fd(fd) {
+        return match map_inherited(&get, ENV_GRANT_FD, fd, grant::map_fd) {
             Ok(p) => (
                 Source::Arbiter(p, inherited_board(&get)),
                 inherited_resume(&get, config),
@@ -160,13 +160,60 @@ pub fn source(get: impl Fn(&str) -> Option<String>, config: &Config) -> (Source,
 
 /// The turn board `smore run` handed down with the grant page (`SMORE_BOARD_FD`), if any; one
 /// that cannot be mapped is reported and the process runs without turns.
+/// Maps with `map` what `smore run` handed down as fd `fd` (named by `var`); when this process
+/// does not hold it — a worker started with `close_fds`, as Python's `subprocess` and
+/// multiprocessing's `spawn` start theirs, keeps the environment but not the fds — the same file
+/// from the process `smore run` exec'd ([`ENV_KNOWN_AS`]), which does (docs/shim.md, "Workers
+/// started with close_fds"). Else the first error, with why the second way failed.
+pub fn map_inherited<T>(
+    get: &impl Fn(&str) -> Option<String>,
+    var: &str,
+    fd: RawFd,
+    map: impl Fn(RawFd) -> Result<T, String>,
+) -> Result<T, String> {
+    let first = match map(fd) {
+        Ok(t) => return Ok(t),
+        Err(e) => e,
+    };
+    // The process `smore run` exec'd: the variable's first field, when it is not this one.
+    let Some(holder) = get(ENV_KNOWN_AS)
+        .and_then(|v| parse_known_as(&v))
+        .map(|(own, _)| own)
+        .filter(|&own| own != crate::sys::os::pid())
+    else {
+        return Err(first);
+    };
+    let again = crate::sys::os::reopen_from(holder, fd)
+        .and_then(|f| map(f.as_raw_fd()))
+        .map_err(|e| format!("{first}; from process {holder}, which `smore run` started: {e}"))?;
+    crate::log::line(
+        crate::config::Level::Info,
+        format_args!(
+            "{var}: fd {fd} is not this process's ({first}: started with close_fds?); opened it from process {holder}, which `smore run` started"
+        ),
+    );
+    Ok(again)
+}
+
+/// Where a process that holds an inherited grant but not its registration's connection
+/// (`SMORE_ARBITER_FD` closed: started with `close_fds`) reports its usage: the arbiter's
+/// socket and the instance, when both are named and the grant was inherited. Such a process
+/// only reports, as a fork child does: the registration and its resumption are the process
+/// `smore run` exec'd.
+pub fn report_only(get: impl Fn(&str) -> Option<String>) -> Option<(PathBuf, u64)> {
+    get(ENV_GRANT_FD)?;
+    let instance = get(ENV_INSTANCE).and_then(|v| v.trim().parse::<u64>().ok())?;
+    let socket = get(ENV_SOCKET).filter(|p| !p.is_empty())?;
+    Some((socket.into(), instance))
+}
+
 fn inherited_board(get: &impl Fn(&str) -> Option<String>) -> Option<&'static TurnBoard> {
     let v = get(ENV_BOARD_FD)?;
     let board = v
         .trim()
         .parse::<RawFd>()
         .map_err(|_| format!("{v:?} is not a file descriptor number"))
-        .and_then(grant::map_board_fd);
+        .and_then(|fd| map_inherited(get, ENV_BOARD_FD, fd, grant::map_board_fd));
     board
         .map_err(|e| {
             crate::log::line(
@@ -737,6 +784,51 @@ mod tests {
             "one report answered `preempted`, one refresh"
         );
         let _ = std::fs::remove_file(&sock);
+    }
+
+    #[test]
+    fn a_worker_without_the_registrations_connection_reports_when_it_inherited_a_grant() {
+        let all = [
+            ("SMORE_GRANT_FD", "5"),
+            ("SMORE_INSTANCE", "7"),
+            ("SMORE_ARBITER_SOCKET", "/run/smore/a.sock"),
+        ];
+        assert_eq!(
+            report_only(env(&all)),
+            Some(("/run/smore/a.sock".into(), 7))
+        );
+        // Self-registered (no inherited grant), or nothing to report to: nothing.
+        assert_eq!(report_only(env(&all[1..])), None);
+        assert_eq!(report_only(env(&all[..2])), None);
+        assert_eq!(
+            report_only(env(&[all[0], ("SMORE_INSTANCE", "x"), all[2]])),
+            None
+        );
+    }
+
+    #[test]
+    fn an_inherited_fd_this_process_lacks_is_looked_for_in_the_process_smore_run_started() {
+        // (Opening it there and mapping it: `workers_started_with_close_fds_share_the_grants_one_cap`,
+        // end to end.)
+        let refuse = |_: RawFd| -> Result<(), String> { Err("not here".into()) };
+        let me = crate::sys::os::pid();
+        // The holder is this very process: nowhere else to look, the first error stands.
+        let known = format!("{me}:{me}");
+        let r = map_inherited(&env(&[("SMORE_KNOWN_AS", &known)]), "V", 987_654, refuse);
+        assert_eq!(r, Err("not here".into()));
+        // No holder named: the same.
+        assert_eq!(
+            map_inherited(&env(&[]), "V", 987_654, refuse),
+            Err("not here".into())
+        );
+        // A holder that does not exist: both failures said.
+        let gone = format!("{}:1", u32::MAX - 1);
+        let e =
+            map_inherited(&env(&[("SMORE_KNOWN_AS", &gone)]), "V", 987_654, refuse).unwrap_err();
+        assert!(
+            e.starts_with("not here; from process") && e.contains("cannot open"),
+            "{e}"
+        );
     }
 
     #[test]

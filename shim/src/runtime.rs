@@ -398,6 +398,11 @@ fn init() -> &'static Runtime {
     let env = |k: &str| std::env::var(k).ok();
     let parsed = config::parse(env);
     let (source, resume) = client::source(env, &parsed.config);
+    // An inherited grant without its registration's connection (a worker started with
+    // `close_fds`): it reports, as a fork child does.
+    let report_only = (resume.is_none() && matches!(source, Source::Arbiter(..)))
+        .then(|| client::report_only(env))
+        .flatten();
     let shared = matches!(source, Source::Arbiter(..))
         .then(|| shared_ledger(env))
         .flatten();
@@ -451,6 +456,9 @@ fn init() -> &'static Runtime {
     let rt = RUNTIME.install(Box::new(rt));
     INIT.store(2, Release);
     os::register_atfork(after_fork_child);
+    if let Some((socket, instance)) = report_only {
+        crate::watch::spawn_reporter(socket, instance, 0, usage);
+    }
     if let Some(r) = resume {
         if r.exec && FORKED.load(Acquire) {
             // A fork child of the process `smore run` registered: it shares that process's
@@ -517,7 +525,9 @@ fn shared_ledger(
         .trim()
         .parse::<i32>()
         .map_err(|_| format!("{ENV_LEDGER_FD}={v:?} is not a file descriptor number"))
-        .and_then(crate::sys::grant::map_ledger_fd);
+        .and_then(|fd| {
+            client::map_inherited(&env, ENV_LEDGER_FD, fd, crate::sys::grant::map_ledger_fd)
+        });
     let table = match table {
         Ok(t) => t,
         Err(e) => {

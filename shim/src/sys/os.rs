@@ -243,6 +243,31 @@ pub fn wait_hangup_for(fd: RawFd, timeout_ms: i32) -> bool {
     }
 }
 
+/// Opens anew, close-on-exec, the file process `pid` holds at its fd `fd` (`/proc/<pid>/fd/<fd>`;
+/// read-write when `write`): the grant page or ledger a worker inherited in its environment but
+/// not as an fd (started with `close_fds`, as Python's `subprocess` and multiprocessing's `spawn`
+/// start theirs), from the process `smore run` exec'd, which keeps them. The kernel allows it to a
+/// process of the same user that may read the other's memory (ptrace read access); init path
+/// only (a path is formatted and a file opened).
+pub fn reopen_from(pid: u32, fd: RawFd) -> Result<std::os::fd::OwnedFd, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = format!("/proc/{pid}/fd/{fd}");
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&path)
+        .or_else(|_| {
+            // A read-only file there (a grant page sealed against writes) opens read-only.
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+        })
+        .map(std::os::fd::OwnedFd::from)
+        .map_err(|e| format!("cannot open {path}: {e}"))
+}
+
 /// Closes an fd this crate owns (a dead arbiter connection).
 pub fn close_fd(fd: RawFd) {
     // SAFETY: the caller owns `fd` and nothing else uses it afterwards.

@@ -8,7 +8,9 @@
 //!
 //! A fourth process holds a context and launches nothing, as a server's parent or an idle worker
 //! does: NVML lists it, and it reported once when its shim started, so the arbiter knows it shares
-//! the gate and does not divide the share for it.
+//! the gate and does not divide the share for it. Then the same three workers started by Python's
+//! `subprocess` (close_fds: they keep `smore run`'s environment but not its fds, and open the
+//! grant and its ledger from the process `smore run` exec'd).
 //!
 //! Measured from the simulated node's per-process GPU time (`Node::gpu_time_of`, what NVML
 //! reports), never from what the shims believe; ±3 pp over 5 s, as in `shim_share.rs`. In a file
@@ -39,8 +41,9 @@ impl Drop for Killed {
     }
 }
 
-#[test]
-fn a_functions_workers_get_its_share_together_not_each() {
+/// What one launcher's function got: its processes' GPU time over [`SECS`] (a fraction), and its
+/// status entry after.
+fn measure(launcher: &[String], processes: usize) -> (f64, serde_json::Value, String) {
     let sim = SimGpu::builder()
         .memory("8GiB")
         .context_memory("0")
@@ -49,34 +52,24 @@ fn a_functions_workers_get_its_share_together_not_each() {
     let node = sim.node();
     // The daemon's default NVML sampling: its watchdog acts after 8 samples (2 s) over the share.
     let arb = Arbiter::new(&sim, "reconcile_ms = 250");
-    // Each worker always wants the whole GPU: requests of 8 × 250 µs back to back.
-    let worker = format!(
-        "{} --kernels 8 --kernel-us 250 --seconds {} --quiet",
-        bin("sim-function").display(),
-        SETTLE_S + SECS + 12.0
-    );
     let _function = Killed(
         arb.smore()
             .args(["run", "--function", "workers", "--memory", "1GiB", "--shim"])
             .arg(shim_lib())
-            .args(["--", "sh", "-c"])
-            .arg(format!(
-                "{worker} & {worker} & {worker} & (echo alloc 1MiB; sleep {}) | {} hold >/dev/null & wait",
-                SETTLE_S + SECS + 12.0,
-                bin("shim-client").display()
-            ))
+            .arg("--")
+            .args(launcher)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("smore run sh -c"),
+            .expect("smore run"),
     );
     let mut seen = serde_json::Value::Null;
     wait_until(
-        "three workers and an idle process on the GPU",
+        "the function's processes on the GPU",
         Duration::from_secs(20),
         || {
             seen = arb.functions().into_iter().next().unwrap_or_default();
-            seen["gpu_pids"].as_array().map_or(0, Vec::len) == 4
+            seen["gpu_pids"].as_array().map_or(0, Vec::len) == processes
         },
     );
     let id = seen["id"].as_u64().expect("an instance id");
@@ -97,29 +90,65 @@ fn a_functions_workers_get_its_share_together_not_each() {
     std::thread::sleep(Duration::from_secs_f64(SECS));
     let got = (gpu() - g0) / t0.elapsed().as_nanos() as f64;
     let after = arb.functions().into_iter().next().unwrap_or_default();
-    eprintln!(
-        "three workers and an idle process at a {SHARE} % share: {:.1} % of the GPU together; {} gates, page {} %",
-        got * 100.0,
-        after["raw_gates"],
-        after["share"]
+    (got, after, arb.logs())
+}
+
+#[test]
+fn a_functions_workers_get_its_share_together_not_each() {
+    let seconds = SETTLE_S + SECS + 12.0;
+    // Each worker always wants the whole GPU: requests of 8 × 250 µs back to back.
+    let worker = format!(
+        "{} --kernels 8 --kernel-us 250 --seconds {seconds} --quiet",
+        bin("sim-function").display(),
     );
-    // All four still run: the watchdog did not act on a function that obeyed its page.
-    assert_eq!(
-        after["gpu_pids"].as_array().map_or(0, Vec::len),
-        4,
-        "{after}\n{}",
-        arb.logs()
-    );
-    assert_eq!(
-        after["raw_gates"].as_u64(),
-        Some(1),
-        "the workers and the idle process gate by the grant's one gate: {after}"
-    );
-    let want = SHARE as f64 / 100.0;
-    assert!(
-        (got - want).abs() <= TOLERANCE,
-        "three workers held to {SHARE} % together got {:.1} %\n{after}\n{}",
-        got * 100.0,
-        arb.logs()
-    );
+    // A shell starting three workers and an idle process (they inherit `smore run`'s fds), and
+    // Python starting three with `subprocess` (close_fds: they keep the environment, not the
+    // fds; docs/shim.md, "Workers started with close_fds"). One after the other: each keeps
+    // three processes busy.
+    let sh = vec![
+        "sh".to_string(),
+        "-c".into(),
+        format!(
+            "{worker} & {worker} & {worker} & (echo alloc 1MiB; sleep {seconds}) | {} hold >/dev/null & wait",
+            bin("shim-client").display()
+        ),
+    ];
+    let py = vec![
+        "python3".to_string(),
+        "-c".into(),
+        "import shlex, subprocess, sys\n\
+         ps = [subprocess.Popen(shlex.split(sys.argv[1])) for _ in range(3)]\n\
+         sys.exit(max(p.wait() for p in ps))"
+            .into(),
+        worker.clone(),
+    ];
+    for (how, launcher, processes) in [
+        ("three workers and an idle process from a shell", sh, 4),
+        ("three workers from Python's subprocess (close_fds)", py, 3),
+    ] {
+        let (got, after, logs) = measure(&launcher, processes);
+        eprintln!(
+            "{how} at a {SHARE} % share: {:.1} % of the GPU together; {} gates, page {} %",
+            got * 100.0,
+            after["raw_gates"],
+            after["share"]
+        );
+        // All still run: the watchdog did not act on a function that obeyed its page.
+        assert_eq!(
+            after["gpu_pids"].as_array().map_or(0, Vec::len),
+            processes,
+            "{how}: {after}\n{logs}"
+        );
+        assert_eq!(
+            after["raw_gates"].as_u64(),
+            Some(1),
+            "{how}: its processes gate by the grant's one gate: {after}"
+        );
+        let want = SHARE as f64 / 100.0;
+        assert!(
+            (got - want).abs() <= TOLERANCE,
+            "{how} held to {SHARE} % together got {:.1} %\n{after}\n{logs}",
+            got * 100.0
+        );
+    }
 }

@@ -100,6 +100,45 @@ fn processes_forked_before_cuda_initialises_share_the_grants_one_cap() {
     assert_eq!(ops(&l, "child")[0]["signal"], "9", "{out}");
 }
 
+/// Workers started with `close_fds` — Python's `subprocess` by default, multiprocessing's `spawn`
+/// (which CUDA in workers needs) — keep `smore run`'s environment but not its fds. Before, such a
+/// worker could not map the grant page or the ledger and ran on the standalone limits (no cap at
+/// all, under fail-open) until the watchdog stopped the function; now it opens them from the
+/// process `smore run` exec'd, which keeps them (docs/shim.md, "Workers started with close_fds").
+#[test]
+fn workers_started_with_close_fds_share_the_grants_one_cap() {
+    let sim = SimGpu::builder()
+        .memory("8GiB")
+        .context_memory("16MiB")
+        .build()
+        .unwrap();
+    let arb = Arbiter::new(&sim, "");
+    let probe = bin("sim-probe").display().to_string();
+    // Two workers of 768 MiB each under a 1 GiB grant, started the way Python starts them.
+    let py = "import subprocess, sys\n\
+              w = [sys.argv[1], 'alloc:v2:768MiB', 'sleep:1000', 'procmem', 'meminfo']\n\
+              ps = [subprocess.Popen(w) for _ in range(2)]\n\
+              sys.exit(max(p.wait() for p in ps))";
+    let out = run_ok(&mut smore_run(
+        &arb,
+        "closefds",
+        "1GiB",
+        &["python3", "-c", py, &probe],
+    ))
+    .unwrap();
+    let l = parse_lines(&out);
+    assert_eq!(
+        alloc_rcs(&l).iter().filter(|rc| **rc == "0").count(),
+        1,
+        "one of the two fits the grant's cap: {out}"
+    );
+    assert!(procmem(&l).iter().sum::<u64>() <= GIB, "{out}");
+    // Each worker sees the grant's cap, not the standalone limits.
+    for m in ops(&l, "meminfo") {
+        assert_eq!(num(m, "total") as u64, GIB, "{out}");
+    }
+}
+
 /// Item 4, races: several processes × threads allocating and freeing under one grant never hold
 /// more than its cap by the driver's own ledger (checked after every successful allocation).
 #[test]
