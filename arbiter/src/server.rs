@@ -616,7 +616,7 @@ fn handle(
                 );
             }
             match st.instances.get(&instance) {
-                Some(_) if st.may_bind(peer, instance) => {
+                Some(_) if st.may_attach(peer, instance) => {
                     *attached = Some(instance);
                     (Reply::Granted(st.grant_of(instance)), None)
                 }

@@ -141,11 +141,19 @@ pub fn source(get: impl Fn(&str) -> Option<String>, config: &Config) -> (Source,
                 None,
             );
         };
-        return match map_inherited(&get, ENV_GRANT_FD, fd, grant::map_fd) {
-            Ok(p) => (
+        return match map_inherited(
+            &get,
+            ENV_GRANT_FD,
+            fd,
+            ("smore-grant", false),
+            grant::map_fd,
+        ) {
+            Ok((p, Found::Own)) => (
                 Source::Arbiter(p, inherited_board(&get)),
                 inherited_resume(&get, config),
             ),
+            // Without its fds: no registration's connection to watch (`report_only`).
+            Ok((p, Found::Holder)) => (Source::Arbiter(p, inherited_board(&get)), None),
             Err(e) => (Source::Unavailable(format!("{ENV_GRANT_FD}: {e}")), None),
         };
     }
@@ -158,21 +166,24 @@ pub fn source(get: impl Fn(&str) -> Option<String>, config: &Config) -> (Source,
     }
 }
 
-/// The turn board `smore run` handed down with the grant page (`SMORE_BOARD_FD`), if any; one
-/// that cannot be mapped is reported and the process runs without turns.
 /// Maps with `map` what `smore run` handed down as fd `fd` (named by `var`); when this process
 /// does not hold it — a worker started with `close_fds`, as Python's `subprocess` and
 /// multiprocessing's `spawn` start theirs, keeps the environment but not the fds — the same file
 /// from the process `smore run` exec'd ([`ENV_KNOWN_AS`]), which does (docs/shim.md, "Workers
 /// started with close_fds"). Else the first error, with why the second way failed.
+///
+/// The holder must be an ancestor of this process (a living ancestor's pid is not reused: a
+/// holder that exited, and whatever process got its pid since, is never asked), and the file
+/// there a memfd named `memfd` ([`crate::sys::os::reopen_from`]); `write` opens it read-write.
 pub fn map_inherited<T>(
     get: &impl Fn(&str) -> Option<String>,
     var: &str,
     fd: RawFd,
+    (memfd, write): (&str, bool),
     map: impl Fn(RawFd) -> Result<T, String>,
-) -> Result<T, String> {
+) -> Result<(T, Found), String> {
     let first = match map(fd) {
-        Ok(t) => return Ok(t),
+        Ok(t) => return Ok((t, Found::Own)),
         Err(e) => e,
     };
     // The process `smore run` exec'd: the variable's first field, when it is not this one.
@@ -183,7 +194,12 @@ pub fn map_inherited<T>(
     else {
         return Err(first);
     };
-    let again = crate::sys::os::reopen_from(holder, fd)
+    if !crate::sys::os::is_ancestor(holder) {
+        return Err(format!(
+            "{first}; process {holder}, which `smore run` started, is not an ancestor of this one"
+        ));
+    }
+    let again = crate::sys::os::reopen_from(holder, fd, memfd, write)
         .and_then(|f| map(f.as_raw_fd()))
         .map_err(|e| format!("{first}; from process {holder}, which `smore run` started: {e}"))?;
     crate::log::line(
@@ -192,7 +208,18 @@ pub fn map_inherited<T>(
             "{var}: fd {fd} is not this process's ({first}: started with close_fds?); opened it from process {holder}, which `smore run` started"
         ),
     );
-    Ok(again)
+    Ok((again, Found::Holder))
+}
+
+/// Where [`map_inherited`] found what `smore run` handed down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// At the fd the variable names, in this process.
+    Own,
+    /// At that fd of the process `smore run` exec'd: this process did not inherit its fds, so
+    /// the registration's connection the environment names is not this process's either (the
+    /// number may be any socket of its own now).
+    Holder,
 }
 
 /// Where a process that holds an inherited grant but not its registration's connection
@@ -207,13 +234,24 @@ pub fn report_only(get: impl Fn(&str) -> Option<String>) -> Option<(PathBuf, u64
     Some((socket.into(), instance))
 }
 
+/// The turn board `smore run` handed down with the grant page (`SMORE_BOARD_FD`), if any; one
+/// that cannot be mapped is reported and the process runs without turns.
 fn inherited_board(get: &impl Fn(&str) -> Option<String>) -> Option<&'static TurnBoard> {
     let v = get(ENV_BOARD_FD)?;
     let board = v
         .trim()
         .parse::<RawFd>()
         .map_err(|_| format!("{v:?} is not a file descriptor number"))
-        .and_then(|fd| map_inherited(get, ENV_BOARD_FD, fd, grant::map_board_fd));
+        .and_then(|fd| {
+            map_inherited(
+                get,
+                ENV_BOARD_FD,
+                fd,
+                ("smore-turns", true),
+                grant::map_board_fd,
+            )
+        })
+        .map(|(board, _)| board);
     board
         .map_err(|e| {
             crate::log::line(
@@ -811,22 +849,47 @@ mod tests {
         // (Opening it there and mapping it: `workers_started_with_close_fds_share_the_grants_one_cap`,
         // end to end.)
         let refuse = |_: RawFd| -> Result<(), String> { Err("not here".into()) };
+        let what = ("smore-grant", false);
         let me = crate::sys::os::pid();
         // The holder is this very process: nowhere else to look, the first error stands.
         let known = format!("{me}:{me}");
-        let r = map_inherited(&env(&[("SMORE_KNOWN_AS", &known)]), "V", 987_654, refuse);
+        let r = map_inherited(
+            &env(&[("SMORE_KNOWN_AS", &known)]),
+            "V",
+            987_654,
+            what,
+            refuse,
+        );
         assert_eq!(r, Err("not here".into()));
         // No holder named: the same.
         assert_eq!(
-            map_inherited(&env(&[]), "V", 987_654, refuse),
+            map_inherited(&env(&[]), "V", 987_654, what, refuse),
             Err("not here".into())
         );
-        // A holder that does not exist: both failures said.
+        // A holder that is not an ancestor (one that exited, its pid since anyone's): not asked.
         let gone = format!("{}:1", u32::MAX - 1);
-        let e =
-            map_inherited(&env(&[("SMORE_KNOWN_AS", &gone)]), "V", 987_654, refuse).unwrap_err();
+        let e = map_inherited(
+            &env(&[("SMORE_KNOWN_AS", &gone)]),
+            "V",
+            987_654,
+            what,
+            refuse,
+        )
+        .unwrap_err();
         assert!(
-            e.starts_with("not here; from process") && e.contains("cannot open"),
+            e.starts_with("not here; process") && e.contains("not an ancestor"),
+            "{e}"
+        );
+        // The parent is: what it holds there is judged by its fd's link, and only a memfd of
+        // the name asked for is opened (the parent's stdin is none).
+        let parent = std::os::unix::process::parent_id();
+        assert!(crate::sys::os::is_ancestor(parent));
+        let holder = format!("{parent}:{parent}");
+        let e =
+            map_inherited(&env(&[("SMORE_KNOWN_AS", &holder)]), "V", 0, what, refuse).unwrap_err();
+        assert!(e.starts_with("not here; from process"), "{e}");
+        assert!(
+            e.contains("not a /memfd:smore-grant") || e.contains("cannot read"),
             "{e}"
         );
     }

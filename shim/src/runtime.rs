@@ -397,6 +397,8 @@ fn init() -> &'static Runtime {
     }
     let env = |k: &str| std::env::var(k).ok();
     let parsed = config::parse(env);
+    // Before the grant is looked for, so that what that says is said at the configured level.
+    log::set_level(parsed.config.log);
     let (source, resume) = client::source(env, &parsed.config);
     // An inherited grant without its registration's connection (a worker started with
     // `close_fds`): it reports, as a fork child does.
@@ -526,8 +528,15 @@ fn shared_ledger(
         .parse::<i32>()
         .map_err(|_| format!("{ENV_LEDGER_FD}={v:?} is not a file descriptor number"))
         .and_then(|fd| {
-            client::map_inherited(&env, ENV_LEDGER_FD, fd, crate::sys::grant::map_ledger_fd)
-        });
+            client::map_inherited(
+                &env,
+                ENV_LEDGER_FD,
+                fd,
+                ("smore-ledger", true),
+                crate::sys::grant::map_ledger_fd,
+            )
+        })
+        .map(|(table, _)| table);
     let table = match table {
         Ok(t) => t,
         Err(e) => {

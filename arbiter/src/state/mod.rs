@@ -855,19 +855,27 @@ impl State {
         Ok((self.grant_of(id), page))
     }
 
-    /// Whether `peer` is the instance's process or a descendant of it, or a GPU process NVML's
-    /// attribution gives to it (a worker that left the parent chain: its launcher exited, or it
-    /// was double-forked — the attribution follows fork records and the session), with the same
-    /// uid (who may resume or attach to it). A worker the attribution counts as the function's
-    /// must be able to report as it, or its gate could never be known (docs/shim.md, "One share
-    /// per grant").
+    /// Whether `peer` is the instance's process or a descendant of it, with the same uid (who
+    /// may resume it, or attach to it).
     pub fn may_bind(&self, peer: Peer, id: InstanceId) -> bool {
         self.instances.get(&id).is_some_and(|i| {
             i.rec.uid == peer.uid
-                && (i.rec.pid == peer.pid
-                    || self.procs.is_descendant_of(peer.pid, i.rec.pid)
-                    || i.gpu_pids.contains(&peer.pid))
+                && (i.rec.pid == peer.pid || self.procs.is_descendant_of(peer.pid, i.rec.pid))
         })
+    }
+
+    /// Whether `peer` may attach a report connection to the instance: [`State::may_bind`], or a
+    /// GPU process of the same uid that NVML's attribution gives to it (a worker that left the
+    /// parent chain: its launcher exited, or it was double-forked — the attribution follows
+    /// fork records and the session). A worker the attribution counts as the function's must be
+    /// able to report as it, or its gate could never be known (docs/shim.md, "One share per
+    /// grant"); it may not resume the instance (the registration is its registered process's).
+    pub fn may_attach(&self, peer: Peer, id: InstanceId) -> bool {
+        self.may_bind(peer, id)
+            || self
+                .instances
+                .get(&id)
+                .is_some_and(|i| i.rec.uid == peer.uid && i.gpu_pids.contains(&peer.pid))
     }
 
     fn try_resume(&mut self, peer: Peer, id: InstanceId) -> Option<(Grant, Arc<PageHandle>)> {

@@ -249,23 +249,59 @@ pub fn wait_hangup_for(fd: RawFd, timeout_ms: i32) -> bool {
 /// start theirs), from the process `smore run` exec'd, which keeps them. The kernel allows it to a
 /// process of the same user that may read the other's memory (ptrace read access); init path
 /// only (a path is formatted and a file opened).
-pub fn reopen_from(pid: u32, fd: RawFd) -> Result<std::os::fd::OwnedFd, String> {
+///
+/// Only a memfd named `memfd` (`smore-grant`, `smore-ledger`, `smore-turns`) is opened: the link
+/// is read first, which touches no file system, so whatever else the holder keeps at that number
+/// (a socket, a FIFO, a tty, a file on a hung mount) is never opened; and non-blocking, without
+/// becoming a controlling terminal, whatever it is.
+pub fn reopen_from(
+    pid: u32,
+    fd: RawFd,
+    memfd: &str,
+    write: bool,
+) -> Result<std::os::fd::OwnedFd, String> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = format!("/proc/{pid}/fd/{fd}");
+    let target = std::fs::read_link(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let want = format!("/memfd:{memfd}");
+    let name = target.to_string_lossy();
+    if !(name == want || name.starts_with(&format!("{want} "))) {
+        return Err(format!("{path} is {name}, not a {want}"));
+    }
     std::fs::OpenOptions::new()
         .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
+        .write(write)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(&path)
-        .or_else(|_| {
-            // A read-only file there (a grant page sealed against writes) opens read-only.
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&path)
-        })
         .map(std::os::fd::OwnedFd::from)
         .map_err(|e| format!("cannot open {path}: {e}"))
+}
+
+/// Whether process `ancestor` is this process's parent, its parent's parent, … (at most 64
+/// levels; `/proc/<pid>/stat` reads: init path only). A pid that is an ancestor now is the
+/// process it names: a living ancestor's pid cannot have been reused.
+pub fn is_ancestor(ancestor: u32) -> bool {
+    let mut p = pid();
+    for _ in 0..64 {
+        let Some(parent) = std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| {
+                // Field 4, after the parenthesised command (which may hold spaces and parens).
+                let rest = &s[s.rfind(')')? + 1..];
+                rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+            })
+        else {
+            return false;
+        };
+        if parent == ancestor {
+            return true;
+        }
+        if parent <= 1 {
+            return false;
+        }
+        p = parent;
+    }
+    false
 }
 
 /// Closes an fd this crate owns (a dead arbiter connection).
@@ -288,6 +324,21 @@ pub fn dup_socket(fd: RawFd) -> Result<RawFd, String> {
     }
     if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
         return Err(format!("fd {fd} is not a socket"));
+    }
+    // SAFETY: `sockaddr_storage` is plain old data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `fd` is an open socket (checked above); `addr` and `len` are valid out pointers
+    // of the size `len` says.
+    let rc = unsafe {
+        libc::getsockname(
+            fd,
+            (&mut addr as *mut libc::sockaddr_storage).cast::<libc::sockaddr>(),
+            &mut len,
+        )
+    };
+    if rc != 0 || i32::from(addr.ss_family) != libc::AF_UNIX {
+        return Err(format!("fd {fd} is not a unix socket (not the arbiter's)"));
     }
     // SAFETY: duplicating an open fd onto the lowest free number ≥ 3; the result is checked.
     let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };

@@ -17,6 +17,7 @@
 //! of its own: it is a timing measurement, and cargo runs test binaries one at a time.
 
 use smore_e2e::*;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -31,12 +32,16 @@ const SECS: f64 = 5.0;
 /// lists, on the side of less.
 const SETTLE_S: f64 = 3.0;
 
-/// A child process killed and reaped when dropped, also when an assertion fails first.
+/// A child process leading a process group of its own, the group killed and the child reaped
+/// when dropped, also when an assertion fails first: its workers too, so that one round's do
+/// not run on into the next.
 struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        // SAFETY: kill(2) of a process group this test started (`process_group(0)`); no memory
+        // is involved.
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
         let _ = self.0.wait();
     }
 }
@@ -60,6 +65,7 @@ fn measure(launcher: &[String], processes: usize) -> (f64, serde_json::Value, St
             .args(launcher)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .expect("smore run"),
     );

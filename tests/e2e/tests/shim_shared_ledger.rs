@@ -127,6 +127,7 @@ fn workers_started_with_close_fds_share_the_grants_one_cap() {
     ))
     .unwrap();
     let l = parse_lines(&out);
+    assert_eq!(alloc_rcs(&l).len(), 2, "both workers ran: {out}");
     assert_eq!(
         alloc_rcs(&l).iter().filter(|rc| **rc == "0").count(),
         1,
@@ -134,7 +135,9 @@ fn workers_started_with_close_fds_share_the_grants_one_cap() {
     );
     assert!(procmem(&l).iter().sum::<u64>() <= GIB, "{out}");
     // Each worker sees the grant's cap, not the standalone limits.
-    for m in ops(&l, "meminfo") {
+    let infos = ops(&l, "meminfo");
+    assert_eq!(infos.len(), 2, "{out}");
+    for m in infos {
         assert_eq!(num(m, "total") as u64, GIB, "{out}");
     }
 }
