@@ -3681,6 +3681,30 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_that_left_the_parent_chain_may_attach_reports_but_not_resume() {
+        let mut s = state();
+        let (g, _) = s.register(me(), args(1 << 30)).unwrap();
+        // Not a descendant of the registered process (its parent chain reaches init first), but
+        // the attribution gives it to the function on its GPU.
+        let stray = Peer {
+            pid: 1,
+            uid: me().uid,
+        };
+        assert!(!s.may_attach(stray, g.instance));
+        s.instances.get_mut(&g.instance).unwrap().gpu_pids = vec![1];
+        assert!(
+            s.may_attach(stray, g.instance),
+            "its reports are the function's"
+        );
+        assert!(!s.may_bind(stray, g.instance), "the registration is not");
+        s.instances.get_mut(&g.instance).unwrap().attached = false;
+        assert!(s.try_resume(stray, g.instance).is_none());
+        // Another user's process is refused whatever the attribution says.
+        let other = Peer { pid: 1, uid: 4242 };
+        assert!(!s.may_attach(other, g.instance));
+    }
+
+    #[test]
     fn harvests_calibration_and_throttles_survive_a_restart() {
         let mut s = harvest_state();
         let (g, _) = s.register(me(), args(1 << 30)).unwrap();

@@ -173,20 +173,29 @@ pub fn set_known_as(theirs: u32) {
 /// when there is no such process, `Err` when `/proc` could not be read otherwise (never taken
 /// for proof of death). Allocation slow path only (a file read).
 pub fn start_ticks(pid: u32) -> Result<Option<u64>, std::io::Error> {
-    let text = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    let bytes = match std::fs::read(format!("/proc/{pid}/stat")) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
         Err(e) => return Err(e),
     };
-    // The command name (field 2) may hold spaces and parentheses: fields resume after the last ')'.
-    let rest = text.rsplit_once(')').map_or("", |(_, r)| r);
     // `rest` starts at field 3 (state); field 22 is the 20th of them.
-    rest.split_ascii_whitespace()
-        .nth(19)
-        .and_then(|f| f.parse().ok())
+    stat_field(&bytes, 19)
         .map(Some)
         .ok_or_else(|| std::io::Error::other(format!("/proc/{pid}/stat: no start time")))
+}
+
+/// Field `3 + n` of a `/proc/<pid>/stat` line, as a number. The command name (field 2) may hold
+/// spaces, parentheses and bytes that are not UTF-8 (the kernel writes it raw): fields resume
+/// after the last `)`, and only what follows is read as text.
+fn stat_field<T: std::str::FromStr>(stat: &[u8], n: usize) -> Option<T> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    std::str::from_utf8(&stat[close + 1..])
+        .ok()?
+        .split_ascii_whitespace()
+        .nth(n)?
+        .parse()
+        .ok()
 }
 
 /// Whether the process of a shared-ledger owner word (pid, start time's low 32 bits) lives: a
@@ -268,28 +277,41 @@ pub fn reopen_from(
     if !(name == want || name.starts_with(&format!("{want} "))) {
         return Err(format!("{path} is {name}, not a {want}"));
     }
-    std::fs::OpenOptions::new()
+    let f = std::fs::OpenOptions::new()
         .read(true)
         .write(write)
         .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(&path)
         .map(std::os::fd::OwnedFd::from)
-        .map_err(|e| format!("cannot open {path}: {e}"))
+        .map_err(|e| format!("cannot open {path}: {e}"))?;
+    // What was opened, not what the link said a moment before (the holder may have moved its
+    // fd in between).
+    use std::os::fd::AsRawFd;
+    let opened = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
+        .map(|t| t.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if !(opened == want || opened.starts_with(&format!("{want} "))) {
+        return Err(format!("{path} was {name}, then opened as {opened:?}"));
+    }
+    Ok(f)
 }
 
 /// Whether process `ancestor` is this process's parent, its parent's parent, … (at most 64
 /// levels; `/proc/<pid>/stat` reads: init path only). A pid that is an ancestor now is the
 /// process it names: a living ancestor's pid cannot have been reused.
 pub fn is_ancestor(ancestor: u32) -> bool {
-    let mut p = pid();
+    if ancestor == 0 {
+        // The parent of init, or of a process whose parent is outside the pid namespace.
+        return false;
+    }
+    // `/proc/self` first: it resolves in `/proc`'s own pid namespace, the one the holder's pid
+    // and `reopen_from` are read in.
+    let mut path = "/proc/self/stat".to_string();
     for _ in 0..64 {
-        let Some(parent) = std::fs::read_to_string(format!("/proc/{p}/stat"))
+        // Field 4: the parent's pid.
+        let Some(parent) = std::fs::read(&path)
             .ok()
-            .and_then(|s| {
-                // Field 4, after the parenthesised command (which may hold spaces and parens).
-                let rest = &s[s.rfind(')')? + 1..];
-                rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-            })
+            .and_then(|s| stat_field::<u32>(&s, 1))
         else {
             return false;
         };
@@ -299,7 +321,7 @@ pub fn is_ancestor(ancestor: u32) -> bool {
         if parent <= 1 {
             return false;
         }
-        p = parent;
+        path = format!("/proc/{parent}/stat");
     }
     false
 }
@@ -382,6 +404,24 @@ pub fn block_signals() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stat_fields_are_read_after_a_command_name_of_any_bytes() {
+        // A name cut at 15 bytes inside a multibyte character, with a ") " in it.
+        let mut line = b"4242 (a) b\xe2\x82".to_vec();
+        line.extend_from_slice(b") S 17 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 987654");
+        assert_eq!(stat_field::<u32>(&line, 1), Some(17), "the parent");
+        assert_eq!(
+            stat_field::<u64>(&line, 19),
+            Some(987_654),
+            "the start time"
+        );
+        assert_eq!(stat_field::<u32>(b"no parenthesis", 1), None);
+        // This process's parent is its ancestor; pid 0 and a pid that is not are not.
+        assert!(is_ancestor(std::os::unix::process::parent_id()));
+        assert!(!is_ancestor(0));
+        assert!(!is_ancestor(u32::MAX - 1));
+    }
 
     #[test]
     fn the_pid_the_arbiter_knows_holds_in_this_process_and_not_in_a_forked_child() {
