@@ -235,6 +235,13 @@ pub const ENV_GPUS: &str = "SMORE_GPUS";
 /// about itself.
 pub const ENV_KNOWN_AS: &str = "SMORE_KNOWN_AS";
 
+/// Environment variable through which `smore run` tells its command's descendants when the
+/// process it exec'd started (clock ticks since boot, `/proc/<pid>/stat` field 22): with the
+/// first field of [`ENV_KNOWN_AS`] it names that process, whatever became of the processes in
+/// between — a worker whose launcher exited finds the grant there (docs/shim.md, "Workers
+/// started with close_fds"); a pid reused since is another process.
+pub const ENV_KNOWN_START: &str = "SMORE_KNOWN_START";
+
 /// Parses a [`ENV_KNOWN_AS`] value into (own pid, pid as the arbiter sees it).
 pub fn parse_known_as(s: &str) -> Option<(u32, u32)> {
     let (own, theirs) = s.trim().split_once(':')?;

@@ -28,7 +28,7 @@ use smore_protocol::board::{TurnBoard, ENV_BOARD_FD};
 use smore_protocol::conn::Client;
 use smore_protocol::wire::{
     parse_gpu_list, parse_known_as, Grant, Register, Reply, Request, ENV_CONN_FD, ENV_GPUS,
-    ENV_GRANT_FD, ENV_KNOWN_AS, ENV_SOCKET,
+    ENV_GRANT_FD, ENV_KNOWN_AS, ENV_KNOWN_START, ENV_SOCKET,
 };
 use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -172,9 +172,10 @@ pub fn source(get: impl Fn(&str) -> Option<String>, config: &Config) -> (Source,
 /// from the process `smore run` exec'd ([`ENV_KNOWN_AS`]), which does (docs/shim.md, "Workers
 /// started with close_fds"). Else the first error, with why the second way failed.
 ///
-/// The holder must be an ancestor of this process (a living ancestor's pid is not reused: a
-/// holder that exited, and whatever process got its pid since, is never asked), and the file
-/// there a memfd named `memfd` ([`crate::sys::os::reopen_from`]); `write` opens it read-write.
+/// The holder must be this process's ancestor (a living ancestor's pid is not reused) or have
+/// the start time `smore run` gave ([`ENV_KNOWN_START`]: a worker whose launcher exited is no
+/// longer its descendant), checked again once the file is open; and the file there a memfd named
+/// `memfd` ([`crate::sys::os::reopen_from`]); `write` opens it read-write.
 pub fn map_inherited<T>(
     get: &impl Fn(&str) -> Option<String>,
     var: &str,
@@ -194,12 +195,23 @@ pub fn map_inherited<T>(
     else {
         return Err(first);
     };
-    if !crate::sys::os::is_ancestor(holder) {
+    let started = get(ENV_KNOWN_START).and_then(|v| v.trim().parse::<u64>().ok());
+    let same =
+        || started.is_some_and(|t| crate::sys::os::start_ticks(holder).ok().flatten() == Some(t));
+    if !crate::sys::os::is_ancestor(holder) && !same() {
         return Err(format!(
-            "{first}; process {holder}, which `smore run` started, is not an ancestor of this one"
+            "{first}; process {holder}, which `smore run` started, is neither an ancestor of this one nor alive with its start time"
         ));
     }
     let again = crate::sys::os::reopen_from(holder, fd, memfd, write)
+        .and_then(|f| {
+            // Still that process, now that its file is open (its pid may have gone to another).
+            if crate::sys::os::is_ancestor(holder) || same() {
+                Ok(f)
+            } else {
+                Err("it exited while its file was opened".to_string())
+            }
+        })
         .and_then(|f| map(f.as_raw_fd()))
         .map_err(|e| format!("{first}; from process {holder}, which `smore run` started: {e}"))?;
     crate::log::line(
@@ -877,8 +889,43 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            e.starts_with("not here; process") && e.contains("not an ancestor"),
+            e.starts_with("not here; process") && e.contains("neither an ancestor"),
             "{e}"
+        );
+        // A holder that is not an ancestor (here a child: a worker's launcher that exited makes
+        // the holder that) is asked when the variable names its start time, and only then.
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let start = crate::sys::os::start_ticks(pid).unwrap().unwrap();
+        let named = format!("{pid}:{pid}");
+        let ask = |start: u64| {
+            map_inherited(
+                &env(&[
+                    ("SMORE_KNOWN_AS", named.as_str()),
+                    ("SMORE_KNOWN_START", start.to_string().as_str()),
+                ]),
+                "V",
+                0,
+                what,
+                refuse,
+            )
+            .unwrap_err()
+        };
+        let asked = ask(start);
+        let other = ask(start + 1);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            asked.starts_with("not here; from process") && asked.contains("not a /memfd"),
+            "its stdin is no memfd, but it was asked: {asked}"
+        );
+        assert!(
+            other.contains("neither an ancestor"),
+            "another start time: {other}"
         );
         // The parent is: what it holds there is judged by its fd's link, and only a memfd of
         // the name asked for is opened (the parent's stdin is none).

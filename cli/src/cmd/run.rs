@@ -236,6 +236,11 @@ fn try_run(a: RunArgs) -> Result<i32> {
             ),
         )
         .env("SMORE_FUNCTION", &function);
+    // When this process (the one the command becomes) started: an exec keeps it.
+    match smore_arbiter::proc::start_time(std::process::id()) {
+        Some(start) => cmd.env(wire::ENV_KNOWN_START, start.to_string()),
+        None => cmd.env_remove(wire::ENV_KNOWN_START),
+    };
     match &board {
         Some(b) => cmd.env(
             smore_protocol::board::ENV_BOARD_FD,

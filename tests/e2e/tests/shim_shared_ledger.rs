@@ -140,6 +140,26 @@ fn workers_started_with_close_fds_share_the_grants_one_cap() {
     for m in infos {
         assert_eq!(num(m, "total") as u64, GIB, "{out}");
     }
+
+    // A worker whose launcher exited (a shell that backgrounds it and returns): no longer a
+    // descendant of the process `smore run` exec'd, which still holds the files; it is found by
+    // its start time (`SMORE_KNOWN_START`), and the worker sees the grant's cap, not the
+    // device's 8 GiB.
+    let py = "import subprocess, sys, time\n\
+              subprocess.Popen(['sh', '-c', sys.argv[1] + ' &']).wait()\n\
+              time.sleep(2)";
+    let worker = format!("{probe} meminfo");
+    let out = run_ok(&mut smore_run(
+        &arb,
+        "orphan",
+        "1GiB",
+        &["python3", "-c", py, &worker],
+    ))
+    .unwrap();
+    let l = parse_lines(&out);
+    let infos = ops(&l, "meminfo");
+    assert_eq!(infos.len(), 1, "{out}");
+    assert_eq!(num(infos[0], "total") as u64, GIB, "{out}");
 }
 
 /// Item 4, races: several processes × threads allocating and freeing under one grant never hold
