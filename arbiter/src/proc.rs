@@ -78,10 +78,21 @@ pub fn stat(pid: u32) -> Option<Stat> {
 /// `/proc/<pid>/stat`, telling "no such process" (`Ok(None)`) from "cannot tell" (`Err`: out
 /// of file descriptors, permissions): a failed read is never evidence that a process died.
 pub fn stat_checked(pid: u32) -> std::io::Result<Option<Stat>> {
+    stat_at(&format!("/proc/{pid}/stat"))
+}
+
+/// This process's start time in clock ticks since boot, from `/proc/self/stat`: unlike
+/// `/proc/<own pid>`, `self` resolves in the pid namespace `/proc` was mounted for, so it is
+/// right in a container whose `/proc` is the host's (or another namespace's) too.
+pub fn own_start_time() -> Option<u64> {
+    stat_at("/proc/self/stat").ok().flatten().map(|s| s.start)
+}
+
+fn stat_at(path: &str) -> std::io::Result<Option<Stat>> {
     let gone = |e: &std::io::Error| {
         e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
     };
-    let mut f = match std::fs::File::open(format!("/proc/{pid}/stat")) {
+    let mut f = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if gone(&e) => return Ok(None),
         Err(e) => return Err(e),
@@ -300,6 +311,11 @@ mod tests {
     fn this_process_is_alive_and_its_own_descendant() {
         let me = std::process::id();
         let st = start_time(me).unwrap();
+        assert_eq!(
+            own_start_time(),
+            Some(st),
+            "/proc/self is this process here"
+        );
         assert!(is_same_process(me, st));
         assert!(!is_same_process(me, st + 1));
         assert!(is_descendant_of(me, me));

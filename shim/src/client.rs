@@ -209,7 +209,10 @@ pub fn map_inherited<T>(
             if crate::sys::os::is_ancestor(holder) || same() {
                 Ok(f)
             } else {
-                Err("it exited while its file was opened".to_string())
+                Err(
+                    "it exited while its file was opened (or /proc could not say it lives)"
+                        .to_string(),
+                )
             }
         })
         .and_then(|f| map(f.as_raw_fd()))
@@ -939,6 +942,80 @@ mod tests {
             e.contains("not a /memfd:smore-grant") || e.contains("cannot read"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_memfd_the_holder_keeps_is_mapped_from_it_while_it_lives_and_not_once_it_is_a_zombie() {
+        use std::io::Write;
+        use std::os::fd::{FromRawFd, OwnedFd};
+        // A grant-named memfd handed to a child as its stdin: the child stands for the process
+        // `smore run` exec'd, this one for a worker started with close_fds (its fd 0 is not the
+        // memfd).
+        // SAFETY: memfd_create with a NUL-terminated name; the result is checked before it is
+        // owned, once.
+        let raw = unsafe { libc::memfd_create(c"smore-grant".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(
+            raw >= 0,
+            "memfd_create: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: `raw` is a fresh, open fd no one else owns.
+        let memfd = unsafe { OwnedFd::from_raw_fd(raw) };
+        std::fs::File::from(memfd.try_clone().unwrap())
+            .write_all(b"the grant")
+            .unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(std::process::Stdio::from(memfd))
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let start = crate::sys::os::start_ticks(pid).unwrap().unwrap();
+        let named = format!("{pid}:{pid}");
+        let start = start.to_string();
+        let vars = env(&[
+            ("SMORE_KNOWN_AS", named.as_str()),
+            ("SMORE_KNOWN_START", start.as_str()),
+        ]);
+        // Maps only a grant memfd, and reads what it holds.
+        let read = |fd: RawFd| -> Result<String, String> {
+            let link =
+                std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|e| e.to_string())?;
+            if !link.to_string_lossy().starts_with("/memfd:smore-grant") {
+                return Err(format!("not a grant: {}", link.display()));
+            }
+            let mut buf = [0u8; 9];
+            // SAFETY: `fd` is open for the call; `buf` is valid for writes of its length.
+            let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+            Ok(String::from_utf8_lossy(&buf[..n.max(0) as usize]).into_owned())
+        };
+        let found = map_inherited(&vars, "V", 0, ("smore-grant", false), read);
+        // Another memfd name is not opened.
+        let other = map_inherited(&vars, "V", 0, ("smore-ledger", false), read);
+        // Killed but not reaped: a zombie, whose fds are closed. It is not that living process.
+        child.kill().unwrap();
+        let gone = std::time::Instant::now();
+        while crate::sys::os::start_ticks(pid).unwrap().is_some() {
+            assert!(gone.elapsed().as_secs() < 10, "never became a zombie");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let zombie = map_inherited(&vars, "V", 0, ("smore-grant", false), read);
+        child.wait().unwrap();
+        let reaped = map_inherited(&vars, "V", 0, ("smore-grant", false), read);
+        assert_eq!(found, Ok(("the grant".to_string(), Found::Holder)));
+        assert!(
+            other
+                .as_ref()
+                .is_err_and(|e| e.contains("not a /memfd:smore-ledger")),
+            "{other:?}"
+        );
+        for r in [zombie, reaped] {
+            assert!(
+                r.as_ref()
+                    .is_err_and(|e| e.contains("nor alive with its start time")),
+                "{r:?}"
+            );
+        }
     }
 
     #[test]

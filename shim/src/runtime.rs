@@ -548,7 +548,7 @@ fn shared_ledger(
         }
     };
     let me = os::pid();
-    let start = match os::start_ticks(me) {
+    let start = match os::own_start_ticks() {
         Ok(Some(t)) => t,
         _ => {
             log::line(

@@ -236,8 +236,9 @@ fn try_run(a: RunArgs) -> Result<i32> {
             ),
         )
         .env("SMORE_FUNCTION", &function);
-    // When this process (the one the command becomes) started: an exec keeps it.
-    match smore_arbiter::proc::start_time(std::process::id()) {
+    // When this process (the one the command becomes) started: an exec keeps it. Read from
+    // `/proc/self`, the pid namespace the workers' `/proc` reads it in.
+    match smore_arbiter::proc::own_start_time() {
         Some(start) => cmd.env(wire::ENV_KNOWN_START, start.to_string()),
         None => cmd.env_remove(wire::ENV_KNOWN_START),
     };

@@ -170,19 +170,33 @@ pub fn set_known_as(theirs: u32) {
 }
 
 /// Start time of process `pid` in clock ticks since boot (`/proc/<pid>/stat` field 22): `Ok(None)`
-/// when there is no such process, `Err` when `/proc` could not be read otherwise (never taken
-/// for proof of death). Allocation slow path only (a file read).
+/// when there is no such living process (none, or a zombie: it holds no memory, no fds and no
+/// GPU context any more), `Err` when `/proc` could not be read otherwise (never taken for proof
+/// of death). Allocation slow path only (a file read).
 pub fn start_ticks(pid: u32) -> Result<Option<u64>, std::io::Error> {
-    let bytes = match std::fs::read(format!("/proc/{pid}/stat")) {
+    start_ticks_at(&format!("/proc/{pid}/stat"))
+}
+
+/// This process's start time, as [`start_ticks`] reads another's, from `/proc/self/stat`: in a
+/// pid namespace without a `/proc` of its own, `/proc/<own pid>` is some other process.
+pub fn own_start_ticks() -> Result<Option<u64>, std::io::Error> {
+    start_ticks_at("/proc/self/stat")
+}
+
+fn start_ticks_at(path: &str) -> Result<Option<u64>, std::io::Error> {
+    let bytes = match std::fs::read(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
         Err(e) => return Err(e),
     };
-    // `rest` starts at field 3 (state); field 22 is the 20th of them.
+    // Fields are counted from field 3 (state); field 22 is the 20th of them.
+    if matches!(stat_field::<char>(&bytes, 0), Some('Z' | 'X')) {
+        return Ok(None);
+    }
     stat_field(&bytes, 19)
         .map(Some)
-        .ok_or_else(|| std::io::Error::other(format!("/proc/{pid}/stat: no start time")))
+        .ok_or_else(|| std::io::Error::other(format!("{path}: no start time")))
 }
 
 /// Field `3 + n` of a `/proc/<pid>/stat` line, as a number. The command name (field 2) may hold
@@ -421,6 +435,31 @@ mod tests {
         assert!(is_ancestor(std::os::unix::process::parent_id()));
         assert!(!is_ancestor(0));
         assert!(!is_ancestor(u32::MAX - 1));
+    }
+
+    #[test]
+    fn a_zombie_has_no_start_time_and_this_process_reads_its_own_from_self() {
+        assert_eq!(
+            own_start_ticks().unwrap(),
+            start_ticks(pid()).unwrap(),
+            "/proc/self is this process here"
+        );
+        assert!(own_start_ticks().unwrap().is_some());
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let child_pid = child.id();
+        // Not reaped yet: it turns into a zombie, which holds nothing a start time vouches for.
+        let since = std::time::Instant::now();
+        loop {
+            let stat = std::fs::read(format!("/proc/{child_pid}/stat")).unwrap();
+            if stat_field::<char>(&stat, 0) == Some('Z') {
+                break;
+            }
+            assert!(since.elapsed().as_secs() < 10, "never became a zombie");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(start_ticks(child_pid).unwrap(), None);
+        child.wait().unwrap();
+        assert_eq!(start_ticks(child_pid).unwrap(), None);
     }
 
     #[test]

@@ -144,22 +144,31 @@ fn workers_started_with_close_fds_share_the_grants_one_cap() {
     // A worker whose launcher exited (a shell that backgrounds it and returns): no longer a
     // descendant of the process `smore run` exec'd, which still holds the files; it is found by
     // its start time (`SMORE_KNOWN_START`), and the worker sees the grant's cap, not the
-    // device's 8 GiB.
-    let py = "import subprocess, sys, time\n\
-              subprocess.Popen(['sh', '-c', sys.argv[1] + ' &']).wait()\n\
-              time.sleep(2)";
-    let worker = format!("{probe} meminfo");
-    let out = run_ok(&mut smore_run(
-        &arb,
-        "orphan",
-        "1GiB",
-        &["python3", "-c", py, &worker],
-    ))
-    .unwrap();
-    let l = parse_lines(&out);
-    let infos = ops(&l, "meminfo");
-    assert_eq!(infos.len(), 1, "{out}");
-    assert_eq!(num(infos[0], "total") as u64, GIB, "{out}");
+    // device's 8 GiB. The worker execs the probe half a second after its shell returned, so it
+    // is an orphan before its shim looks; without the start time it is not found.
+    let orphan_total = |prefix: &str, name: &str| {
+        let py = "import subprocess, sys, time\n\
+                  subprocess.Popen(['sh', '-c', sys.argv[1], sys.argv[2]]).wait()\n\
+                  time.sleep(2.5)";
+        let script = format!("{{ sleep 0.5; exec {prefix} \"$0\" meminfo; }} &");
+        let out = run_ok(&mut smore_run(
+            &arb,
+            name,
+            "1GiB",
+            &["python3", "-c", py, &script, &probe],
+        ))
+        .unwrap();
+        let l = parse_lines(&out);
+        let infos = ops(&l, "meminfo");
+        assert_eq!(infos.len(), 1, "{out}");
+        num(infos[0], "total") as u64
+    };
+    assert_eq!(orphan_total("", "orphan"), GIB, "found by its start time");
+    assert_eq!(
+        orphan_total("env -u SMORE_KNOWN_START", "orphan-unnamed"),
+        8 * GIB,
+        "an orphan without the start time cannot tell the holder from a reused pid: standalone"
+    );
 }
 
 /// Item 4, races: several processes × threads allocating and freeing under one grant never hold
