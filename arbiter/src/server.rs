@@ -516,7 +516,7 @@ pub fn serve_conn(state: Shared, stream: UnixStream) {
             let (reply, page) = handle(&mut st, peer, &mut registered, &mut attached, env.req);
             let mut reply = reply;
             // A grant that says a turn board follows carries it after the page; a reply without
-            // a page (attach) carries neither, and says so.
+            // a page carries neither, and says so.
             let board = match &mut reply {
                 Reply::Granted(g) if g.board && page.is_some() => st.board_of(g.gpu_index).cloned(),
                 Reply::Granted(g) => {
@@ -618,7 +618,12 @@ fn handle(
             match st.instances.get(&instance) {
                 Some(_) if st.may_attach(peer, instance) => {
                     *attached = Some(instance);
-                    (Reply::Granted(st.grant_of(instance)), None)
+                    tracing::debug!(instance, pid = peer.pid, "a report connection attached");
+                    // With the page (and the turn board), so that a worker that only reports
+                    // follows this arbiter's page after a restart (docs/shim.md, "Workers after
+                    // an arbiter restart"); clients that do not want it drop the fds.
+                    let page = st.page_of(instance);
+                    (Reply::Granted(st.grant_of(instance)), page)
                 }
                 Some(_) => (
                     error(

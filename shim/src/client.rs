@@ -23,7 +23,7 @@
 use crate::config::{Config, FailurePolicy};
 use crate::harvest::Usage;
 use crate::limits::GrantPage;
-use crate::sys::grant;
+use crate::sys::grant::{self, FileId};
 use smore_protocol::board::{TurnBoard, ENV_BOARD_FD};
 use smore_protocol::conn::Client;
 use smore_protocol::wire::{
@@ -129,9 +129,13 @@ pub fn policy_of(p: smore_protocol::wire::FailurePolicy) -> FailurePolicy {
     }
 }
 
-/// Resolves the limits source from the environment, and how to resume the grant after an
-/// arbiter restart when the environment allows it.
-pub fn source(get: impl Fn(&str) -> Option<String>, config: &Config) -> (Source, Option<Resume>) {
+/// Resolves the limits source from the environment, how to resume the grant after an arbiter
+/// restart when the environment allows it, and which file an inherited grant page is (what a
+/// process that only reports compares the pages it is handed with).
+pub fn source(
+    get: impl Fn(&str) -> Option<String>,
+    config: &Config,
+) -> (Source, Option<Resume>, Option<FileId>) {
     if let Some(v) = get(ENV_GRANT_FD) {
         let Ok(fd) = v.trim().parse::<RawFd>() else {
             return (
@@ -139,30 +143,35 @@ pub fn source(get: impl Fn(&str) -> Option<String>, config: &Config) -> (Source,
                     "{ENV_GRANT_FD}={v:?} is not a file descriptor number"
                 )),
                 None,
+                None,
             );
         };
-        return match map_inherited(
-            &get,
-            ENV_GRANT_FD,
-            fd,
-            ("smore-grant", false),
-            grant::map_fd,
-        ) {
-            Ok((p, Found::Own)) => (
+        let map = |fd: RawFd| grant::map_fd(fd).map(|p| (p, grant::file_id(fd)));
+        return match map_inherited(&get, ENV_GRANT_FD, fd, ("smore-grant", false), map) {
+            Ok(((p, id), Found::Own)) => (
                 Source::Arbiter(p, inherited_board(&get)),
                 inherited_resume(&get, config),
+                id,
             ),
             // Without its fds: no registration's connection to watch (`report_only`).
-            Ok((p, Found::Holder)) => (Source::Arbiter(p, inherited_board(&get)), None),
-            Err(e) => (Source::Unavailable(format!("{ENV_GRANT_FD}: {e}")), None),
+            Ok(((p, id), Found::Holder)) => (Source::Arbiter(p, inherited_board(&get)), None, id),
+            Err(e) => (
+                Source::Unavailable(format!("{ENV_GRANT_FD}: {e}")),
+                None,
+                None,
+            ),
         };
     }
     let Some(path) = get(ENV_SOCKET).filter(|p| !p.is_empty()) else {
-        return (Source::Standalone, None);
+        return (Source::Standalone, None, None);
     };
     match register(&path, register_request(&get, config)) {
-        Ok((page, board, resume)) => (Source::Arbiter(page, board), Some(resume)),
-        Err(e) => (Source::Unavailable(format!("arbiter at {path}: {e}")), None),
+        Ok((page, board, resume)) => (Source::Arbiter(page, board), Some(resume), None),
+        Err(e) => (
+            Source::Unavailable(format!("arbiter at {path}: {e}")),
+            None,
+            None,
+        ),
     }
 }
 
@@ -567,9 +576,114 @@ pub struct Reporter {
     sent_at: Option<std::time::Instant>,
     /// The arbiter's preemption was already said on stderr.
     told_preempted: bool,
+    /// Whether this reporter follows the page an attach hands it (a process that only
+    /// reports: it has no registration of its own to get a new page by), and which page the
+    /// process holds now (None: not known, the first page handed is taken).
+    follow: Option<Option<FileId>>,
+    /// What the last attach handed that this process does not hold yet (taken by
+    /// [`Reporter::take_attached`]).
+    attached: Option<Attached>,
+}
+
+/// What an attach handed a following reporter: the grant as the arbiter announces it, and its
+/// page (and turn board) when the page is not the one the process holds.
+pub struct Attached {
+    /// The grant (its failure policy is the node's).
+    pub grant: Grant,
+    /// The instance's page now, when it is another file than the one the process holds (a
+    /// restarted arbiter's).
+    pub page: Option<&'static GrantPage>,
+    /// The GPU's turn board that came with a new page.
+    pub board: Option<&'static TurnBoard>,
+}
+
+/// Why a report was not sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReportError {
+    /// The arbiter could not be reached, or the connection to it failed (it is down or
+    /// restarting): the next report connects again.
+    Unreachable(String),
+    /// The arbiter answered, but not with what a report needs (the instance is unknown to it or
+    /// another's, or the report was refused).
+    Refused(String),
+}
+
+impl std::fmt::Display for ReportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReportError::Unreachable(why) | ReportError::Refused(why) => f.write_str(why),
+        }
+    }
 }
 
 impl Reporter {
+    /// A reporter that follows the instance's page (see [`Reporter::take_attached`]); `page`:
+    /// the file of the page this process holds, when known.
+    pub fn following(page: Option<FileId>) -> Reporter {
+        Reporter {
+            follow: Some(page),
+            ..Reporter::default()
+        }
+    }
+
+    /// The connection's fd, while attached (to be polled for the arbiter's hang-up).
+    pub fn conn_fd(&self) -> Option<RawFd> {
+        self.conn.as_ref().map(|c| c.stream().as_raw_fd())
+    }
+
+    /// Drops the connection (its peer hung up): the next report connects and attaches again.
+    pub fn disconnect(&mut self) {
+        self.conn = None;
+    }
+
+    /// What the last attach handed, once (following reporters only).
+    pub fn take_attached(&mut self) -> Option<Attached> {
+        self.attached.take()
+    }
+
+    /// Connects and attaches to `instance`; a following reporter keeps what the attach handed.
+    fn attach(&mut self, socket: &std::path::Path, instance: u64) -> Result<(), ReportError> {
+        let c = Client::from_stream(connect(socket).map_err(ReportError::Unreachable)?);
+        let (grant, fds) = match c.call_with_fds(Request::Attach { instance }) {
+            Ok((Reply::Granted(g), fds)) => (g, fds),
+            Ok((other, _)) => {
+                return Err(ReportError::Refused(format!("attach refused: {other:?}")))
+            }
+            Err(e) => return Err(ReportError::Unreachable(format!("attach failed: {e}"))),
+        };
+        self.conn = Some(c);
+        let Some(held) = self.follow else {
+            return Ok(());
+        };
+        let mut fds = fds.into_iter();
+        let (page_fd, board_fd) = (fds.next(), fds.next());
+        // Only a page known to be another file than the one held (the fstat cannot fail on
+        // an fd just received; if it did, the held page stays: no mapping per attach).
+        let fresh = page_fd.as_ref().and_then(|fd| {
+            let id = grant::file_id(fd.as_raw_fd())?;
+            (Some(id) != held).then_some((fd, id))
+        });
+        let (page, board) = match fresh {
+            // An older arbiter hands no page; the one held is the instance's.
+            None => (None, None),
+            Some((fd, id)) => match grant::map_fd(fd.as_raw_fd()) {
+                Ok(p) => {
+                    self.follow = Some(Some(id));
+                    (Some(p), board_of(&grant, board_fd))
+                }
+                Err(e) => {
+                    crate::log::line(
+                        crate::config::Level::Warn,
+                        format_args!("the page instance {instance}'s attach handed is unusable: {e}; keeping the one held"),
+                    );
+                    (None, None)
+                }
+            },
+        };
+        self.attached = Some(Attached { grant, page, board });
+        Ok(())
+    }
+
     /// Sends `usage` for `instance` unless it is what was sent last. A failure drops the
     /// connection; the next call connects again.
     pub fn report(
@@ -578,24 +692,21 @@ impl Reporter {
         instance: u64,
         usage: Usage,
         force: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), ReportError> {
         // Unchanged usage is not sent again, unless forced (the page cap went to 0) and the
-        // preemption was not said yet, or the last report is [`REPORT_REFRESH`] old.
+        // preemption was not said yet, or the last report is [`REPORT_REFRESH`] old — or there
+        // is no connection (it broke: attaching again is how a follower learns the arbiter is
+        // back).
         let forced = force && !self.told_preempted;
         let fresh = self.sent_at.is_some_and(|t| t.elapsed() < REPORT_REFRESH);
-        if self.last == Some(usage) && !forced && fresh {
+        if self.conn.is_some() && self.last == Some(usage) && !forced && fresh {
             return Ok(());
         }
         if self.conn.is_none() {
-            let c = Client::from_stream(connect(socket)?);
-            match c.call(Request::Attach { instance }) {
-                Ok(Reply::Granted(_)) => self.conn = Some(c),
-                Ok(other) => return Err(format!("attach refused: {other:?}")),
-                Err(e) => return Err(format!("attach failed: {e}")),
-            }
+            self.attach(socket, instance)?;
         }
         let Some(c) = &self.conn else {
-            return Err("no connection".into());
+            return Err(ReportError::Unreachable("no connection".into()));
         };
         let r = c.call(Request::Report {
             latencies_ms: Vec::new(),
@@ -642,11 +753,11 @@ impl Reporter {
             }
             Ok(other) => {
                 self.conn = None;
-                Err(format!("report refused: {other:?}"))
+                Err(ReportError::Refused(format!("report refused: {other:?}")))
             }
             Err(e) => {
                 self.conn = None;
-                Err(format!("report failed: {e}"))
+                Err(ReportError::Unreachable(format!("report failed: {e}")))
             }
         }
     }
@@ -719,22 +830,24 @@ mod tests {
     fn no_arbiter_variables_means_standalone_and_bad_ones_are_reported() {
         assert!(matches!(
             source(env(&[]), &Config::default()),
-            (Source::Standalone, None)
+            (Source::Standalone, None, None)
         ));
         match source(env(&[("SMORE_GRANT_FD", "seven")]), &Config::default()) {
-            (Source::Unavailable(why), None) => assert!(why.contains("SMORE_GRANT_FD"), "{why}"),
+            (Source::Unavailable(why), None, None) => {
+                assert!(why.contains("SMORE_GRANT_FD"), "{why}")
+            }
             _ => panic!("a non-number fd must be refused"),
         }
         // A descriptor number that is not open.
         match source(env(&[("SMORE_GRANT_FD", "987654")]), &Config::default()) {
-            (Source::Unavailable(why), None) => assert!(why.contains("not open"), "{why}"),
+            (Source::Unavailable(why), None, None) => assert!(why.contains("not open"), "{why}"),
             _ => panic!("a closed fd must be refused"),
         }
         match source(
             env(&[("SMORE_ARBITER_SOCKET", "/nonexistent/smore.sock")]),
             &Config::default(),
         ) {
-            (Source::Unavailable(why), None) => {
+            (Source::Unavailable(why), None, None) => {
                 assert!(why.contains("cannot reach the arbiter"), "{why}")
             }
             _ => panic!("an unreachable socket must be reported"),

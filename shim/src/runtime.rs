@@ -399,7 +399,7 @@ fn init() -> &'static Runtime {
     let parsed = config::parse(env);
     // Before the grant is looked for, so that what that says is said at the configured level.
     log::set_level(parsed.config.log);
-    let (source, resume) = client::source(env, &parsed.config);
+    let (source, resume, page_file) = client::source(env, &parsed.config);
     // An inherited grant without its registration's connection (a worker started with
     // `close_fds`): it reports, as a fork child does.
     let report_only = (resume.is_none() && matches!(source, Source::Arbiter(..)))
@@ -458,15 +458,24 @@ fn init() -> &'static Runtime {
     let rt = RUNTIME.install(Box::new(rt));
     INIT.store(2, Release);
     os::register_atfork(after_fork_child);
+    let policy = rt.config.policy;
+    let follow = |socket, instance, slot| crate::watch::Follow {
+        socket,
+        instance,
+        slot,
+        page: page_file,
+        policy,
+    };
     if let Some((socket, instance)) = report_only {
-        crate::watch::spawn_reporter(socket, instance, 0, usage);
+        crate::watch::spawn_follower(follow(socket, instance, 0), &rt.limits, usage, board_to);
     }
     if let Some(r) = resume {
         if r.exec && FORKED.load(Acquire) {
             // A fork child of the process `smore run` registered: it shares that process's
             // grant page, but the registration (and its resumption) is the parent's.
             os::close_fd(r.conn);
-            crate::watch::spawn_reporter(r.socket.clone(), r.instance, r.slot, usage);
+            let f = follow(r.socket.clone(), r.instance, r.slot);
+            crate::watch::spawn_follower(f, &rt.limits, usage, board_to);
         } else {
             crate::watch::spawn(rt.config.policy, &rt.limits, r, usage, board_to);
         }

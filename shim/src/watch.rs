@@ -25,11 +25,12 @@
 //! write the inherited `smore run` connection (it only polls it for the hang-up), panic across
 //! its boundary, or keep the host alive (the thread is detached; process exit ends it).
 
-use crate::client::{self, Rejoin, Reporter, Resume};
+use crate::client::{self, Rejoin, ReportError, Reporter, Resume};
 use crate::config::{FailurePolicy, Level};
 use crate::harvest::Usage;
 use crate::limits::{GrantPage, MAX_DEVICES};
 use crate::log;
+use crate::sys::grant::FileId;
 use crate::sys::os::{self, StaticRef};
 use smore_protocol::board::TurnBoard;
 use smore_protocol::wire::Request;
@@ -105,24 +106,132 @@ fn closed_page(last: &GrantPage) -> &'static GrantPage {
     page
 }
 
-/// Starts a thread that only reports usage (a fork child of the process `smore run` registered:
-/// the registration and its resumption are the parent's, but the child's launches are its own).
-pub fn spawn_reporter(socket: std::path::PathBuf, instance: u64, slot: usize, usage: UsageOf) {
-    let _ = std::thread::Builder::new()
+/// A process that holds a grant it does not own the registration of: a fork child of the
+/// process `smore run` registered, a worker started with `close_fds`, a descendant whose
+/// registration is another process's. It reports its own launches and follows the grant
+/// through its report connection ([`follow`]).
+pub struct Follow {
+    /// `SMORE_ARBITER_SOCKET`.
+    pub socket: std::path::PathBuf,
+    /// The instance whose grant the process holds.
+    pub instance: u64,
+    /// The grant's page slot.
+    pub slot: usize,
+    /// The file of the page the process holds; None when not known (the first page an attach
+    /// hands is then taken).
+    pub page: Option<FileId>,
+    /// The process's own failure policy (`SMORE_FAILURE`); the node's, announced in the grant
+    /// an attach answers with, is a floor.
+    pub policy: FailurePolicy,
+}
+
+/// Starts a thread that reports usage and follows the grant ([`follow`]).
+pub fn spawn_follower(
+    f: Follow,
+    limits: &'static StaticRef<GrantPage>,
+    usage: UsageOf,
+    board_to: BoardTo,
+) {
+    let started = std::thread::Builder::new()
         .name("smore-report".into())
         .stack_size(128 << 10)
         .spawn(move || {
             os::block_signals();
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let mut rep = Reporter::default();
-                loop {
-                    std::thread::sleep(Duration::from_millis(REPORT_PERIOD_MS as u64));
-                    // A fork child's reporter: the registration (and its preemption notice) is
-                    // the parent's.
-                    report(&mut rep, &socket, instance, usage(slot), false);
-                }
+                follow(f, limits, usage, board_to)
             }));
         });
+    if let Err(e) = started {
+        log::line(
+            Level::Warn,
+            format_args!("cannot start the usage reporter thread ({e}): this process's launches go unreported and its grant is not followed after an arbiter restart"),
+        );
+    }
+}
+
+/// The loop of a process that only reports (docs/shim.md, "Workers after an arbiter
+/// restart"): every [`REPORT_PERIOD_MS`] it reports over a connection attached to the instance,
+/// polled for the arbiter's hang-up in between. An attach answers with the instance's page: a
+/// page this process does not hold (a restarted arbiter's) is swapped in, with its turn board.
+/// When the arbiter is away after the process was attached, the failure policy applies as to a
+/// registered process ([`watch`]): closed — the node's, from the grant, or the process's — puts a
+/// process-local page refusing every allocation in until an attach succeeds again; open keeps
+/// the page held. A refusal from an arbiter that is up changes nothing.
+fn follow(f: Follow, limits: &'static StaticRef<GrantPage>, usage: UsageOf, board_to: BoardTo) {
+    let mut rep = Reporter::following(f.page);
+    // The arbiter's page this process holds (what a closed spell ends with, when the arbiter
+    // comes back with the same page).
+    let mut held = limits.get();
+    let mut node: Option<FailurePolicy> = None;
+    let mut attached = false;
+    let mut closed = false;
+    loop {
+        match rep.conn_fd() {
+            Some(fd) => {
+                if os::wait_hangup_for(fd, REPORT_PERIOD_MS) {
+                    rep.disconnect();
+                }
+            }
+            None => std::thread::sleep(Duration::from_millis(REPORT_PERIOD_MS as u64)),
+        }
+        // Not forced: the preemption notice is the registered process's to say.
+        let sent = rep.report(&f.socket, f.instance, usage(f.slot), false);
+        if let Some(a) = rep.take_attached() {
+            node = a.grant.failure_policy.map(client::policy_of);
+            attached = true;
+            if let Some(page) = a.page {
+                limits.set(page);
+                held = page;
+                board_to(a.board, f.slot);
+                log::line(
+                    Level::Warn,
+                    format_args!(
+                        "instance {}: following the arbiter's page for it now (the arbiter restarted since this process got its page), cap {} B, share {} %",
+                        f.instance, a.grant.memory_cap, a.grant.sm_share
+                    ),
+                );
+                closed = false;
+            } else if closed {
+                limits.set(held);
+                closed = false;
+                log::line(
+                    Level::Warn,
+                    format_args!(
+                        "instance {}: arbiter back; its grant applies again",
+                        f.instance
+                    ),
+                );
+            }
+        }
+        match sent {
+            Err(ReportError::Unreachable(why)) if attached && !closed => {
+                if effective(node, f.policy) == FailurePolicy::Closed {
+                    limits.set(closed_page(held));
+                    closed = true;
+                    log::line(
+                        Level::Warn,
+                        format_args!(
+                            "arbiter unreachable ({why}; instance {}): every device allocation is refused until it is back (failure policy closed)",
+                            f.instance
+                        ),
+                    );
+                } else {
+                    log::line(Level::Debug, format_args!("usage report not sent: {why}"));
+                }
+            }
+            Err(e) => log::line(Level::Debug, format_args!("usage report not sent: {e}")),
+            Ok(()) => {}
+        }
+    }
+}
+
+/// The failure policy in force: the node's (announced in the grant) is a floor; a process may
+/// be stricter than its node, never laxer.
+fn effective(node: Option<FailurePolicy>, own: FailurePolicy) -> FailurePolicy {
+    match (node, own) {
+        (Some(FailurePolicy::Closed), _) | (_, FailurePolicy::Closed) => FailurePolicy::Closed,
+        _ => FailurePolicy::Open,
+    }
 }
 
 /// One usage report; a failure is logged at debug level (the arbiter may be restarting).
@@ -155,11 +264,7 @@ fn watch(
         let last_cap = granted.cap(r.slot);
         // The node's policy, announced in the grant, is a floor: a node that fails closed does so
         // whatever the process's SMORE_FAILURE says; a process may be stricter than its node.
-        let effective = match (r.policy, policy) {
-            (Some(FailurePolicy::Closed), _) | (_, FailurePolicy::Closed) => FailurePolicy::Closed,
-            _ => FailurePolicy::Open,
-        };
-        match effective {
+        match effective(r.policy, policy) {
             FailurePolicy::Open => log::line(
                 Level::Warn,
                 format_args!(
@@ -204,13 +309,23 @@ fn watch(
                     delay = REFUSED_RETRY;
                 }
                 Rejoin::NotOurs(why) => {
-                    // Not ours to resume: the last arbiter page is what this process was granted.
+                    // Not ours to resume: the last arbiter page is what this process was granted,
+                    // until an attach hands this arbiter's page for the instance.
                     limits.set(granted);
                     log::line(
                         Level::Warn,
-                        format_args!("not re-registering: {why}; keeping the last grant"),
+                        format_args!("not re-registering: {why}; keeping the last grant, and following the instance's page once the arbiter hands one"),
                     );
-                    return;
+                    let f = Follow {
+                        socket: r.socket.clone(),
+                        instance: r.instance,
+                        slot: r.slot,
+                        // The page held is the arbiter's before the restart: the first one an
+                        // attach hands is this arbiter's.
+                        page: None,
+                        policy,
+                    };
+                    return follow(f, limits, usage, board_to);
                 }
             }
         };

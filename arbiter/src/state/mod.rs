@@ -882,14 +882,10 @@ impl State {
         if !self.may_bind(peer, id) || self.instances.get(&id)?.attached {
             return None;
         }
-        let page = Arc::new(PageHandle::new("smore-grant").ok()?);
+        let page = self.page_of(id)?;
         let inst = self.instances.get_mut(&id)?;
-        inst.page = Some(page.clone());
         inst.attached = true;
-        inst.write_page();
-        let (gpu, slot, function) = (inst.rec.gpu, inst.rec.slot, inst.rec.function.clone());
-        self.stamp_gpu_uuid(&page, gpu, slot);
-        self.seat(id);
+        let (gpu, function) = (inst.rec.gpu, inst.rec.function.clone());
         self.event(
             EventKind::Resumed,
             Some(id),
@@ -897,6 +893,32 @@ impl State {
             format!("function {function} re-attached on GPU {gpu}"),
         );
         Some((self.grant_of(id), page))
+    }
+
+    /// The grant page of instance `id`, made when it has none: an instance restored after a
+    /// restart has none until its process resumes it, or until a process of the function
+    /// attaches (a worker that only reports follows the page it is handed, docs/shim.md,
+    /// "Workers after an arbiter restart"); the resumption then keeps the same page, which both
+    /// read. None when there is no such instance or no memfd could be made.
+    pub fn page_of(&mut self, id: InstanceId) -> Option<Arc<PageHandle>> {
+        let inst = self.instances.get(&id)?;
+        if let Some(p) = &inst.page {
+            return Some(p.clone());
+        }
+        let page = match PageHandle::new("smore-grant") {
+            Ok(p) => Arc::new(p),
+            Err(e) => {
+                tracing::warn!(instance = id, "cannot make a grant page: {e}");
+                return None;
+            }
+        };
+        let inst = self.instances.get_mut(&id)?;
+        inst.page = Some(page.clone());
+        inst.write_page();
+        let (gpu, slot) = (inst.rec.gpu, inst.rec.slot);
+        self.stamp_gpu_uuid(&page, gpu, slot);
+        self.seat(id);
+        Some(page)
     }
 
     /// Writes into `page` which GPU its slot `slot` is for (NVML index `gpu`'s UUID), so the shim
@@ -3678,6 +3700,37 @@ mod tests {
         let mut s3 = state();
         s3.restore(file);
         assert!(s3.instances.is_empty());
+    }
+
+    #[test]
+    fn a_restored_instance_gets_its_page_at_an_attach_and_keeps_it_when_resumed() {
+        let mut s = state();
+        let (g, first) = s.register(me(), args(2 << 30)).unwrap();
+        // While the grant lives, an attach is handed the page its registration got.
+        let same = s.page_of(g.instance).unwrap();
+        assert!(Arc::ptr_eq(&first, &same));
+        let mut s2 = state();
+        s2.restore(s.persisted());
+        assert!(
+            s2.instances[&g.instance].page.is_none(),
+            "restored without one"
+        );
+        // A worker that only reports attaches first: this arbiter makes the page, with the
+        // grant's values, and the operator's changes reach it.
+        let page = s2.page_of(g.instance).unwrap();
+        assert_eq!(page.page().cap(0), 2 << 30);
+        assert!(
+            !s2.instances[&g.instance].attached,
+            "attached is the registration's"
+        );
+        s2.set_memory(g.instance, 1 << 30).unwrap();
+        assert_eq!(page.page().cap(0), 1 << 30);
+        // The registered process resumes it onto the same page, which both then read.
+        let mut a = args(1 << 30);
+        a.resume = Some(g.instance);
+        let (_, resumed) = s2.register(me(), a).unwrap();
+        assert!(Arc::ptr_eq(&page, &resumed));
+        assert!(s2.page_of(u64::MAX).is_none(), "no such instance");
     }
 
     #[test]

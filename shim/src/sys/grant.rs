@@ -10,6 +10,28 @@ use smore_protocol::grant::{GrantPage, PAGE_BYTES};
 use smore_protocol::ledger::{LedgerTable, LEDGER_BYTES};
 use std::os::fd::RawFd;
 
+/// Which file an fd is open on: two fds name the same grant page when these are equal (a
+/// restarted arbiter's page for the same instance is another memfd, another inode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+/// The file `fd` is open on (`fstat`); None when `fd` is not open.
+pub fn file_id(fd: RawFd) -> Option<FileId> {
+    // SAFETY: `libc::stat` is plain old data, for which all-zero bytes are a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on any integer is safe (EBADF for a non-fd); `st` is a valid out pointer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    Some(FileId {
+        dev: st.st_dev,
+        ino: st.st_ino,
+    })
+}
+
 /// Maps `fd` (`PROT_READ`, `MAP_SHARED`) and checks it holds a [`GrantPage`] of our layout. The
 /// mapping is never unmapped: the page is the process's live limits until it exits. The fd itself
 /// may be closed afterwards (the mapping keeps the memfd alive).

@@ -586,8 +586,118 @@ fn a_descendant_sharing_a_smore_run_grant_does_not_re_register() {
     // The last grant still caps the function.
     assert_eq!(f.alloc("16MiB"), "0");
     assert_eq!(f.alloc("1MiB"), "2");
+    // And it follows the page this arbiter made for the instance when it attached (before, it
+    // kept the dead arbiter's page: an operator's change never reached it).
+    assert_eq!(
+        arb.call(Request::SetMemory {
+            instance: id,
+            bytes: 128 << 20
+        }),
+        Reply::Ok
+    );
+    wait_until("the descendant follows the new page", REACT, || {
+        f.total() == 128 << 20
+    });
+    assert_eq!(f.alloc("32MiB"), "0");
+    assert_eq!(f.alloc("48MiB"), "2");
+    assert!(
+        f.stderr().contains("following the arbiter's page"),
+        "{}",
+        f.stderr()
+    );
     f.finish();
     wait_until("released when the shell exits", REACT, || {
         gpu0(&arb).1.is_empty()
     });
+}
+
+/// A process that only reports — here a worker started with `close_fds` (as Python's
+/// `subprocess` starts one) under a launcher that never uses CUDA, so nobody re-registers the
+/// instance — follows the grant across an arbiter restart: the failure policy while the arbiter
+/// is away (closed: nothing allocated; open: the last grant), and the restarted arbiter's page
+/// once it attaches again, where an operator's change reaches it (docs/shim.md, "Workers after
+/// an arbiter restart"). Before, it kept the dead arbiter's page for good under either policy.
+fn a_worker_that_only_reports_follows_the_grant_across_a_restart(policy: &str) {
+    let sim = SimGpu::exact(1, "16GiB");
+    let mut arb = Arbiter::new(&sim, "");
+    let mut cmd = sim.command(bin("smore"));
+    let py = "import subprocess, sys\nsys.exit(subprocess.Popen(sys.argv[1:]).wait())";
+    cmd.args([
+        "run",
+        "--function",
+        "workers",
+        "--memory",
+        "64MiB",
+        "--shim",
+    ])
+    .arg(shim_lib())
+    .args(["--", "python3", "-c", py])
+    .arg(bin("shim-client"))
+    .arg("hold")
+    .env("SMORE_ARBITER_SOCKET", &arb.socket)
+    .env("SMORE_FAILURE", policy)
+    .env("SMORE_LOG", "info");
+    let mut f = Held::spawn(cmd, sim.dir().join("function.err"));
+    assert_eq!(f.alloc("48MiB"), "0", "{policy}");
+    assert_eq!(f.alloc("32MiB"), "2", "the grant's 64 MiB cap: {policy}");
+    let (_, fns) = gpu0(&arb);
+    assert_eq!(fns.len(), 1, "{fns:?}");
+    let id = fns[0].id.unwrap();
+    // Its reporter attaches with its first report (a second after it started).
+    wait_until("the worker's reporter attached", REACT, || {
+        arb.logs().contains("a report connection attached")
+    });
+
+    arb.kill();
+    let mut used = 48;
+    if policy == "closed" {
+        wait_until("the worker fails closed", REACT, || f.total() == 0);
+        assert_eq!(f.alloc("8MiB"), "2", "{policy}");
+    } else {
+        assert_eq!(f.alloc("8MiB"), "0", "the last grant: {policy}");
+        assert_eq!(f.total(), 64 << 20);
+        used += 8;
+    }
+    arb.revive();
+    // Nobody resumes the instance (its registered process, python, has no CUDA and so no
+    // watcher): it stays listed, detached, its memory counted.
+    let (granted, fns) = gpu0(&arb);
+    assert_eq!(fns.len(), 1, "{fns:?}");
+    assert_eq!(fns[0].attached, Some(false));
+    assert_eq!(granted, Some(64 << 20));
+    wait_until(
+        "the worker follows the restarted arbiter's page",
+        REACT,
+        || f.stderr().contains("following the arbiter's page"),
+    );
+    assert_eq!(f.total(), 64 << 20, "{policy}");
+    assert_eq!(
+        arb.call(Request::SetMemory {
+            instance: id,
+            bytes: 128 << 20
+        }),
+        Reply::Ok
+    );
+    assert_eq!(
+        f.total(),
+        128 << 20,
+        "an operator's change reaches it: {policy}"
+    );
+    let room = 128 - used;
+    assert_eq!(f.alloc(&format!("{room}MiB")), "0", "{policy}");
+    assert_eq!(f.alloc("1MiB"), "2", "the new cap is enforced: {policy}");
+    let err = f.finish();
+    if policy == "closed" {
+        assert!(err.contains("failure policy closed"), "{err}");
+    }
+}
+
+#[test]
+fn a_worker_that_only_reports_fails_closed_then_follows_the_restarted_arbiters_page() {
+    a_worker_that_only_reports_follows_the_grant_across_a_restart("closed");
+}
+
+#[test]
+fn a_worker_that_only_reports_keeps_its_grant_then_follows_the_restarted_arbiters_page() {
+    a_worker_that_only_reports_follows_the_grant_across_a_restart("open");
 }
