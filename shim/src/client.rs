@@ -204,6 +204,13 @@ pub fn map_inherited<T>(
     else {
         return Err(first);
     };
+    // The holder's pid and ancestry are read in `/proc`: only where it names processes by the
+    // pids they know themselves by (else `/proc/<holder>` is some other process).
+    if !crate::sys::os::proc_is_ours() {
+        return Err(format!(
+            "{first}; /proc is another pid namespace's, so the process `smore run` started cannot be looked for there"
+        ));
+    }
     let started = get(ENV_KNOWN_START).and_then(|v| v.trim().parse::<u64>().ok());
     let same =
         || started.is_some_and(|t| crate::sys::os::start_ticks(holder).ok().flatten() == Some(t));
@@ -349,12 +356,24 @@ fn inherited_resume(get: &impl Fn(&str) -> Option<String>, config: &Config) -> O
 }
 
 fn connect(path: &std::path::Path) -> Result<UnixStream, String> {
-    let stream = UnixStream::connect(path)
-        .map_err(|e| smore_protocol::conn::unreachable_reason(path, &e))?;
+    connect_io(path).map_err(|e| match e {
+        Connect::Socket(e) => smore_protocol::conn::unreachable_reason(path, &e),
+        Connect::Options(e) => format!("socket options: {e}"),
+    })
+}
+
+/// Why [`connect_io`] failed: the connection itself, or the options set on it.
+enum Connect {
+    Socket(std::io::Error),
+    Options(std::io::Error),
+}
+
+fn connect_io(path: &std::path::Path) -> Result<UnixStream, Connect> {
+    let stream = UnixStream::connect(path).map_err(Connect::Socket)?;
     stream
         .set_read_timeout(Some(ARBITER_TIMEOUT))
         .and_then(|_| stream.set_write_timeout(Some(ARBITER_TIMEOUT)))
-        .map_err(|e| format!("socket options: {e}"))?;
+        .map_err(Connect::Options)?;
     Ok(stream)
 }
 
@@ -600,8 +619,11 @@ pub struct Attached {
 /// Why a report was not sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReportError {
-    /// The arbiter could not be reached, or the connection to it failed (it is down or
-    /// restarting): the next report connects again.
+    /// The arbiter's socket is absent or refuses connections: no arbiter runs (it is down or
+    /// restarting). The next report connects again.
+    Down(String),
+    /// The arbiter could not be reached otherwise, or the connection to it failed (a timeout, a
+    /// local failure such as running out of fds): the next report connects again.
     Unreachable(String),
     /// The arbiter answered, but not with what a report needs (the instance is unknown to it or
     /// another's, or the report was refused).
@@ -611,7 +633,9 @@ pub enum ReportError {
 impl std::fmt::Display for ReportError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ReportError::Unreachable(why) | ReportError::Refused(why) => f.write_str(why),
+            ReportError::Down(why) | ReportError::Unreachable(why) | ReportError::Refused(why) => {
+                f.write_str(why)
+            }
         }
     }
 }
@@ -643,7 +667,21 @@ impl Reporter {
 
     /// Connects and attaches to `instance`; a following reporter keeps what the attach handed.
     fn attach(&mut self, socket: &std::path::Path, instance: u64) -> Result<(), ReportError> {
-        let c = Client::from_stream(connect(socket).map_err(ReportError::Unreachable)?);
+        let c = Client::from_stream(connect_io(socket).map_err(|e| match e {
+            // No socket, or nobody listening on it: no arbiter runs.
+            Connect::Socket(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                ReportError::Down(smore_protocol::conn::unreachable_reason(socket, &e))
+            }
+            Connect::Socket(e) => {
+                ReportError::Unreachable(smore_protocol::conn::unreachable_reason(socket, &e))
+            }
+            Connect::Options(e) => ReportError::Unreachable(format!("socket options: {e}")),
+        })?);
         let (grant, fds) = match c.call_with_fds(Request::Attach { instance }) {
             Ok((Reply::Granted(g), fds)) => (g, fds),
             Ok((other, _)) => {
@@ -695,11 +733,12 @@ impl Reporter {
     ) -> Result<(), ReportError> {
         // Unchanged usage is not sent again, unless forced (the page cap went to 0) and the
         // preemption was not said yet, or the last report is [`REPORT_REFRESH`] old — or there
-        // is no connection (it broke: attaching again is how a follower learns the arbiter is
-        // back).
+        // is a following reporter without a connection (it broke: attaching again is how a
+        // follower learns the arbiter is back).
         let forced = force && !self.told_preempted;
         let fresh = self.sent_at.is_some_and(|t| t.elapsed() < REPORT_REFRESH);
-        if self.conn.is_some() && self.last == Some(usage) && !forced && fresh {
+        let reattach = self.conn.is_none() && self.follow.is_some();
+        if self.last == Some(usage) && !forced && fresh && !reattach {
             return Ok(());
         }
         if self.conn.is_none() {
@@ -950,6 +989,104 @@ mod tests {
             "one report answered `preempted`, one refresh"
         );
         let _ = std::fs::remove_file(&sock);
+    }
+
+    /// A memfd holding a valid grant page with cap `cap` on slot 0.
+    fn page_file(cap: u64) -> std::os::fd::OwnedFd {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        // SAFETY: memfd_create with a NUL-terminated name; the result is checked before it is
+        // owned, once.
+        let raw = unsafe { libc::memfd_create(c"smore-grant".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: `raw` is a fresh, open fd no one else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let page = GrantPage::unlimited();
+        page.set(0, cap, 100);
+        // SAFETY: the bytes of a repr(C) value that lives across the call, for its size.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                &page as *const GrantPage as *const u8,
+                std::mem::size_of::<GrantPage>(),
+            )
+        };
+        let mut whole = bytes.to_vec();
+        whole.resize(smore_protocol::grant::PAGE_BYTES, 0);
+        std::io::Write::write_all(&mut std::fs::File::from(fd.try_clone().unwrap()), &whole)
+            .unwrap();
+        fd
+    }
+
+    #[test]
+    fn a_following_reporter_takes_a_page_of_another_file_once_and_never_the_one_it_holds() {
+        use smore_protocol::conn::{recv_with_fd, send_with_fds};
+        use smore_protocol::wire::{Envelope, MAX_FRAME};
+        use std::os::fd::AsFd;
+        let sock = std::env::temp_dir().join(format!("smore-follow-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&sock);
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let (old, new) = (page_file(1 << 20), page_file(2 << 20));
+        let held = grant::file_id(old.as_raw_fd());
+        // Each connection's attach hands one of the two pages: the old, the new, the new again.
+        let hand = [
+            old.try_clone().unwrap(),
+            new.try_clone().unwrap(),
+            new.try_clone().unwrap(),
+        ];
+        let server = std::thread::spawn(move || {
+            for page in hand {
+                let (s, _) = listener.accept().unwrap();
+                while let Ok((env, _)) = recv_with_fd::<Envelope>(&s, MAX_FRAME) {
+                    let (reply, fds) = match env.req {
+                        Request::Attach { instance } => (
+                            Reply::Granted(Grant {
+                                instance,
+                                gpu_index: 0,
+                                gpu_uuid: "GPU-0".into(),
+                                memory_cap: 0,
+                                sm_share: 100,
+                                generation: 1,
+                                predicted_train: None,
+                                predicted_fn: None,
+                                rule: String::new(),
+                                failure_policy: None,
+                                pid: None,
+                                board: false,
+                            }),
+                            vec![page.as_fd()],
+                        ),
+                        Request::Report { .. } => (Reply::Ok, vec![]),
+                        other => panic!("{other:?}"),
+                    };
+                    send_with_fds(&s, &reply, &fds).unwrap();
+                }
+            }
+        });
+        let mut rep = Reporter::following(held);
+        let u = Usage::default();
+        let mut handed = Vec::new();
+        for _ in 0..3 {
+            assert_eq!(rep.report(&sock, 7, u, false), Ok(()));
+            let a = rep
+                .take_attached()
+                .expect("every attach says what it handed");
+            handed.push(a.page.map(|p| p.cap(0)));
+            rep.disconnect();
+        }
+        server.join().unwrap();
+        let _ = std::fs::remove_file(&sock);
+        assert_eq!(
+            handed,
+            [None, Some(2 << 20), None],
+            "the page held is not mapped again; another file is, once"
+        );
+        assert_eq!(rep.follow, Some(grant::file_id(new.as_raw_fd())));
+        // A reporter that does not follow takes no page, and attaches only when it has news.
+        let mut plain = Reporter::default();
+        assert!(plain.take_attached().is_none());
+        assert!(matches!(
+            plain.report(&sock, 7, u, false),
+            Err(ReportError::Down(_))
+        ));
     }
 
     #[test]

@@ -429,6 +429,8 @@ fn init() -> &'static Runtime {
             ),
         }
     }
+    // A fork child sets it again: its claim is its own.
+    crate::watch::set_allocations_refused(matches!(shared, Some(Err(_))));
     match shared {
         Some(Ok(group)) => rt.ledger = Ledger::shared(group),
         Some(Err(e)) => {
@@ -557,7 +559,16 @@ fn shared_ledger(
         }
     };
     let me = os::pid();
-    let start = match os::own_start_ticks() {
+    // The group tells a member's life by `/proc/<pid>` (`os::owner_alive`): only where `/proc`
+    // names processes by the pids they know themselves by.
+    if !os::proc_is_ours() {
+        log::line(
+            Level::Error,
+            format_args!("{ENV_LEDGER_FD}: /proc is another pid namespace's (mount a /proc of this one); this process's memory is capped on its own"),
+        );
+        return None;
+    }
+    let start = match os::start_ticks(me) {
         Ok(Some(t)) => t,
         _ => {
             log::line(
@@ -581,8 +592,8 @@ static FORKED: AtomicBool = AtomicBool::new(false);
 /// child's) without locking or freeing; the next hook call initialises a fresh one. The parent's
 /// arbiter watcher thread does not exist in the child: a child that registers itself
 /// (`SMORE_ARBITER_SOCKET`) gets its own watcher; a child sharing an inherited `smore run` grant
-/// gets none (its parent re-registers; the child keeps the page it mapped — the parent's last
-/// grant — after an arbiter restart).
+/// gets a thread that reports and follows the grant (`watch::follow`: its parent re-registers,
+/// the child takes the restarted arbiter's page through its report connection).
 pub fn after_fork_child() {
     FORKED.store(true, Release);
     RUNTIME.clear();

@@ -17,8 +17,9 @@
 //!
 //! Between hang-up checks (every [`REPORT_PERIOD_MS`]) it sends the process's usage counters
 //! (estimated GPU and collision time, docs/harvest.md) to the arbiter over a connection of its own
-//! ([`Reporter`]); a fork child of a `smore run` process, which has no watcher, gets a thread that
-//! only reports ([`spawn_reporter`]).
+//! ([`Reporter`]); a process that holds a grant without its registration (a fork child or a
+//! `close_fds` worker of a `smore run` process, a descendant refused re-registration) gets a
+//! thread that reports and follows the grant through that connection ([`spawn_follower`]).
 //!
 //! Owns the thread and its back-off. Must never: take a lock the hooks take (it only loads and
 //! stores the runtime's page pointer, reads the usage counters and writes log lines), read or
@@ -138,7 +139,7 @@ pub fn spawn_follower(
         .spawn(move || {
             os::block_signals();
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                follow(f, limits, usage, board_to)
+                follow(f, limits, usage, board_to, limits.get(), false)
             }));
         });
     if let Err(e) = started {
@@ -153,35 +154,72 @@ pub fn spawn_follower(
 /// restart"): every [`REPORT_PERIOD_MS`] it reports over a connection attached to the instance,
 /// polled for the arbiter's hang-up in between. An attach answers with the instance's page: a
 /// page this process does not hold (a restarted arbiter's) is swapped in, with its turn board.
-/// When the arbiter is away after the process was attached, the failure policy applies as to a
-/// registered process ([`watch`]): closed — the node's, from the grant, or the process's — puts a
-/// process-local page refusing every allocation in until an attach succeeds again; open keeps
-/// the page held. A refusal from an arbiter that is up changes nothing.
-fn follow(f: Follow, limits: &'static StaticRef<GrantPage>, usage: UsageOf, board_to: BoardTo) {
+/// The failure policy applies as to a registered process ([`watch`]) when the connection hangs
+/// up, or when the arbiter's socket is absent or refuses connections (a process started while
+/// the arbiter is away): closed — the node's, from the last grant, or the process's — puts a
+/// process-local page refusing every allocation in until an attach succeeds; open keeps the page
+/// held. A timeout or a local failure (out of fds) is no outage; a refusal from an arbiter that
+/// is up changes nothing, and is asked again only after [`REFUSED_RETRY`].
+///
+/// `held`: the arbiter's page the process holds; `closed`: whether a closed page is in force
+/// already (a descendant refused re-registration under fail-closed).
+fn follow(
+    f: Follow,
+    limits: &'static StaticRef<GrantPage>,
+    usage: UsageOf,
+    board_to: BoardTo,
+    mut held: &'static GrantPage,
+    mut closed: bool,
+) {
     let mut rep = Reporter::following(f.page);
-    // The arbiter's page this process holds (what a closed spell ends with, when the arbiter
-    // comes back with the same page).
-    let mut held = limits.get();
     let mut node: Option<FailurePolicy> = None;
-    let mut attached = false;
-    let mut closed = false;
+    // One closed page per page held, however often the arbiter goes away.
+    let mut closed_of: Option<(*const GrantPage, &'static GrantPage)> = None;
+    let mut close = |held: &'static GrantPage, why: &str, node: Option<FailurePolicy>| -> bool {
+        if effective(node, f.policy) != FailurePolicy::Closed {
+            return false;
+        }
+        let page = match closed_of {
+            Some((of, page)) if std::ptr::eq(of, held) => page,
+            _ => {
+                let page = closed_page(held);
+                closed_of = Some((held, page));
+                page
+            }
+        };
+        limits.set(page);
+        log::line(
+            Level::Warn,
+            format_args!(
+                "{why} (instance {}): every device allocation is refused until it is back (failure policy closed)",
+                f.instance
+            ),
+        );
+        true
+    };
+    let mut quiet_until: Option<std::time::Instant> = None;
     loop {
         match rep.conn_fd() {
             Some(fd) => {
                 if os::wait_hangup_for(fd, REPORT_PERIOD_MS) {
                     rep.disconnect();
+                    if !closed {
+                        closed = close(held, "arbiter connection lost", node);
+                    }
                 }
             }
             None => std::thread::sleep(Duration::from_millis(REPORT_PERIOD_MS as u64)),
+        }
+        if quiet_until.is_some_and(|t| std::time::Instant::now() < t) {
+            continue;
         }
         // Not forced: the preemption notice is the registered process's to say.
         let sent = rep.report(&f.socket, f.instance, usage(f.slot), false);
         if let Some(a) = rep.take_attached() {
             node = a.grant.failure_policy.map(client::policy_of);
-            attached = true;
             if let Some(page) = a.page {
-                limits.set(page);
                 held = page;
+                limits.set(own_view(page));
                 board_to(a.board, f.slot);
                 log::line(
                     Level::Warn,
@@ -192,7 +230,7 @@ fn follow(f: Follow, limits: &'static StaticRef<GrantPage>, usage: UsageOf, boar
                 );
                 closed = false;
             } else if closed {
-                limits.set(held);
+                limits.set(own_view(held));
                 closed = false;
                 log::line(
                     Level::Warn,
@@ -203,25 +241,50 @@ fn follow(f: Follow, limits: &'static StaticRef<GrantPage>, usage: UsageOf, boar
                 );
             }
         }
+        quiet_until = None;
         match sent {
-            Err(ReportError::Unreachable(why)) if attached && !closed => {
-                if effective(node, f.policy) == FailurePolicy::Closed {
-                    limits.set(closed_page(held));
-                    closed = true;
-                    log::line(
-                        Level::Warn,
-                        format_args!(
-                            "arbiter unreachable ({why}; instance {}): every device allocation is refused until it is back (failure policy closed)",
-                            f.instance
-                        ),
-                    );
-                } else {
+            Err(ReportError::Down(why)) if !closed => {
+                closed = close(held, &format!("arbiter unreachable: {why}"), node);
+                if !closed {
                     log::line(Level::Debug, format_args!("usage report not sent: {why}"));
                 }
+            }
+            Err(ReportError::Refused(why)) => {
+                log::line(
+                    Level::Debug,
+                    format_args!(
+                        "usage report not sent: {why}; asking again in {} s",
+                        REFUSED_RETRY.as_secs()
+                    ),
+                );
+                quiet_until = Some(std::time::Instant::now() + REFUSED_RETRY);
             }
             Err(e) => log::line(Level::Debug, format_args!("usage report not sent: {e}")),
             Ok(()) => {}
         }
+    }
+}
+
+/// Whether this process refuses every allocation whatever its grant says: its runtime could not
+/// join the grant's shared ledger (every slot held), so a page of the arbiter's would let it
+/// allocate beside the grant's one cap (found by review, 2026-11-29). Set by the runtime at
+/// init (a fork child sets it again).
+static ALLOCATIONS_REFUSED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Says whether this process refuses every allocation whatever its grant says (the runtime,
+/// at init).
+pub fn set_allocations_refused(refused: bool) {
+    ALLOCATIONS_REFUSED.store(refused, std::sync::atomic::Ordering::Release);
+}
+
+/// What this process enforces of an arbiter's page: the page, or a closed copy of it where the
+/// process refuses every allocation ([`set_allocations_refused`]).
+fn own_view(page: &'static GrantPage) -> &'static GrantPage {
+    if ALLOCATIONS_REFUSED.load(std::sync::atomic::Ordering::Acquire) {
+        closed_page(page)
+    } else {
+        page
     }
 }
 
@@ -309,12 +372,16 @@ fn watch(
                     delay = REFUSED_RETRY;
                 }
                 Rejoin::NotOurs(why) => {
-                    // Not ours to resume: the last arbiter page is what this process was granted,
-                    // until an attach hands this arbiter's page for the instance.
-                    limits.set(granted);
+                    // Not ours to resume: the last arbiter page is what this process was granted
+                    // (under fail-open; fail-closed stays closed), until an attach hands this
+                    // arbiter's page for the instance.
+                    let closed = effective(r.policy, policy) == FailurePolicy::Closed;
+                    if !closed {
+                        limits.set(granted);
+                    }
                     log::line(
                         Level::Warn,
-                        format_args!("not re-registering: {why}; keeping the last grant, and following the instance's page once the arbiter hands one"),
+                        format_args!("not re-registering: {why}; {}, and following the instance's page once the arbiter hands one", if closed { "allocations stay refused (failure policy closed)" } else { "keeping the last grant" }),
                     );
                     let f = Follow {
                         socket: r.socket.clone(),
@@ -325,11 +392,11 @@ fn watch(
                         page: None,
                         policy,
                     };
-                    return follow(f, limits, usage, board_to);
+                    return follow(f, limits, usage, board_to, granted, closed);
                 }
             }
         };
-        limits.set(page);
+        limits.set(own_view(page));
         let how = if grant.instance == r.instance {
             "re-attached as instance"
         } else {
@@ -359,5 +426,36 @@ fn watch(
         }
         // After the slot: the seat is the new page's, at the new grant's slot.
         board_to(board, r.slot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_that_refuses_allocations_takes_a_new_page_as_a_closed_copy() {
+        let page: &'static GrantPage = Box::leak(Box::new(GrantPage::unlimited()));
+        page.set(0, 1 << 30, 40);
+        assert!(std::ptr::eq(own_view(page), page), "by default the page itself");
+        // The runtime could not join the grant's shared ledger: a restarted arbiter's page must
+        // not give it a cap beside the grant's.
+        set_allocations_refused(true);
+        let seen = own_view(page);
+        set_allocations_refused(false);
+        assert!(!std::ptr::eq(seen, page));
+        assert_eq!(seen.cap(0), 0, "no allocation");
+        assert_eq!(seen.share(0), 40, "the share still gates its launches");
+        assert!(std::ptr::eq(own_view(page), page));
+    }
+
+    #[test]
+    fn the_nodes_failure_policy_is_a_floor() {
+        use FailurePolicy::{Closed, Open};
+        assert_eq!(effective(None, Open), Open);
+        assert_eq!(effective(Some(Open), Open), Open);
+        assert_eq!(effective(Some(Closed), Open), Closed);
+        assert_eq!(effective(Some(Open), Closed), Closed, "a process may be stricter");
+        assert_eq!(effective(None, Closed), Closed);
     }
 }

@@ -24,7 +24,8 @@ pub struct Instance {
     pub rec: Record,
     /// False after an arbiter restart until the process re-registers (its memory stays counted).
     pub attached: bool,
-    /// The grant page (None while detached).
+    /// The grant page: None for an instance restored after a restart until a process of it
+    /// attaches or resumes it (`State::page_of`).
     #[serde(skip)]
     pub page: Option<Arc<PageHandle>>,
     /// Predicted training slowdown at admission (fraction).

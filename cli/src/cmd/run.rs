@@ -236,9 +236,11 @@ fn try_run(a: RunArgs) -> Result<i32> {
             ),
         )
         .env("SMORE_FUNCTION", &function);
-    // When this process (the one the command becomes) started: an exec keeps it. Read from
-    // `/proc/self`, the pid namespace the workers' `/proc` reads it in.
-    match smore_arbiter::proc::own_start_time() {
+    // When this process (the one the command becomes) started: an exec keeps it. A worker reads
+    // it at `/proc/<the pid in SMORE_KNOWN_AS>`, so it is said only where that is this process
+    // (`/proc/self` agrees: not in a pid namespace without a `/proc` of its own).
+    let me = smore_arbiter::proc::start_time(std::process::id());
+    match me.filter(|_| me == smore_arbiter::proc::own_start_time()) {
         Some(start) => cmd.env(wire::ENV_KNOWN_START, start.to_string()),
         None => cmd.env_remove(wire::ENV_KNOWN_START),
     };

@@ -170,33 +170,43 @@ pub fn set_known_as(theirs: u32) {
 }
 
 /// Start time of process `pid` in clock ticks since boot (`/proc/<pid>/stat` field 22): `Ok(None)`
-/// when there is no such living process (none, or a zombie: it holds no memory, no fds and no
-/// GPU context any more), `Err` when `/proc` could not be read otherwise (never taken for proof
-/// of death). Allocation slow path only (a file read).
+/// when there is no such living process (none, or a zombie whose threads have all exited: it
+/// holds no memory, no fds and no GPU context any more — a leader that left by `pthread_exit`
+/// while other threads run reads `Z` too, and lives), `Err` when `/proc` could not be read
+/// otherwise (never taken for proof of death). Allocation slow path only (file reads).
 pub fn start_ticks(pid: u32) -> Result<Option<u64>, std::io::Error> {
-    start_ticks_at(&format!("/proc/{pid}/stat"))
-}
-
-/// This process's start time, as [`start_ticks`] reads another's, from `/proc/self/stat`: in a
-/// pid namespace without a `/proc` of its own, `/proc/<own pid>` is some other process.
-pub fn own_start_ticks() -> Result<Option<u64>, std::io::Error> {
-    start_ticks_at("/proc/self/stat")
-}
-
-fn start_ticks_at(path: &str) -> Result<Option<u64>, std::io::Error> {
-    let bytes = match std::fs::read(path) {
+    let gone = |e: &std::io::Error| {
+        e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+    };
+    let bytes = match std::fs::read(format!("/proc/{pid}/stat")) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
+        Err(e) if gone(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
     // Fields are counted from field 3 (state); field 22 is the 20th of them.
     if matches!(stat_field::<char>(&bytes, 0), Some('Z' | 'X')) {
-        return Ok(None);
+        // The leader's entry stays in `task` until it is reaped; any other means a thread runs.
+        match std::fs::read_dir(format!("/proc/{pid}/task")).map(|t| t.take(2).count()) {
+            Ok(n) if n > 1 => {}
+            Ok(_) => return Ok(None),
+            Err(e) if gone(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        }
     }
     stat_field(&bytes, 19)
         .map(Some)
-        .ok_or_else(|| std::io::Error::other(format!("{path}: no start time")))
+        .ok_or_else(|| std::io::Error::other(format!("/proc/{pid}/stat: no start time")))
+}
+
+/// Whether `/proc` is this process's pid namespace's: `/proc/self` names this process by its own
+/// pid. In a pid namespace that did not mount a `/proc` of its own (`unshare -p -f` alone),
+/// `/proc/<pid>` is another process, so nothing read there by pid may be trusted — neither a
+/// shared ledger's owner check nor a holder's files (found by review, 2026-11-29).
+pub fn proc_is_ours() -> bool {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|t| t.to_str()?.parse::<u32>().ok())
+        == Some(pid())
 }
 
 /// Field `3 + n` of a `/proc/<pid>/stat` line, as a number. The command name (field 2) may hold
@@ -438,13 +448,40 @@ mod tests {
     }
 
     #[test]
-    fn a_zombie_has_no_start_time_and_this_process_reads_its_own_from_self() {
-        assert_eq!(
-            own_start_ticks().unwrap(),
-            start_ticks(pid()).unwrap(),
-            "/proc/self is this process here"
-        );
-        assert!(own_start_ticks().unwrap().is_some());
+    fn a_zombie_has_no_start_time_and_a_leader_whose_threads_run_has() {
+        assert!(proc_is_ours(), "/proc is this test's pid namespace's");
+        assert!(start_ticks(pid()).unwrap().is_some());
+        // A leader that left by pthread_exit while another thread runs reads Z, and lives: its
+        // memory, fds and GPU context are its threads'.
+        let script = "import threading, time, sys\n\
+                      threading.Thread(target=time.sleep, args=(30,)).start()\n\
+                      sys.stdout.write('x\\n'); sys.stdout.flush()\n\
+                      import ctypes; ctypes.CDLL(None).pthread_exit(None)";
+        let mut leader = std::process::Command::new("python3")
+            .args(["-c", script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(leader.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let lid = leader.id();
+        let since = std::time::Instant::now();
+        loop {
+            let stat = std::fs::read(format!("/proc/{lid}/stat")).unwrap();
+            if stat_field::<char>(&stat, 0) == Some('Z') {
+                break;
+            }
+            assert!(since.elapsed().as_secs() < 10, "the leader never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let alive = start_ticks(lid).unwrap();
+        let _ = leader.kill();
+        let _ = leader.wait();
+        assert!(alive.is_some(), "a leader whose thread runs is alive");
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let child_pid = child.id();
         // Not reaped yet: it turns into a zombie, which holds nothing a start time vouches for.
