@@ -437,7 +437,10 @@ mod tests {
     fn a_process_that_refuses_allocations_takes_a_new_page_as_a_closed_copy() {
         let page: &'static GrantPage = Box::leak(Box::new(GrantPage::unlimited()));
         page.set(0, 1 << 30, 40);
-        assert!(std::ptr::eq(own_view(page), page), "by default the page itself");
+        assert!(
+            std::ptr::eq(own_view(page), page),
+            "by default the page itself"
+        );
         // The runtime could not join the grant's shared ledger: a restarted arbiter's page must
         // not give it a cap beside the grant's.
         set_allocations_refused(true);
@@ -455,7 +458,11 @@ mod tests {
         assert_eq!(effective(None, Open), Open);
         assert_eq!(effective(Some(Open), Open), Open);
         assert_eq!(effective(Some(Closed), Open), Closed);
-        assert_eq!(effective(Some(Open), Closed), Closed, "a process may be stricter");
+        assert_eq!(
+            effective(Some(Open), Closed),
+            Closed,
+            "a process may be stricter"
+        );
         assert_eq!(effective(None, Closed), Closed);
     }
 }

@@ -334,7 +334,24 @@ struct Held {
 }
 
 impl Held {
-    fn spawn(mut cmd: Command, err: std::path::PathBuf) -> Held {
+    fn spawn(cmd: Command, err: std::path::PathBuf) -> Held {
+        let mut h = Held::start(cmd, err);
+        assert_eq!(h.line(), "op=ready");
+        h
+    }
+
+    /// Tells a launcher that waits for a line on stdin to start the held process, and waits for
+    /// it to be ready.
+    fn go(&mut self) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "go").unwrap();
+        stdin.flush().unwrap();
+        assert_eq!(self.line(), "op=ready");
+    }
+
+    /// Spawns `cmd` without waiting for anything.
+    fn start(mut cmd: Command, err: std::path::PathBuf) -> Held {
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -343,14 +360,12 @@ impl Held {
             .unwrap();
         let stdin = child.stdin.take();
         let out = BufReader::new(child.stdout.take().unwrap());
-        let mut h = Held {
+        Held {
             child,
             stdin,
             out,
             err,
-        };
-        assert_eq!(h.line(), "op=ready");
-        h
+        }
     }
 
     fn line(&mut self) -> String {
@@ -690,6 +705,52 @@ fn a_worker_that_only_reports_follows_the_grant_across_a_restart(policy: &str) {
     if policy == "closed" {
         assert!(err.contains("failure policy closed"), "{err}");
     }
+}
+
+/// A worker that only reports, started while the arbiter is away, under fail-closed: it found
+/// the page its launcher holds, but no arbiter runs — it refuses every allocation until the
+/// restarted arbiter's page reaches it (before, it ran on the dead arbiter's page for good).
+#[test]
+fn a_worker_started_while_the_arbiter_is_away_fails_closed_until_it_is_back() {
+    let sim = SimGpu::exact(1, "16GiB");
+    let mut arb = Arbiter::new(&sim, "");
+    let mut cmd = sim.command(bin("smore"));
+    // The launcher starts its worker when told (one line on stdin), as a `close_fds` worker.
+    let py = "import subprocess, sys\nsys.stdin.readline()\n\
+              sys.exit(subprocess.Popen(sys.argv[1:]).wait())";
+    cmd.args(["run", "--function", "late", "--memory", "64MiB", "--shim"])
+        .arg(shim_lib())
+        .args(["--", "python3", "-c", py])
+        .arg(bin("shim-client"))
+        .arg("hold")
+        .env("SMORE_ARBITER_SOCKET", &arb.socket)
+        .env("SMORE_FAILURE", "closed")
+        .env("SMORE_LOG", "info");
+    // The registration is done before `smore run` execs the launcher; then the arbiter dies,
+    // and only then does the worker start.
+    let mut f = Held::start(cmd, sim.dir().join("function.err"));
+    let comm = format!("/proc/{}/comm", f.child.id());
+    wait_until("smore run exec'd the launcher", REACT, || {
+        std::fs::read_to_string(&comm).is_ok_and(|c| c.starts_with("python"))
+    });
+    assert_eq!(gpu0(&arb).1.len(), 1, "granted before the exec");
+    arb.kill();
+    f.go();
+    wait_until("the late worker fails closed", REACT, || f.total() == 0);
+    assert_eq!(f.alloc("8MiB"), "2");
+    arb.revive();
+    wait_until(
+        "the late worker follows the restarted arbiter's page",
+        REACT,
+        || f.total() == 64 << 20,
+    );
+    assert_eq!(f.alloc("48MiB"), "0");
+    assert_eq!(f.alloc("32MiB"), "2", "the grant's cap");
+    let err = f.finish();
+    assert!(
+        err.contains("arbiter unreachable") && err.contains("failure policy closed"),
+        "{err}"
+    );
 }
 
 #[test]
