@@ -21,7 +21,7 @@
 
 use crate::grant::MAX_DEVICES;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// Environment variable through which `smore run` hands the shared ledger's fd to the function.
 pub const ENV_LEDGER_FD: &str = "SMORE_LEDGER_FD";
@@ -64,8 +64,12 @@ pub struct LedgerTable {
     pub magic: u64,
     /// [`LEDGER_VERSION`].
     pub version: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// The pid namespace of the table's members ([`own_pid_namespace`]; 0: none joined yet).
+    /// The first process to join writes its own; members tell each other's life by
+    /// `/proc/<pid>`, which only means the same process inside one pid namespace, so a process
+    /// of another one does not join (docs/shim.md, "The memory cap"). Zero in tables of layouts
+    /// before 2026-11-29's shims, which never read it.
+    pub pid_ns: AtomicU32,
     /// Per device (grant-page slot): the largest context footprint a process of the grant
     /// measured there, bytes (0 = none yet). A process's later contexts are checked against the
     /// cap with it before the driver is asked, not only after its own first one was measured.
@@ -158,6 +162,13 @@ pub fn owner_pid(owner: u64) -> u32 {
     (owner >> 32) as u32
 }
 
+/// This process's pid namespace as a table's [`LedgerTable::pid_ns`] names it: the inode of
+/// `/proc/self/ns/pid`, low 32 bits (namespace inodes are 32-bit), or 0 when it cannot be read.
+pub fn own_pid_namespace() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino() as u32)
+}
+
 /// Creates an empty table: a memfd of [`LEDGER_BYTES`] with the header written and every slot
 /// free (zero), sealed against shrinking and growing (the shim maps it for the process's life: a
 /// function that truncated it would fault in its own launches). Close-on-exec: the caller clears
@@ -228,6 +239,10 @@ mod tests {
         let mut h = [0u8; 16];
         rustix::io::pread(&fd, &mut h, 0).unwrap();
         assert_eq!(u64::from_ne_bytes(h[..8].try_into().unwrap()), LEDGER_MAGIC);
+        // No member's pid namespace yet: the first process to join writes its own.
+        assert_eq!(std::mem::offset_of!(LedgerTable, pid_ns), 12);
+        assert_eq!(u32::from_ne_bytes(h[12..16].try_into().unwrap()), 0);
+        assert_ne!(own_pid_namespace(), 0, "/proc/self/ns/pid is readable here");
         let w = owner_word(4242, 0x1_0000_0007);
         assert_eq!((owner_pid(w), w & 0xffff_ffff), (4242, 7));
         assert_ne!(w, OWNER_FREE);

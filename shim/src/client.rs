@@ -609,11 +609,22 @@ pub struct Reporter {
 pub struct Attached {
     /// The grant (its failure policy is the node's).
     pub grant: Grant,
-    /// The instance's page now, when it is another file than the one the process holds (a
-    /// restarted arbiter's).
-    pub page: Option<&'static GrantPage>,
+    /// What the attach said of the page the process holds.
+    pub page: PageNews,
     /// The GPU's turn board that came with a new page.
     pub board: Option<&'static TurnBoard>,
+}
+
+/// What an attach said of the page a following process holds.
+#[derive(Clone, Copy)]
+pub enum PageNews {
+    /// The instance's page is the file the process holds.
+    Same,
+    /// The instance's page is another file (a restarted arbiter's), mapped.
+    New(&'static GrantPage),
+    /// Nothing usable came (no fd — an arbiter from before 2026-11-29 —, or one that could not
+    /// be identified or mapped): whether the page held is still the instance's is not known.
+    Unknown,
 }
 
 /// Why a report was not sent.
@@ -695,28 +706,27 @@ impl Reporter {
         };
         let mut fds = fds.into_iter();
         let (page_fd, board_fd) = (fds.next(), fds.next());
-        // Only a page known to be another file than the one held (the fstat cannot fail on
-        // an fd just received; if it did, the held page stays: no mapping per attach).
-        let fresh = page_fd.as_ref().and_then(|fd| {
-            let id = grant::file_id(fd.as_raw_fd())?;
-            (Some(id) != held).then_some((fd, id))
-        });
-        let (page, board) = match fresh {
-            // An older arbiter hands no page; the one held is the instance's.
-            None => (None, None),
-            Some((fd, id)) => match grant::map_fd(fd.as_raw_fd()) {
+        // Only a page known to be another file than the one held is mapped: no mapping per
+        // attach (the fstat cannot fail on an fd just received; if it did, nothing is known).
+        let id = page_fd
+            .as_ref()
+            .and_then(|fd| grant::file_id(fd.as_raw_fd()));
+        let (page, board) = match (&page_fd, id) {
+            (Some(_), Some(id)) if Some(id) == held => (PageNews::Same, None),
+            (Some(fd), Some(id)) => match grant::map_fd(fd.as_raw_fd()) {
                 Ok(p) => {
                     self.follow = Some(Some(id));
-                    (Some(p), board_of(&grant, board_fd))
+                    (PageNews::New(p), board_of(&grant, board_fd))
                 }
                 Err(e) => {
                     crate::log::line(
                         crate::config::Level::Warn,
                         format_args!("the page instance {instance}'s attach handed is unusable: {e}; keeping the one held"),
                     );
-                    (None, None)
+                    (PageNews::Unknown, None)
                 }
             },
+            _ => (PageNews::Unknown, None),
         };
         self.attached = Some(Attached { grant, page, board });
         Ok(())
@@ -1069,7 +1079,11 @@ mod tests {
             let a = rep
                 .take_attached()
                 .expect("every attach says what it handed");
-            handed.push(a.page.map(|p| p.cap(0)));
+            handed.push(match a.page {
+                PageNews::New(p) => Some(p.cap(0)),
+                PageNews::Same => None,
+                PageNews::Unknown => panic!("a page came"),
+            });
             rep.disconnect();
         }
         server.join().unwrap();

@@ -452,6 +452,8 @@ fn init() -> &'static Runtime {
                 if let Some(u) = page.slot_uuid(d) {
                     closed.set_slot_uuid(d, u);
                 }
+                // Its launches still take turns.
+                closed.set_turn_seat(d, page.turn_seat(d));
             }
             rt.limits.set(closed);
         }
@@ -560,13 +562,18 @@ fn shared_ledger(
     };
     let me = os::pid();
     // The group tells a member's life by `/proc/<pid>` (`os::owner_alive`): only where `/proc`
-    // names processes by the pids they know themselves by.
+    // names processes by the pids they know themselves by, and only among processes of one pid
+    // namespace. A process that cannot judge the others refuses every allocation, as one that
+    // finds the table full does: a ledger of its own would give it a cap beside the grant's.
     if !os::proc_is_ours() {
-        log::line(
-            Level::Error,
-            format_args!("{ENV_LEDGER_FD}: /proc is another pid namespace's (mount a /proc of this one); this process's memory is capped on its own"),
-        );
-        return None;
+        return Some(Err(crate::shared_ledger::ClaimError::ForeignProc));
+    }
+    // The first member names the namespace; the others must share it.
+    let ns = smore_protocol::ledger::own_pid_namespace();
+    if let Err(theirs) = table.pid_ns.compare_exchange(0, ns, AcqRel, Acquire) {
+        if theirs != ns {
+            return Some(Err(crate::shared_ledger::ClaimError::OtherNamespace));
+        }
     }
     let start = match os::start_ticks(me) {
         Ok(Some(t)) => t,

@@ -60,6 +60,12 @@ pub enum ClaimError {
     /// Every slot is held by a live process.
     #[error("the grant's shared ledger is full ({LEDGER_SLOTS} live processes hold memory under it): end some of the function's processes")]
     Full,
+    /// `/proc` is another pid namespace's: the members' lives cannot be told by their pids.
+    #[error("/proc is another pid namespace's, so the grant's processes cannot be told alive or dead from here: mount a /proc for this pid namespace (`unshare --mount-proc`) or run the process in the pid namespace of its `smore run`")]
+    ForeignProc,
+    /// This process is in another pid namespace than the table's members.
+    #[error("this process is in another pid namespace than the other processes of its grant, so they cannot be told alive or dead from here: run it in theirs")]
+    OtherNamespace,
 }
 
 /// This process's slot in a grant's table.
@@ -290,7 +296,7 @@ mod tests {
         Box::leak(Box::new(LedgerTable {
             magic: LEDGER_MAGIC,
             version: LEDGER_VERSION,
-            reserved: 0,
+            pid_ns: std::sync::atomic::AtomicU32::new(0),
             footprint: std::array::from_fn(|_| AtomicU64::new(0)),
             measuring: std::array::from_fn(|_| AtomicU64::new(0)),
             slots: std::array::from_fn(|_| LedgerSlot {

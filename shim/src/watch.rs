@@ -26,7 +26,7 @@
 //! write the inherited `smore run` connection (it only polls it for the hang-up), panic across
 //! its boundary, or keep the host alive (the thread is detached; process exit ends it).
 
-use crate::client::{self, Rejoin, ReportError, Reporter, Resume};
+use crate::client::{self, PageNews, Rejoin, ReportError, Reporter, Resume};
 use crate::config::{FailurePolicy, Level};
 use crate::harvest::Usage;
 use crate::limits::{GrantPage, MAX_DEVICES};
@@ -93,6 +93,13 @@ pub fn spawn(
 /// mode.
 fn closed_page(last: &GrantPage) -> &'static GrantPage {
     let page: &'static GrantPage = Box::leak(Box::new(GrantPage::unlimited()));
+    close_onto(page, last);
+    page
+}
+
+/// Writes into `page` what [`closed_page`] makes of `last` (its words are atomics: a page in
+/// force may be written again).
+fn close_onto(page: &GrantPage, last: &GrantPage) {
     for d in 0..MAX_DEVICES {
         page.set(d, 0, last.share(d).clamp(1, 100));
         page.set_contention(d, last.contention(d));
@@ -103,8 +110,9 @@ fn closed_page(last: &GrantPage) -> &'static GrantPage {
         if let Some(u) = last.slot_uuid(d) {
             page.set_slot_uuid(d, u);
         }
+        // Its launches still take turns (a new page's seat is read from the page in force).
+        page.set_turn_seat(d, last.turn_seat(d));
     }
-    page
 }
 
 /// A process that holds a grant it does not own the registration of: a fork child of the
@@ -180,7 +188,11 @@ fn follow(
             return false;
         }
         let page = match closed_of {
-            Some((of, page)) if std::ptr::eq(of, held) => page,
+            // The same copy, with what the arbiter wrote into the held page since.
+            Some((of, page)) if std::ptr::eq(of, held) => {
+                close_onto(page, held);
+                page
+            }
             _ => {
                 let page = closed_page(held);
                 closed_of = Some((held, page));
@@ -217,7 +229,7 @@ fn follow(
         let sent = rep.report(&f.socket, f.instance, usage(f.slot), false);
         if let Some(a) = rep.take_attached() {
             node = a.grant.failure_policy.map(client::policy_of);
-            if let Some(page) = a.page {
+            if let PageNews::New(page) = a.page {
                 held = page;
                 limits.set(own_view(page));
                 board_to(a.board, f.slot);
@@ -229,7 +241,9 @@ fn follow(
                     ),
                 );
                 closed = false;
-            } else if closed {
+            } else if closed && matches!(a.page, PageNews::Same) {
+                // Only when the arbiter said the page held is the instance's: after a restart
+                // it is the dead arbiter's, which nothing updates.
                 limits.set(own_view(held));
                 closed = false;
                 log::line(
