@@ -114,6 +114,14 @@ pub fn recv_with_fds<T: serde::de::DeserializeOwned>(
             RecvFlags::CMSG_CLOEXEC,
         );
         let n = match r {
+            // The kernel could not hand over every fd that came (this process is out of file
+            // descriptors): what the message says of them would be wrong (found by review,
+            // 2026-11-29; a grant without its page, an attach taken for news of none).
+            Ok(m) if m.flags.contains(rustix::net::ReturnFlags::CTRUNC) => {
+                return Err(WireError::Io(io::Error::other(
+                    "the file descriptors sent with the message could not all be received (out of file descriptors?)",
+                )))
+            }
             Ok(m) => m.bytes,
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(WireError::Io(e.into())),

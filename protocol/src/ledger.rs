@@ -28,10 +28,10 @@ pub const ENV_LEDGER_FD: &str = "SMORE_LEDGER_FD";
 /// `b"SMORELED"` — identifies a shared ledger (checked after mmap).
 pub const LEDGER_MAGIC: u64 = 0x4445_4c45_524f_4d53;
 /// Layout version of [`LedgerTable`] as [`create`] writes it.
-pub const LEDGER_VERSION: u32 = 5;
-/// The oldest layout a shim maps: 2. Layouts 3 to 5 only added words (the collision buckets,
-/// then the probe clocks and the collision evidence, then the raw-share gates) in what was the
-/// zero-filled tail of the same
+pub const LEDGER_VERSION: u32 = 6;
+/// The oldest layout a shim maps: 2. Layouts 3 to 6 only added words (the collision buckets,
+/// then the probe clocks and the collision evidence, then the raw-share gates, then the slots'
+/// pid namespaces) in what was the zero-filled tail of the same
 /// [`LEDGER_BYTES`], so an older table (from an older `smore run`) is a newer one whose added
 /// words are empty — refusing it would give every process of the grant a cap of its own.
 pub const LEDGER_VERSION_MIN: u32 = 2;
@@ -55,8 +55,8 @@ pub struct LedgerSlot {
 }
 
 /// The table: header, footprints, first-context claims, [`LEDGER_SLOTS`] slots, the shared
-/// collision buckets, probe clocks, collision evidence and raw-share gates. 16 + 128 + 128 +
-/// 128 × 136 + 4 × 128 = 18 192 bytes.
+/// collision buckets, probe clocks, collision evidence, raw-share gates and the slots' pid
+/// namespaces. 16 + 128 + 128 + 128 × 136 + 4 × 128 + 128 × 4 = 18 704 bytes.
 #[repr(C)]
 #[derive(Debug)]
 pub struct LedgerTable {
@@ -64,12 +64,8 @@ pub struct LedgerTable {
     pub magic: u64,
     /// [`LEDGER_VERSION`].
     pub version: u32,
-    /// The pid namespace of the table's members ([`own_pid_namespace`]; 0: none joined yet).
-    /// The first process to join writes its own; members tell each other's life by
-    /// `/proc/<pid>`, which only means the same process inside one pid namespace, so a process
-    /// of another one does not join (docs/shim.md, "The memory cap"). Zero in tables of layouts
-    /// before 2026-11-29's shims, which never read it.
-    pub pid_ns: AtomicU32,
+    /// Zero.
+    pub reserved: u32,
     /// Per device (grant-page slot): the largest context footprint a process of the grant
     /// measured there, bytes (0 = none yet). A process's later contexts are checked against the
     /// cap with it before the driver is asked, not only after its own first one was measured.
@@ -104,6 +100,14 @@ pub struct LedgerTable {
     /// watchdog then stopped the function for it (docs/shim.md, "One share per grant"). Since
     /// layout 5.
     pub raw: [AtomicU64; MAX_DEVICES],
+    /// Per slot: the pid namespace of the process holding it ([`own_pid_namespace`]; 0: not
+    /// said — a slot taken by a shim of a layout before 6). A process tells another's life by
+    /// `/proc/<pid>`, which names the same process only inside one pid namespace: a slot of
+    /// another namespace is never judged dead from outside it (before, a worker under `unshare
+    /// --pid --mount-proc` took a live member for dead, reclaimed its bytes and allocated past
+    /// the cap; docs/shim.md, "The memory cap"). Written while the slot is marked
+    /// [`OWNER_RECLAIMING`], before its owner word. Since layout 6.
+    pub slot_ns: [AtomicU32; LEDGER_SLOTS],
 }
 
 /// Bits of an evidence word ([`LedgerTable::evidence`]) that hold the probability (ppm, at most
@@ -162,7 +166,7 @@ pub fn owner_pid(owner: u64) -> u32 {
     (owner >> 32) as u32
 }
 
-/// This process's pid namespace as a table's [`LedgerTable::pid_ns`] names it: the inode of
+/// This process's pid namespace as [`LedgerTable::slot_ns`] names it: the inode of
 /// `/proc/self/ns/pid`, low 32 bits (namespace inodes are 32-bit), or 0 when it cannot be read.
 pub fn own_pid_namespace() -> u32 {
     use std::os::unix::fs::MetadataExt;
@@ -225,7 +229,11 @@ mod tests {
             std::mem::offset_of!(LedgerTable, raw),
             std::mem::offset_of!(LedgerTable, evidence) + 8 * MAX_DEVICES
         );
-        assert_eq!(std::mem::size_of::<LedgerTable>(), 18_192);
+        assert_eq!(
+            std::mem::offset_of!(LedgerTable, slot_ns),
+            std::mem::offset_of!(LedgerTable, raw) + 8 * MAX_DEVICES
+        );
+        assert_eq!(std::mem::size_of::<LedgerTable>(), 18_704);
         assert_eq!(
             LEDGER_BYTES,
             5 * 4096,
@@ -239,9 +247,6 @@ mod tests {
         let mut h = [0u8; 16];
         rustix::io::pread(&fd, &mut h, 0).unwrap();
         assert_eq!(u64::from_ne_bytes(h[..8].try_into().unwrap()), LEDGER_MAGIC);
-        // No member's pid namespace yet: the first process to join writes its own.
-        assert_eq!(std::mem::offset_of!(LedgerTable, pid_ns), 12);
-        assert_eq!(u32::from_ne_bytes(h[12..16].try_into().unwrap()), 0);
         assert_ne!(own_pid_namespace(), 0, "/proc/self/ns/pid is readable here");
         let w = owner_word(4242, 0x1_0000_0007);
         assert_eq!((owner_pid(w), w & 0xffff_ffff), (4242, 7));

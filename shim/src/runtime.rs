@@ -408,9 +408,9 @@ fn init() -> &'static Runtime {
     let shared = matches!(source, Source::Arbiter(..))
         .then(|| shared_ledger(env))
         .flatten();
-    let board = match &source {
-        Source::Arbiter(_, b) => *b,
-        _ => None,
+    let (board, arbiter_page) = match &source {
+        Source::Arbiter(p, b) => (*b, Some(*p)),
+        _ => (None, None),
     };
     let mut rt = Runtime::build(parsed.config, &parsed.errors, source);
     let slot = resume.as_ref().map_or(0, |r| r.slot);
@@ -471,7 +471,9 @@ fn init() -> &'static Runtime {
         policy,
     };
     if let Some((socket, instance)) = report_only {
-        crate::watch::spawn_follower(follow(socket, instance, 0), &rt.limits, usage, board_to);
+        let held = arbiter_page.unwrap_or(rt.limits());
+        let f = follow(socket, instance, 0);
+        crate::watch::spawn_follower(f, held, &rt.limits, usage, board_to);
     }
     if let Some(r) = resume {
         if r.exec && FORKED.load(Acquire) {
@@ -479,7 +481,8 @@ fn init() -> &'static Runtime {
             // grant page, but the registration (and its resumption) is the parent's.
             os::close_fd(r.conn);
             let f = follow(r.socket.clone(), r.instance, r.slot);
-            crate::watch::spawn_follower(f, &rt.limits, usage, board_to);
+            let held = arbiter_page.unwrap_or(rt.limits());
+            crate::watch::spawn_follower(f, held, &rt.limits, usage, board_to);
         } else {
             crate::watch::spawn(rt.config.policy, &rt.limits, r, usage, board_to);
         }
@@ -528,9 +531,9 @@ fn board_to(board: Option<&'static TurnBoard>, slot: usize) {
 /// This process's slot in its grant's shared ledger (`SMORE_LEDGER_FD`, set by `smore run` next
 /// to the grant page; issue 12 item 4): every process holding the grant — the exec'd one, its
 /// fork children, descendants that exec — charges the grant's one cap. `None` without the
-/// variable (a self-registered process has a grant of its own); a table that cannot be mapped
-/// is reported and the process-local ledger used (`SMORE_LEDGER_FD` is not the function's to
-/// change: only `smore run` sets it); `Some(Err)` when every slot is held by a live process.
+/// variable (a self-registered process has a grant of its own); `Some(Err)` when the process
+/// cannot join: every slot held by a live process, a table that cannot be mapped, or life that
+/// cannot be judged here (`ClaimError`) — it then refuses every allocation.
 fn shared_ledger(
     env: impl Fn(&str) -> Option<String>,
 ) -> Option<Result<crate::shared_ledger::Group, crate::shared_ledger::ClaimError>> {
@@ -550,44 +553,36 @@ fn shared_ledger(
             )
         })
         .map(|(table, _)| table);
+    // A process that cannot join the grant's table refuses every allocation: a ledger of its
+    // own would give it a cap beside the grant's (found by review, 2026-11-29).
     let table = match table {
         Ok(t) => t,
         Err(e) => {
-            log::line(
-                Level::Error,
-                format_args!("{ENV_LEDGER_FD}: {e}; this process's memory is capped on its own"),
-            );
-            return None;
+            log::line(Level::Error, format_args!("{ENV_LEDGER_FD}: {e}"));
+            return Some(Err(crate::shared_ledger::ClaimError::Unusable));
         }
     };
     let me = os::pid();
     // The group tells a member's life by `/proc/<pid>` (`os::owner_alive`): only where `/proc`
-    // names processes by the pids they know themselves by, and only among processes of one pid
-    // namespace. A process that cannot judge the others refuses every allocation, as one that
-    // finds the table full does: a ledger of its own would give it a cap beside the grant's.
+    // names processes by the pids they know themselves by, and only for members of this pid
+    // namespace (`LedgerTable::slot_ns`). A process that cannot judge the others refuses every
+    // allocation, as one that finds the table full does: a ledger of its own would give it a
+    // cap beside the grant's.
     if !os::proc_is_ours() {
         return Some(Err(crate::shared_ledger::ClaimError::ForeignProc));
     }
-    // The first member names the namespace; the others must share it.
     let ns = smore_protocol::ledger::own_pid_namespace();
-    if let Err(theirs) = table.pid_ns.compare_exchange(0, ns, AcqRel, Acquire) {
-        if theirs != ns {
-            return Some(Err(crate::shared_ledger::ClaimError::OtherNamespace));
-        }
+    if ns == 0 {
+        return Some(Err(crate::shared_ledger::ClaimError::NamespaceUnknown));
     }
     let start = match os::start_ticks(me) {
         Ok(Some(t)) => t,
-        _ => {
-            log::line(
-                Level::Error,
-                format_args!("{ENV_LEDGER_FD}: cannot read this process's start time; this process's memory is capped on its own"),
-            );
-            return None;
-        }
+        _ => return Some(Err(crate::shared_ledger::ClaimError::StartUnknown)),
     };
     Some(crate::shared_ledger::Group::claim(
         table,
         owner_word(me, start),
+        ns,
         os::owner_alive,
     ))
 }

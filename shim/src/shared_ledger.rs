@@ -63,9 +63,15 @@ pub enum ClaimError {
     /// `/proc` is another pid namespace's: the members' lives cannot be told by their pids.
     #[error("/proc is another pid namespace's, so the grant's processes cannot be told alive or dead from here: mount a /proc for this pid namespace (`unshare --mount-proc`) or run the process in the pid namespace of its `smore run`")]
     ForeignProc,
-    /// This process is in another pid namespace than the table's members.
-    #[error("this process is in another pid namespace than the other processes of its grant, so they cannot be told alive or dead from here: run it in theirs")]
-    OtherNamespace,
+    /// The table could not be mapped (the reason was logged).
+    #[error("the grant's shared ledger (SMORE_LEDGER_FD) cannot be used here (the line before says why): start the process from its `smore run` with the fd it handed down")]
+    Unusable,
+    /// This process's start time cannot be read (`/proc/<pid>/stat`).
+    #[error("this process's start time cannot be read from /proc, so its slot in the grant's shared ledger could not be told from another's: make /proc readable")]
+    StartUnknown,
+    /// This process's pid namespace cannot be read (`/proc/self/ns/pid`).
+    #[error("this process's pid namespace cannot be read (/proc/self/ns/pid), so it cannot tell which of the grant's processes it may judge alive or dead: make /proc/self/ns/pid readable")]
+    NamespaceUnknown,
 }
 
 /// This process's slot in a grant's table.
@@ -73,6 +79,8 @@ pub enum ClaimError {
 pub struct Group {
     table: &'static LedgerTable,
     slot: usize,
+    /// This process's pid namespace (`LedgerTable::slot_ns`): the slots it may judge.
+    ns: u32,
     alive: Alive,
 }
 
@@ -80,12 +88,21 @@ impl Group {
     /// Takes a slot for `owner`: the slot it already holds (the same pid and start time: this
     /// process before an `exec`, whose memory the driver freed at the exec — zeroed), else a free
     /// one, else one freed from a dead process.
+    ///
+    /// `ns`: this process's pid namespace (`smore_protocol::ledger::own_pid_namespace`, not 0):
+    /// it judges the life only of slots of its own namespace (or of none said, by older shims).
     pub fn claim(
         table: &'static LedgerTable,
         owner: u64,
+        ns: u32,
         alive: Alive,
     ) -> Result<Group, ClaimError> {
-        let g = |slot| Group { table, slot, alive };
+        let g = |slot| Group {
+            table,
+            slot,
+            ns,
+            alive,
+        };
         if let Some(i) = table
             .slots
             .iter()
@@ -96,13 +113,17 @@ impl Group {
         }
         for round in 0..2 {
             for (i, s) in table.slots.iter().enumerate() {
+                // Marked busy while its namespace is written, so that no process judges it by
+                // the owner word before it says which namespace that pid is of.
                 if s.owner
-                    .compare_exchange(OWNER_FREE, owner, SeqCst, SeqCst)
+                    .compare_exchange(OWNER_FREE, OWNER_RECLAIMING, SeqCst, SeqCst)
                     .is_ok()
                 {
                     // A reclaim zeroes a slot before freeing it; zero it again all the same (a
                     // slot is this process's from here on).
                     zero(s);
+                    table.slot_ns[i].store(ns, SeqCst);
+                    s.owner.store(owner, SeqCst);
                     return Ok(g(i));
                 }
             }
@@ -263,7 +284,9 @@ impl Group {
             if i == self.slot || owner == OWNER_FREE || owner == OWNER_RECLAIMING {
                 continue;
             }
-            if owner_pid(owner) == 0 || (self.alive)(owner) {
+            // A pid of another pid namespace names another process (or none) here: alive.
+            let ns = self.table.slot_ns[i].load(SeqCst);
+            if (ns != 0 && ns != self.ns) || owner_pid(owner) == 0 || (self.alive)(owner) {
                 continue;
             }
             if s.owner
@@ -296,7 +319,7 @@ mod tests {
         Box::leak(Box::new(LedgerTable {
             magic: LEDGER_MAGIC,
             version: LEDGER_VERSION,
-            pid_ns: std::sync::atomic::AtomicU32::new(0),
+            reserved: 0,
             footprint: std::array::from_fn(|_| AtomicU64::new(0)),
             measuring: std::array::from_fn(|_| AtomicU64::new(0)),
             slots: std::array::from_fn(|_| LedgerSlot {
@@ -307,8 +330,12 @@ mod tests {
             probe: std::array::from_fn(|_| AtomicU64::new(0)),
             evidence: std::array::from_fn(|_| AtomicU64::new(0)),
             raw: std::array::from_fn(|_| AtomicU64::new(0)),
+            slot_ns: std::array::from_fn(|_| std::sync::atomic::AtomicU32::new(0)),
         }))
     }
+
+    /// The pid namespace of the tests' processes.
+    const NS: u32 = 4_026_531_836;
 
     /// Pids 1..=1000 live; above that they are dead.
     fn alive(owner: u64) -> bool {
@@ -318,11 +345,11 @@ mod tests {
     #[test]
     fn processes_of_one_grant_share_its_cap_and_a_dead_ones_charge_is_reclaimed() {
         let t = table();
-        let a = Group::claim(t, owner_word(10, 1), alive).unwrap();
-        let b = Group::claim(t, owner_word(11, 1), alive).unwrap();
+        let a = Group::claim(t, owner_word(10, 1), NS, alive).unwrap();
+        let b = Group::claim(t, owner_word(11, 1), NS, alive).unwrap();
         assert!(a.reserve(0, 600, 1000).is_ok());
         assert_eq!(b.reserve(0, 600, 1000), Err(600), "the cap is the grant's");
-        let dead = Group::claim(t, owner_word(5000, 1), alive).unwrap();
+        let dead = Group::claim(t, owner_word(5000, 1), NS, alive).unwrap();
         assert!(b.reserve(0, 400, 1000).is_ok());
         assert_eq!(b.sum(0), 1000);
         assert!(a.reserve(1, 1000, 1000).is_ok(), "devices are separate");
@@ -332,27 +359,52 @@ mod tests {
         assert!(a.reserve(0, 500, 1000).is_ok(), "reclaimed before refusing");
         assert_eq!((a.sum(0), b.sum(0)), (900, 900));
         // The same process after an exec gets its own slot back, zeroed.
-        let a2 = Group::claim(t, owner_word(10, 1), alive).unwrap();
+        let a2 = Group::claim(t, owner_word(10, 1), NS, alive).unwrap();
         assert_eq!(a2.slot, a.slot);
         assert_eq!(a2.sum(0), 400);
         // A recycled pid is another owner.
-        let c = Group::claim(t, owner_word(10, 2), alive).unwrap();
+        let c = Group::claim(t, owner_word(10, 2), NS, alive).unwrap();
         assert_ne!(c.slot, a.slot);
         assert_eq!(b.reserve(0, u64::MAX, 1000), Err(400));
+    }
+
+    #[test]
+    fn a_slot_of_another_pid_namespace_is_never_judged_dead_from_outside_it() {
+        let t = table();
+        // A worker in a pid namespace of its own holds 600 of 1000; its pid (5001) names no
+        // living process in this namespace.
+        let other = Group::claim(t, owner_word(5001, 1), NS + 1, alive).unwrap();
+        assert_eq!(t.slot_ns[other.slot].load(SeqCst), NS + 1);
+        assert!(other.reserve(0, 600, 1000).is_ok());
+        let here = Group::claim(t, owner_word(10, 1), NS, alive).unwrap();
+        assert_eq!(
+            here.reserve(0, 600, 1000),
+            Err(600),
+            "its bytes stay: the cap holds"
+        );
+        assert_eq!(here.reclaim_dead(), 0);
+        // From inside its namespace the same dead pid is reclaimed.
+        let inside = Group::claim(t, owner_word(20, 1), NS + 1, alive).unwrap();
+        assert_eq!(inside.reclaim_dead(), 1);
+        assert!(here.reserve(0, 600, 1000).is_ok());
+        // A slot taken by an older shim says no namespace: judged by its pid, as before.
+        let old = Group::claim(t, owner_word(5002, 1), NS, alive).unwrap();
+        t.slot_ns[old.slot].store(0, SeqCst);
+        assert_eq!(here.reclaim_dead(), 1);
     }
 
     #[test]
     fn a_full_table_of_live_processes_refuses_a_slot_and_a_dead_one_is_reused() {
         let t = table();
         for p in 0..LEDGER_SLOTS as u32 {
-            Group::claim(t, owner_word(p + 1, 0), alive).unwrap();
+            Group::claim(t, owner_word(p + 1, 0), NS, alive).unwrap();
         }
         assert_eq!(
-            Group::claim(t, owner_word(999, 7), alive).unwrap_err(),
+            Group::claim(t, owner_word(999, 7), NS, alive).unwrap_err(),
             ClaimError::Full
         );
         // Once pid 128 is dead its slot is reclaimed and reused.
-        let g = Group::claim(t, owner_word(999, 8), |o| owner_pid(o) != 128).unwrap();
+        let g = Group::claim(t, owner_word(999, 8), NS, |o| owner_pid(o) != 128).unwrap();
         assert_eq!(g.slot, 127);
     }
 
@@ -364,7 +416,7 @@ mod tests {
             let t = table();
             let cap = 1000 + round * 13;
             let groups: Vec<Group> = (0..4)
-                .map(|p| Group::claim(t, owner_word(p + 1, 0), alive).unwrap())
+                .map(|p| Group::claim(t, owner_word(p + 1, 0), NS, alive).unwrap())
                 .collect();
             let ok = Arc::new(AtomicUsize::new(0));
             let barrier = Arc::new(Barrier::new(16));
@@ -404,8 +456,8 @@ mod tests {
     #[test]
     fn the_first_context_is_measured_by_one_process_and_the_others_wait_for_its_figure() {
         let t = table();
-        let a = Group::claim(t, owner_word(11, 1), alive).unwrap();
-        let b = Group::claim(t, owner_word(12, 1), alive).unwrap();
+        let a = Group::claim(t, owner_word(11, 1), NS, alive).unwrap();
+        let b = Group::claim(t, owner_word(12, 1), NS, alive).unwrap();
         assert_eq!(a.begin_first_context(0), FirstContext::Mine);
         // b waits while a measures; a publishes and ends: b gets the figure.
         let waiter = std::thread::spawn(move || b.begin_first_context(0));
@@ -421,8 +473,8 @@ mod tests {
     #[test]
     fn a_measurer_that_died_does_not_hold_the_others() {
         let t = table();
-        let dead = Group::claim(t, owner_word(5000, 1), alive).unwrap();
-        let b = Group::claim(t, owner_word(13, 1), alive).unwrap();
+        let dead = Group::claim(t, owner_word(5000, 1), NS, alive).unwrap();
+        let b = Group::claim(t, owner_word(13, 1), NS, alive).unwrap();
         assert_eq!(dead.begin_first_context(1), FirstContext::Mine);
         // Its process is gone (pid > 1000 is dead here): b takes the measurement at once.
         assert_eq!(b.begin_first_context(1), FirstContext::Mine);

@@ -135,8 +135,12 @@ pub struct Follow {
 }
 
 /// Starts a thread that reports usage and follows the grant ([`follow`]).
+///
+/// `held`: the arbiter's page the process holds (not the closed copy a process that refuses
+/// allocations enforces instead).
 pub fn spawn_follower(
     f: Follow,
+    held: &'static GrantPage,
     limits: &'static StaticRef<GrantPage>,
     usage: UsageOf,
     board_to: BoardTo,
@@ -147,7 +151,7 @@ pub fn spawn_follower(
         .spawn(move || {
             os::block_signals();
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                follow(f, limits, usage, board_to, limits.get(), false)
+                follow(f, limits, usage, board_to, held, false)
             }));
         });
     if let Err(e) = started {
@@ -181,6 +185,9 @@ fn follow(
 ) {
     let mut rep = Reporter::following(f.page);
     let mut node: Option<FailurePolicy> = None;
+    // What the process enforces of the page held while the arbiter is there (a closed copy,
+    // made once per page, where it refuses every allocation).
+    let mut open = own_view(held);
     // One closed page per page held, however often the arbiter goes away.
     let mut closed_of: Option<(*const GrantPage, &'static GrantPage)> = None;
     let mut close = |held: &'static GrantPage, why: &str, node: Option<FailurePolicy>| -> bool {
@@ -231,7 +238,8 @@ fn follow(
             node = a.grant.failure_policy.map(client::policy_of);
             if let PageNews::New(page) = a.page {
                 held = page;
-                limits.set(own_view(page));
+                open = own_view(page);
+                limits.set(open);
                 board_to(a.board, f.slot);
                 log::line(
                     Level::Warn,
@@ -244,7 +252,7 @@ fn follow(
             } else if closed && matches!(a.page, PageNews::Same) {
                 // Only when the arbiter said the page held is the instance's: after a restart
                 // it is the dead arbiter's, which nothing updates.
-                limits.set(own_view(held));
+                limits.set(open);
                 closed = false;
                 log::line(
                     Level::Warn,
@@ -253,6 +261,19 @@ fn follow(
                         f.instance
                     ),
                 );
+            } else if closed {
+                // Nothing usable came: ask again on a new connection, later (this one would
+                // never be asked again while it stays up).
+                rep.disconnect();
+                quiet_until = Some(std::time::Instant::now() + REFUSED_RETRY);
+                log::line(
+                    Level::Debug,
+                    format_args!(
+                        "the attach handed no usable page; asking again in {} s",
+                        REFUSED_RETRY.as_secs()
+                    ),
+                );
+                continue;
             }
         }
         quiet_until = None;

@@ -132,7 +132,11 @@ fn try_run(a: RunArgs) -> Result<i32> {
     // Absolute: the command and its workers may change directory (or mount namespace) before
     // they connect (a worker that follows the grant reconnects for its life).
     let socket = client_socket(a.socket.as_deref());
-    let socket = std::path::absolute(&socket).unwrap_or(socket);
+    // A socket path is at most 107 bytes (`sun_path`): one longer is left as given.
+    let socket = std::path::absolute(&socket)
+        .ok()
+        .filter(|p| p.as_os_str().len() <= 107)
+        .unwrap_or(socket);
     let shim = match a.shim {
         Some(p) => p,
         None => artifacts::require("libsmore_shim.so")?,
