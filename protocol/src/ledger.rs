@@ -64,7 +64,7 @@ pub struct LedgerTable {
     pub magic: u64,
     /// [`LEDGER_VERSION`].
     pub version: u32,
-    /// Zero.
+    /// Zero (a shim of commit fe400f6 wrote its pid namespace here; nothing reads it).
     pub reserved: u32,
     /// Per device (grant-page slot): the largest context footprint a process of the grant
     /// measured there, bytes (0 = none yet). A process's later contexts are checked against the

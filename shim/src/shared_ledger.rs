@@ -103,12 +103,15 @@ impl Group {
             ns,
             alive,
         };
-        if let Some(i) = table
-            .slots
-            .iter()
-            .position(|s| s.owner.load(SeqCst) == owner)
-        {
+        // Its own slot: the same owner word in this pid namespace (or in none said, an older
+        // shim's) — the same word in another namespace is another process (pid 1 of two
+        // containers started in the same tick).
+        if let Some(i) = (0..LEDGER_SLOTS).find(|&i| {
+            let slot_ns = table.slot_ns[i].load(SeqCst);
+            table.slots[i].owner.load(SeqCst) == owner && (slot_ns == 0 || slot_ns == ns)
+        }) {
             zero(&table.slots[i]);
+            table.slot_ns[i].store(ns, SeqCst);
             return Ok(g(i));
         }
         for round in 0..2 {
@@ -127,7 +130,8 @@ impl Group {
                     return Ok(g(i));
                 }
             }
-            if round == 0 && g(0).reclaim_dead() == 0 {
+            // As no slot's holder (`reclaim_dead` skips its own: slot 0 would never be freed).
+            if round == 0 && g(usize::MAX).reclaim_dead() == 0 {
                 break;
             }
         }
@@ -192,7 +196,7 @@ impl Group {
                 }
                 Err(holder) if holder == me => return FirstContext::Mine,
                 Err(holder) => {
-                    if !(self.alive)(holder) {
+                    if !self.may_be_alive(holder) {
                         // Its measurer died before publishing: free the claim and try again.
                         let _ = m.compare_exchange(holder, OWNER_FREE, SeqCst, SeqCst);
                         continue;
@@ -275,6 +279,16 @@ impl Group {
         Err(self.sum(dev))
     }
 
+    /// Whether the process of owner word `owner` may live: it does by its pid here, or a slot
+    /// with that word is of another pid namespace (whose pids mean nothing here).
+    fn may_be_alive(&self, owner: u64) -> bool {
+        let foreign = (0..LEDGER_SLOTS).any(|i| {
+            let ns = self.table.slot_ns[i].load(SeqCst);
+            self.table.slots[i].owner.load(SeqCst) == owner && ns != 0 && ns != self.ns
+        });
+        foreign || (self.alive)(owner)
+    }
+
     /// Frees the slots of processes that no longer live (their bytes zeroed first). Returns how
     /// many. Never this process's own slot.
     pub fn reclaim_dead(&self) -> usize {
@@ -293,7 +307,16 @@ impl Group {
                 .compare_exchange(owner, OWNER_RECLAIMING, SeqCst, SeqCst)
                 .is_ok()
             {
+                // The slot may have been freed and taken since, by a process of another
+                // namespace with the same owner word (it writes its namespace first): then it
+                // is that process's, and stays.
+                if self.table.slot_ns[i].load(SeqCst) != ns {
+                    s.owner.store(owner, SeqCst);
+                    continue;
+                }
                 zero(s);
+                // Free, it says no namespace: an older shim that takes it writes none.
+                self.table.slot_ns[i].store(0, SeqCst);
                 s.owner.store(OWNER_FREE, SeqCst);
                 n += 1;
             }
@@ -391,6 +414,18 @@ mod tests {
         let old = Group::claim(t, owner_word(5002, 1), NS, alive).unwrap();
         t.slot_ns[old.slot].store(0, SeqCst);
         assert_eq!(here.reclaim_dead(), 1);
+        // A freed slot says no namespace again (an older shim that takes it writes none).
+        assert_eq!(t.slot_ns[old.slot].load(SeqCst), 0);
+        // The same owner word in two namespaces (pid 1 of two containers started in one tick)
+        // is two processes: two slots, neither's charge zeroed by the other's claim.
+        let a = Group::claim(t, owner_word(1, 9), NS + 2, alive).unwrap();
+        assert!(a.reserve(0, 100, 1000).is_ok());
+        let b = Group::claim(t, owner_word(1, 9), NS + 3, alive).unwrap();
+        assert_ne!(a.slot, b.slot);
+        assert_eq!(a.counter(0).unwrap().load(SeqCst), 100);
+        // The same word and namespace is the same process (after an exec): its slot, zeroed.
+        let a2 = Group::claim(t, owner_word(1, 9), NS + 2, alive).unwrap();
+        assert_eq!(a2.slot, a.slot);
     }
 
     #[test]
@@ -406,6 +441,9 @@ mod tests {
         // Once pid 128 is dead its slot is reclaimed and reused.
         let g = Group::claim(t, owner_word(999, 8), NS, |o| owner_pid(o) != 128).unwrap();
         assert_eq!(g.slot, 127);
+        // Slot 0's too (the claim reclaims as no slot's holder).
+        let g = Group::claim(t, owner_word(998, 8), NS, |o| owner_pid(o) != 1).unwrap();
+        assert_eq!(g.slot, 0);
     }
 
     /// Several "processes" (slots) × threads race for one cap: what succeeded never sums past it

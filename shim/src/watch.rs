@@ -251,7 +251,11 @@ fn follow(
                 closed = false;
             } else if closed && matches!(a.page, PageNews::Same) {
                 // Only when the arbiter said the page held is the instance's: after a restart
-                // it is the dead arbiter's, which nothing updates.
+                // it is the dead arbiter's, which nothing updates. A closed copy (the process
+                // refuses allocations) takes what the arbiter wrote since.
+                if !std::ptr::eq(open, held) {
+                    close_onto(open, held);
+                }
                 limits.set(open);
                 closed = false;
                 log::line(
