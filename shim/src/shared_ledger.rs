@@ -79,6 +79,9 @@ pub enum ClaimError {
 pub struct Group {
     table: &'static LedgerTable,
     slot: usize,
+    /// This process's owner word (kept: the slot's word reads [`OWNER_RECLAIMING`] for a moment
+    /// while another process checks it).
+    owner: u64,
     /// This process's pid namespace (`LedgerTable::slot_ns`): the slots it may judge.
     ns: u32,
     alive: Alive,
@@ -100,18 +103,34 @@ impl Group {
         let g = |slot| Group {
             table,
             slot,
+            owner,
             ns,
             alive,
         };
         // Its own slot: the same owner word in this pid namespace (or in none said, an older
         // shim's) — the same word in another namespace is another process (pid 1 of two
-        // containers started in the same tick).
-        if let Some(i) = (0..LEDGER_SLOTS).find(|&i| {
-            let slot_ns = table.slot_ns[i].load(SeqCst);
-            table.slots[i].owner.load(SeqCst) == owner && (slot_ns == 0 || slot_ns == ns)
-        }) {
-            zero(&table.slots[i]);
+        // containers started in the same tick). The word is read before the namespace (a
+        // claimant writes them the other way round), and the slot is taken as a free one is:
+        // marked busy, checked again, zeroed, named (found by review, 2026-11-29: read the
+        // other way, or written without a claim, another namespace's live slot was zeroed).
+        let mine = |ns_of: u32| ns_of == 0 || ns_of == ns;
+        for (i, s) in table.slots.iter().enumerate() {
+            if s.owner.load(SeqCst) != owner || !mine(table.slot_ns[i].load(SeqCst)) {
+                continue;
+            }
+            if s.owner
+                .compare_exchange(owner, OWNER_RECLAIMING, SeqCst, SeqCst)
+                .is_err()
+            {
+                continue;
+            }
+            if !mine(table.slot_ns[i].load(SeqCst)) {
+                s.owner.store(owner, SeqCst);
+                continue;
+            }
+            zero(s);
             table.slot_ns[i].store(ns, SeqCst);
+            s.owner.store(owner, SeqCst);
             return Ok(g(i));
         }
         for round in 0..2 {
@@ -177,7 +196,7 @@ impl Group {
         let Some(m) = self.table.measuring.get(dev) else {
             return FirstContext::Mine;
         };
-        let me = self.table.slots[self.slot].owner.load(SeqCst);
+        let me = self.owner;
         let deadline = std::time::Instant::now() + FIRST_CONTEXT_WAIT;
         loop {
             let f = self.footprint(dev);
@@ -196,13 +215,13 @@ impl Group {
                 }
                 Err(holder) if holder == me => return FirstContext::Mine,
                 Err(holder) => {
+                    if std::time::Instant::now() >= deadline {
+                        return FirstContext::Unmeasured;
+                    }
                     if !self.may_be_alive(holder) {
                         // Its measurer died before publishing: free the claim and try again.
                         let _ = m.compare_exchange(holder, OWNER_FREE, SeqCst, SeqCst);
                         continue;
-                    }
-                    if std::time::Instant::now() >= deadline {
-                        return FirstContext::Unmeasured;
                     }
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
@@ -213,8 +232,7 @@ impl Group {
     /// Ends this process's measurement of `dev`'s first context (published or failed).
     pub fn end_first_context(&self, dev: usize) {
         if let Some(m) = self.table.measuring.get(dev) {
-            let me = self.table.slots[self.slot].owner.load(SeqCst);
-            let _ = m.compare_exchange(me, OWNER_FREE, SeqCst, SeqCst);
+            let _ = m.compare_exchange(self.owner, OWNER_FREE, SeqCst, SeqCst);
         }
     }
 
@@ -282,9 +300,12 @@ impl Group {
     /// Whether the process of owner word `owner` may live: it does by its pid here, or a slot
     /// with that word is of another pid namespace (whose pids mean nothing here).
     fn may_be_alive(&self, owner: u64) -> bool {
+        // The word before the namespace, as a claimant writes them the other way round.
         let foreign = (0..LEDGER_SLOTS).any(|i| {
-            let ns = self.table.slot_ns[i].load(SeqCst);
-            self.table.slots[i].owner.load(SeqCst) == owner && ns != 0 && ns != self.ns
+            self.table.slots[i].owner.load(SeqCst) == owner && {
+                let ns = self.table.slot_ns[i].load(SeqCst);
+                ns != 0 && ns != self.ns
+            }
         });
         foreign || (self.alive)(owner)
     }
@@ -426,6 +447,31 @@ mod tests {
         // The same word and namespace is the same process (after an exec): its slot, zeroed.
         let a2 = Group::claim(t, owner_word(1, 9), NS + 2, alive).unwrap();
         assert_eq!(a2.slot, a.slot);
+    }
+
+    #[test]
+    fn the_same_owner_word_claimed_at_once_from_two_namespaces_takes_two_slots() {
+        for _ in 0..300 {
+            let t = table();
+            let barrier = Arc::new(Barrier::new(2));
+            let claims: Vec<_> = [NS + 5, NS + 6]
+                .into_iter()
+                .map(|ns| {
+                    let b = barrier.clone();
+                    std::thread::spawn(move || {
+                        b.wait();
+                        let g = Group::claim(t, owner_word(1, 3), ns, alive).unwrap();
+                        g.counter(0).unwrap().fetch_add(100, SeqCst);
+                        g.slot
+                    })
+                })
+                .collect();
+            let slots: Vec<usize> = claims.into_iter().map(|c| c.join().unwrap()).collect();
+            assert_ne!(slots[0], slots[1], "two processes, two slots");
+            for s in slots {
+                assert_eq!(t.slots[s].bytes[0].load(SeqCst), 100, "no charge zeroed");
+            }
+        }
     }
 
     #[test]
