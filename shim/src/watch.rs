@@ -217,6 +217,9 @@ fn follow(
         true
     };
     let mut quiet_until: Option<std::time::Instant> = None;
+    // The first attach at once: a process started while the arbiter is away learns it (and the
+    // failure policy applies) before its first allocation is likely, not a period later.
+    let mut first = true;
     loop {
         match rep.conn_fd() {
             Some(fd) => {
@@ -227,8 +230,10 @@ fn follow(
                     }
                 }
             }
+            None if first => {}
             None => std::thread::sleep(Duration::from_millis(REPORT_PERIOD_MS as u64)),
         }
+        first = false;
         if quiet_until.is_some_and(|t| std::time::Instant::now() < t) {
             continue;
         }
