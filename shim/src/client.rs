@@ -940,6 +940,24 @@ mod tests {
         assert_eq!(find_listed(&serde_json::json!({}), 7, None), None);
     }
 
+    /// The grant a test arbiter answers an attach with.
+    fn attached_grant(instance: u64) -> Grant {
+        Grant {
+            instance,
+            gpu_index: 0,
+            gpu_uuid: "GPU-0".into(),
+            memory_cap: 0,
+            sm_share: 100,
+            generation: 1,
+            predicted_train: None,
+            predicted_fn: None,
+            rule: String::new(),
+            failure_policy: None,
+            pid: None,
+            board: false,
+        }
+    }
+
     #[test]
     fn a_preempted_instance_is_told_once_and_reports_even_when_idle() {
         use smore_protocol::conn::{recv_with_fd, send_with_fd};
@@ -952,20 +970,7 @@ mod tests {
             let mut reports = 0;
             while let Ok((env, _)) = recv_with_fd::<Envelope>(&s, MAX_FRAME) {
                 let reply = match env.req {
-                    Request::Attach { instance } => Reply::Granted(Grant {
-                        instance,
-                        gpu_index: 0,
-                        gpu_uuid: "GPU-0".into(),
-                        memory_cap: 0,
-                        sm_share: 100,
-                        generation: 1,
-                        predicted_train: None,
-                        predicted_fn: None,
-                        rule: String::new(),
-                        failure_policy: None,
-                        pid: None,
-                        board: false,
-                    }),
+                    Request::Attach { instance } => Reply::Granted(attached_grant(instance)),
                     Request::Report { .. } => {
                         reports += 1;
                         Reply::Preempted {
@@ -1047,23 +1052,9 @@ mod tests {
                 let (s, _) = listener.accept().unwrap();
                 while let Ok((env, _)) = recv_with_fd::<Envelope>(&s, MAX_FRAME) {
                     let (reply, fds) = match env.req {
-                        Request::Attach { instance } => (
-                            Reply::Granted(Grant {
-                                instance,
-                                gpu_index: 0,
-                                gpu_uuid: "GPU-0".into(),
-                                memory_cap: 0,
-                                sm_share: 100,
-                                generation: 1,
-                                predicted_train: None,
-                                predicted_fn: None,
-                                rule: String::new(),
-                                failure_policy: None,
-                                pid: None,
-                                board: false,
-                            }),
-                            vec![page.as_fd()],
-                        ),
+                        Request::Attach { instance } => {
+                            (Reply::Granted(attached_grant(instance)), vec![page.as_fd()])
+                        }
                         Request::Report { .. } => (Reply::Ok, vec![]),
                         other => panic!("{other:?}"),
                     };
