@@ -310,9 +310,10 @@ fn follow(
 }
 
 /// Whether this process refuses every allocation whatever its grant says: its runtime could not
-/// join the grant's shared ledger (every slot held), so a page of the arbiter's would let it
-/// allocate beside the grant's one cap (found by review, 2026-11-29). Set by the runtime at
-/// init (a fork child sets it again).
+/// join the grant's shared ledger (every slot held, a `/proc` of another pid namespace, its
+/// namespace or start time unreadable, a table it cannot map: `shared_ledger::ClaimError`), so a
+/// page of the arbiter's would let it allocate beside the grant's one cap (found by review,
+/// 2026-11-29). Set by the runtime at init (a fork child sets it again).
 static ALLOCATIONS_REFUSED: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
